@@ -1,0 +1,134 @@
+"""Compose + check the config -> plan -> launch -> report -> print the run dir.
+
+    python -m slurm_router +experiment=lora_ab                  # here, on the GPUs (or CPU) present
+    python -m slurm_router +experiment=lora_ab launcher=slurm   # one Slurm array job per stage
+    python -m slurm_router +experiment=lora_ab router=round_robin train.steps=20 resources.devices_per_task=2
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import warnings
+
+from slurm_router.config import UserError
+
+USAGE = """usage: python -m slurm_router [+experiment=NAME] [group=option ...] [key=value ...]
+  groups: model data router launcher experiment (see conf/); e.g. +experiment=lora_ab router=round_robin
+  values: train.steps=20 train.lr=1e-3 resources.devices_per_task=2 data=text_dir data.path=/my/texts"""
+
+
+def compose(overrides: list[str]):
+    """Hydra's compose API (not @hydra.main: no cwd change, no outputs/ folder, our own error lines)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from slurm_router.config import conf_dir, explain, register_schema
+    register_schema()
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
+            return hydra_compose(config_name="config", overrides=overrides)
+    except MissingConfigException as e:
+        raise _missing_option(e) from None
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+        if isinstance(cause, OmegaConfBaseException):
+            raise explain(cause) from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{first} (see: python -m slurm_router --help)") from None
+
+
+def _missing_option(e) -> UserError:
+    text = str(e)
+    m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+    if m:
+        group, option = m.groups()
+        return UserError(f"{group}={option}: no such {group} in conf/{group}/; choose one of: "
+                         f"{', '.join(options) or '(none)'}")
+    return UserError(text.strip().splitlines()[0])
+
+
+def check_devices(cfg) -> None:
+    from slurm_router.launch.local import detect_gpus
+    import os
+    if cfg.launcher.kind != "local":
+        return
+    gpus = detect_gpus()
+    need = max([cfg.resources.devices_per_task] + [int(v.get("resources", {}).get("devices_per_task", 0) or 0)
+                                                     for v in cfg.variants.values() if v])
+    if gpus and need > len(gpus):
+        raise UserError(f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "
+                        f"ask for at most {len(gpus)}, or use launcher=slurm")
+    if not gpus and need > (os.cpu_count() or 1):
+        warnings.warn(f"resources.devices_per_task={need} CPU worker processes on {os.cpu_count()} cores: "
+                      "they will share cores (fine for tests, slow for training)", stacklevel=1)
+
+
+def run(overrides: list[str]) -> int:
+    cfg = compose(overrides)
+    from slurm_router.config import validate
+    variants = validate(cfg)
+    check_devices(cfg)
+    from slurm_router.train.data import build_corpus, make_tokenizer
+    corpus = build_corpus(cfg.data, make_tokenizer(cfg.model))   # fail on bad data before any file is written
+    print(f"experiment {cfg.experiment}: {len(variants)} variant(s) {', '.join(variants)}; "
+          f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples")
+
+    from slurm_router.plan import base_cache_dir, base_hash, make_plan
+    from slurm_router.rundir import create_run_dir, new_run_dir
+    run_id, run_dir = new_run_dir(cfg)
+    stages = make_plan(cfg, variants, run_id, str(run_dir))
+    manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
+    for stage in stages:
+        if stage.cached:
+            cache = base_cache_dir(cfg) / base_hash(cfg)
+            shutil.copy(cache / "meta.json", stage.tasks[0].task_dir / "result.json")
+            print(f"base stage: reusing the cached base model {cache}")
+
+    from slurm_router.launch.local import run_stages
+    try:
+        states = run_stages(stages, cfg, run_dir, manifest)
+    except KeyboardInterrupt:
+        manifest.set(state="interrupted")
+        print(f"\ninterrupted\nrun_dir: {run_dir}")
+        return 130
+    ok = all(s in ("completed", "cached") for s in states.values())
+    manifest.set(state="completed" if ok else "failed")
+
+    from slurm_router.analysis.report import print_table, write_report
+    try:
+        summary = write_report(run_dir)
+        print_table(summary)
+    except Exception as e:                 # a failed run still prints where its files are
+        print(f"report: not written ({e})", file=sys.stderr)
+    if not ok:
+        failed = [n for n, s in states.items() if s not in ("completed", "cached")]
+        print(f"failed tasks: {', '.join(failed)}; logs in {run_dir / 'logs'}", file=sys.stderr)
+    print(f"run_dir: {run_dir}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip().splitlines()[0])
+        print(USAGE)
+        return 0
+    bad = [a for a in argv if a.startswith("-")]
+    if bad:
+        print(f"error: unknown option {bad[0]}: arguments are Hydra overrides like key=value\n{USAGE}",
+              file=sys.stderr)
+        return 2
+    try:
+        return run(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

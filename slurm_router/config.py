@@ -1,0 +1,274 @@
+"""Config schema (dataclasses registered in Hydra's ConfigStore) and the checks that turn a bad value into
+one line saying what to do. Values live in conf/*.yaml; this file only says what is allowed."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class UserError(Exception):
+    """A mistake in the user's config or files: reported as one line, exit code 2, no traceback."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = True
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=lambda: ["c_attn", "c_proj"])
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "gpt2"                      # gpt2: built from this config | hf: a local checkpoint
+    name_or_path: Optional[str] = None      # kind=hf: a local directory (never downloaded)
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+    n_positions: int = 512
+    vocab_size: int = 257                   # byte-level: 256 bytes + end-of-text
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class DataConfig:
+    kind: str = "stdlib"                    # stdlib | text_dir | jsonl | synthetic
+    path: Optional[str] = None              # text_dir: a folder; jsonl: a file
+    text_field: str = "text"                # jsonl: the field holding the text
+    max_len: int = 256                      # tokens per sample; longer documents are cut into pieces
+    split_on: str = "\n\n"                  # a document is cut into samples at this separator first
+    val_fraction: float = 0.05              # documents held out (by a hash of their name: stable)
+    max_documents: Optional[int] = None
+    # data=synthetic: token sequences with a controllable length distribution (benchmarks)
+    n_samples: int = 4096
+    length_dist: str = "lognormal"          # lognormal | uniform | fixed
+    mean_len: int = 96
+    sigma: float = 0.8
+    min_len: int = 8
+
+
+@dataclass
+class RouterConfig:
+    policy: str = "balanced"                # round_robin | least_loaded | affinity | balanced
+    cost: str = "tokens"                    # tokens | tokens_attention
+    attention_weight: float = 0.0
+    memory_headroom: float = 0.85
+    max_tokens_per_microbatch: Optional[int] = None
+    affinity_boundaries: List[int] = field(default_factory=list)
+    speed_ema: float = 0.3
+    # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
+    device_slowdown: List[float] = field(default_factory=list)
+    # Testing aid: a memory cap (bytes) per CPU worker; a micro-batch predicted above it raises a simulated OOM.
+    cpu_memory_cap_bytes: Optional[int] = None
+
+
+@dataclass
+class LauncherConfig:
+    kind: str = "local"                     # local | slurm | sbatch
+    cpu_slots: Optional[int] = None         # local without GPUs: CPU worker slots (default: the core count)
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    timeout_min: int = 60
+    mem_gb: Optional[float] = None
+    cpus_per_task: int = 1
+    array_parallelism: int = 64
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    srun_workers: bool = False              # run a task's D workers as D srun tasks, one GPU each
+    wait: bool = False
+    dry_run: bool = False
+    max_requeues: int = 3
+    signal_delay_s: int = 120
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 60
+    global_batch_size: int = 16
+    lr: float = 2e-3
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 0                     # 0: evaluate at the start and the end only
+    eval_batches: int = 8
+    eval_batch_size: int = 16
+    precision: str = "auto"                 # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    checkpoint_every: int = 0
+
+
+@dataclass
+class BaseStageConfig:
+    enabled: bool = False                   # train a base model first (no LoRA), cached by its config hash
+    steps: int = 200
+    lr: float = 3e-3
+    global_batch_size: int = 16
+    cache_dir: Optional[str] = None         # default: ~/.cache/slurm_router/base
+
+
+@dataclass
+class ResourcesConfig:
+    devices_per_task: int = 1
+
+
+@dataclass
+class Config:
+    experiment: str = "default"
+    seed: int = 0
+    run_root: str = "runs"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    base: BaseStageConfig = field(default_factory=BaseStageConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    variants: Dict[str, Any] = field(default_factory=dict)   # name -> overrides, e.g. {model: {lora: {r: 8}}}
+
+
+CHOICES = {
+    "model.kind": ("gpt2", "hf"),
+    "data.kind": ("stdlib", "text_dir", "jsonl", "synthetic"),
+    "data.length_dist": ("lognormal", "uniform", "fixed"),
+    "router.policy": ("round_robin", "least_loaded", "affinity", "balanced"),
+    "router.cost": ("tokens", "tokens_attention"),
+    "launcher.kind": ("local", "slurm", "sbatch"),
+    "train.precision": ("auto", "fp32", "bf16"),
+}
+# key -> (low, high, low_inclusive); None = unbounded
+RANGES = {
+    "seed": (0, None, True),
+    "model.n_layer": (1, 1024, True), "model.n_head": (1, 1024, True), "model.n_embd": (1, 65536, True),
+    "model.n_positions": (2, 1 << 20, True), "model.vocab_size": (2, 1 << 22, True),
+    "model.lora.r": (1, 4096, True), "model.lora.alpha": (0, None, False), "model.lora.dropout": (0, 1, True),
+    "data.max_len": (2, 1 << 20, True), "data.val_fraction": (0, 1, False), "data.max_documents": (1, None, True),
+    "data.n_samples": (1, 1 << 26, True), "data.mean_len": (1, 1 << 20, True), "data.sigma": (0, 10, True),
+    "data.min_len": (2, 1 << 20, True),
+    "router.attention_weight": (0, None, True), "router.memory_headroom": (0, 1, False),
+    "router.max_tokens_per_microbatch": (1, None, True), "router.speed_ema": (0, 1, False),
+    "router.cpu_memory_cap_bytes": (1, None, True),
+    "launcher.cpu_slots": (1, 4096, True), "launcher.timeout_min": (1, None, True), "launcher.mem_gb": (0, None, False),
+    "launcher.cpus_per_task": (1, 4096, True), "launcher.array_parallelism": (1, None, True),
+    "launcher.max_requeues": (0, 1000, True), "launcher.signal_delay_s": (0, 3600, True),
+    "train.steps": (1, 10_000_000, True), "train.global_batch_size": (1, 1 << 20, True), "train.lr": (0, 10, False),
+    "train.warmup_steps": (0, None, True), "train.weight_decay": (0, 10, True), "train.grad_clip": (0, None, True),
+    "train.eval_every": (0, None, True), "train.eval_batches": (1, 100_000, True),
+    "train.eval_batch_size": (1, 1 << 20, True), "train.checkpoint_every": (0, None, True),
+    "base.steps": (1, 10_000_000, True), "base.lr": (0, 10, False), "base.global_batch_size": (1, 1 << 20, True),
+    "resources.devices_per_task": (1, 4096, True),
+}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def conf_dir() -> str:
+    """The installed conf/ folder (works from any directory, for `pip install .` and `-e .` alike)."""
+    return str(resources.files("slurm_router.conf"))
+
+
+def valid_keys(path: str) -> list[str]:
+    """The keys the schema allows under a dotted path ('' = top level): for 'unknown key' messages."""
+    node = OmegaConf.structured(Config)
+    if path:
+        node = OmegaConf.select(node, path)
+    return sorted(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def explain(error: Exception, where: str = "") -> UserError:
+    """One line for an OmegaConf/Hydra error about a key: unknown keys list the valid ones."""
+    key = getattr(error, "full_key", None) or ""
+    msg = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, ConfigKeyError) or "not in struct" in msg or re.search(r"Key '.*' not in", msg):
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        keys = valid_keys(parent)
+        under = f"under {parent}" if parent else "at the top level"
+        return UserError(f"{where}unknown key '{key}': valid keys {under} are {', '.join(keys)}")
+    if isinstance(error, ValidationError) and key:
+        return UserError(f"{where}{key}: {msg}")
+    return UserError(f"{where}{msg}")
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key)
+
+
+def check_values(cfg: DictConfig, where: str = "") -> None:
+    """Choices and ranges; raises UserError naming the key (prefixed with `where`, e.g. 'variants.r8.')."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise UserError(f"{where}{key}={value!r} is not valid: choose one of {', '.join(allowed)}")
+    for key, (low, high, low_inclusive) in RANGES.items():
+        value = _get(cfg, key)
+        if value is None:
+            continue
+        too_low = value < low if low_inclusive else value <= low
+        if too_low or (high is not None and value > high):
+            lo = f">= {low}" if low_inclusive else f"> {low}"
+            hi = f" and <= {high}" if high is not None else ""
+            raise UserError(f"{where}{key}={value!r} is out of range: it must be {lo}{hi}")
+    if cfg.model.n_embd % cfg.model.n_head:
+        raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")
+    if cfg.data.max_len > cfg.model.n_positions and cfg.model.kind == "gpt2":
+        raise UserError(f"{where}data.max_len={cfg.data.max_len} exceeds model.n_positions={cfg.model.n_positions}: "
+                        "lower data.max_len or raise model.n_positions")
+    if cfg.model.kind == "hf" and not cfg.model.name_or_path:
+        raise UserError(f"{where}model.name_or_path is required with model=hf: give a local checkpoint directory")
+    if cfg.model.kind == "hf" and not Path(os.path.expanduser(cfg.model.name_or_path)).is_dir():
+        raise UserError(f"{where}model.name_or_path={cfg.model.name_or_path!r} is not a directory: "
+                        "give a local transformers checkpoint (nothing is downloaded)")
+    if any(s <= 0 for s in cfg.router.device_slowdown):
+        raise UserError(f"{where}router.device_slowdown={list(cfg.router.device_slowdown)} must be all > 0")
+    if list(cfg.router.affinity_boundaries) != sorted(set(cfg.router.affinity_boundaries)):
+        raise UserError(f"{where}router.affinity_boundaries must be strictly increasing token lengths")
+
+
+def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
+    """Each variant's full config: the experiment's config with that variant's overrides merged in."""
+    out = {}
+    if not isinstance(cfg.variants, DictConfig):
+        raise UserError("variants must be a mapping of name -> overrides, e.g. variants: {r8: {model: {lora: {r: 8}}}}")
+    for name, overrides in cfg.variants.items():
+        name = str(name)
+        if not NAME_RE.match(name):
+            raise UserError(f"variants.{name!r}: a variant name must be 1-64 letters, digits, '_', '.', '+', '-' "
+                            "and start with a letter or digit (it names folders and Slurm jobs)")
+        if name == "base":
+            raise UserError("variants.base: 'base' is the name of the base stage; rename the variant")
+        if overrides is not None and not isinstance(overrides, DictConfig):
+            raise UserError(f"variants.{name} must be a mapping of overrides, e.g. {{train: {{lr: 1e-3}}}}")
+        if overrides is not None and "variants" in overrides:
+            raise UserError(f"variants.{name}: a variant cannot declare variants")
+        try:
+            merged = OmegaConf.merge(cfg, overrides or {})
+        except OmegaConfBaseException as e:
+            raise explain(e, where=f"variants.{name}: ") from None
+        merged.variants = {}
+        out[name] = merged
+    return out
+
+
+def validate(cfg: DictConfig) -> dict[str, DictConfig]:
+    """All checks that need no data: returns the variants' configs. Raises UserError."""
+    if not NAME_RE.match(str(cfg.experiment)):
+        raise UserError(f"experiment={cfg.experiment!r}: use 1-64 letters, digits, '_', '.', '+', '-'")
+    check_values(cfg)
+    variants = variant_configs(cfg)
+    for name, vcfg in variants.items():
+        check_values(vcfg, where=f"variants.{name}: ")
+    if not variants:
+        variants = {"main": cfg.copy()}
+    return variants

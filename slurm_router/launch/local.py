@@ -1,0 +1,116 @@
+"""Local launcher: a GPU-pinned task queue.
+
+Every task needing D devices gets D devices of its own (CUDA_VISIBLE_DEVICES), tasks run concurrently while
+free devices exist and the rest wait. Never all tasks on GPU 0, never more concurrent tasks than devices: the
+known failures of submitit's LocalExecutor and Hydra's local launcher. Without GPUs the devices are CPU worker
+slots (launcher.cpu_slots, default the core count). Stages run in order; a failed stage stops later ones.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_router.launch.progress import Progress
+from slurm_router.plan import Stage, TaskSpec
+
+
+def detect_gpus() -> list[str]:
+    """GPU ids this process may use: CUDA_VISIBLE_DEVICES if set, else every GPU NVML sees, else none."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x.strip() for x in env.split(",") if x.strip() and x.strip() != "-1"]
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:               # no NVIDIA driver: a CPU machine
+        return []
+
+
+@dataclass
+class Running:
+    spec: TaskSpec
+    proc: subprocess.Popen
+    devices: list[str]
+    log: Path
+    started: float = field(default_factory=time.time)
+
+
+def device_pool(cfg) -> tuple[list[str], bool]:
+    gpus = detect_gpus()
+    if gpus:
+        return gpus, True
+    slots = cfg.launcher.cpu_slots or os.cpu_count() or 1
+    return [f"cpu{i}" for i in range(max(slots, cfg.resources.devices_per_task))], False
+
+
+def run_stages(stages: list[Stage], cfg, run_dir: Path, manifest) -> dict[str, str]:
+    """Run every stage in order; returns task name -> final state (completed | failed | skipped | cached)."""
+    pool, on_gpu = device_pool(cfg)
+    states: dict[str, str] = {}
+    for stage in stages:
+        if stage.cached:
+            for t in stage.tasks:
+                states[t.name] = "cached"
+            continue
+        if any(states.get(t.name) in ("failed", "skipped") for s in stages if s.name in stage.depends_on
+               for t in s.tasks):
+            for t in stage.tasks:
+                states[t.name] = "skipped"
+            continue
+        states.update(_run_queue(stage.tasks, pool, on_gpu, run_dir, manifest))
+    return states
+
+
+def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, run_dir: Path, manifest) -> dict[str, str]:
+    waiting, running, states = list(tasks), [], {}
+    free = list(pool)
+    progress = Progress(tasks)
+    try:
+        while waiting or running:
+            while waiting and len(free) >= waiting[0].devices:
+                spec = waiting.pop(0)
+                devices, free = free[:spec.devices], free[spec.devices:]
+                running.append(_start(spec, devices, on_gpu, run_dir, len(pool)))
+                manifest.set_task(spec.name, state="running", devices=devices, log_path=str(running[-1].log))
+            for r in list(running):
+                if r.proc.poll() is not None:
+                    running.remove(r)
+                    free = sorted(free + r.devices, key=pool.index)
+                    state = "completed" if r.proc.returncode == 0 else "failed"
+                    states[r.spec.name] = state
+                    manifest.set_task(r.spec.name, state=state, exit_code=r.proc.returncode,
+                                      elapsed_s=round(time.time() - r.started, 3))
+                    progress.finish(r.spec.name, state, r.log)
+            progress.update()
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        for r in running:
+            r.proc.terminate()
+        for r in running:
+            r.proc.wait()
+            manifest.set_task(r.spec.name, state="interrupted")
+        raise
+    finally:
+        progress.close()
+    return states
+
+
+def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, run_dir: Path, pool_size: int) -> Running:
+    task_file = spec.task_dir / "task.json"
+    log = run_dir / "logs" / f"{spec.name}.log"
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if on_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""       # CPU workers: never touch a GPU by accident
+        env["SLURM_ROUTER_THREADS"] = str(max(1, (os.cpu_count() or 1) // pool_size))
+    with open(log, "ab") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.job", str(task_file)], stdout=f,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Running(spec, proc, devices, log)

@@ -1,0 +1,97 @@
+"""The run directory and its manifest.
+
+runs/<experiment>/<timestamp>/  config.yaml (resolved), manifest.json, tasks/<name>/task.json (+ events,
+checkpoints, result.json), logs/, report/. Stable across requeues: a requeued task finds its own files.
+The manifest is rewritten atomically on every change, so a reader never sees half of it.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurm_router.checkpoint import atomic_write_text
+from slurm_router.plan import Stage
+
+MANIFEST = "manifest.json"
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("slurm_router", "torch", "transformers", "peft", "submitit", "hydra-core", "pandas"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def new_run_dir(cfg: DictConfig) -> tuple[str, Path]:
+    """A fresh, unique run directory path (not created yet: nothing is written before the config checks pass)."""
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    root = (Path(cfg.run_root).expanduser() / cfg.experiment).resolve()
+    path, n = root / stamp, 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}_{n}"
+    return f"{cfg.experiment}-{path.name}", path
+
+
+class Manifest:
+    def __init__(self, path: Path, data: dict):
+        self.path, self.data = path, data
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "Manifest":
+        path = Path(run_dir) / MANIFEST
+        return cls(path, json.loads(path.read_text()))
+
+    def save(self) -> None:
+        atomic_write_text(self.path, json.dumps(self.data, indent=1))
+
+    def set_task(self, name: str, **fields) -> None:
+        self.data["tasks"][name].update(fields)
+        self.save()
+
+    def set(self, **fields) -> None:
+        self.data.update(fields)
+        self.save()
+
+
+def create_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str) -> Manifest:
+    """Write config.yaml, every task.json and the manifest. Called only after every check has passed."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    tasks = {}
+    for stage in stages:
+        for t in stage.tasks:
+            t.task_dir.mkdir(parents=True)
+            atomic_write_text(t.task_dir / "task.json", t.to_json())
+            tasks[t.name] = {"stage": t.stage, "variant": t.variant, "index": t.index, "devices": t.devices,
+                             "state": "cached" if stage.cached else "pending", "task_dir": str(t.task_dir)}
+    data = {"run_id": run_id, "experiment": cfg.experiment, "run_dir": str(run_dir), "launcher": launcher,
+            "created": time.time(), "host": platform.node(), "command": sys.argv, "git_commit": _git_commit(),
+            "versions": _versions(), "state": "running",
+            "stages": [{"name": s.name, "tasks": [t.name for t in s.tasks], "cached": s.cached,
+                        "depends_on": s.depends_on} for s in stages],
+            "tasks": tasks, "jobs": []}
+    manifest = Manifest(run_dir / MANIFEST, data)
+    manifest.save()
+    return manifest

@@ -1,0 +1,56 @@
+"""Device telemetry, read by a worker between steps (never per routing decision): memory peak and total,
+utilisation. pynvml on NVIDIA GPUs, psutil for CPU workers."""
+from __future__ import annotations
+
+import os
+
+import psutil
+import torch
+
+
+class Telemetry:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)         # first call primes the counter
+        self._nvml = None
+        if device.type == "cuda":
+            try:
+                import pynvml
+                pynvml.nvmlInit()
+                self._nvml = pynvml.nvmlDeviceGetHandleByIndex(self._physical_index(device.index or 0))
+                self._pynvml = pynvml
+            except Exception:                   # telemetry is best effort: no NVML, still train
+                self._nvml = None
+
+    @staticmethod
+    def _physical_index(local: int) -> int:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        ids = [v for v in visible.split(",") if v.strip()]
+        return int(ids[local]) if local < len(ids) and ids[local].strip().isdigit() else local
+
+    def reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return int(self._proc.memory_info().rss)
+
+    def total_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.get_device_properties(self.device).total_memory)
+        return int(psutil.virtual_memory().total)
+
+    def free_bytes(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free)
+        return int(psutil.virtual_memory().available)
+
+    def util(self) -> float:
+        """GPU utilisation % (NVML) or this process's CPU %, since the last call."""
+        if self._nvml is not None:
+            return float(self._pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu)
+        return float(self._proc.cpu_percent(None))

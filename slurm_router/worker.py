@@ -1,0 +1,280 @@
+"""One process per device: computes its share of every global batch, all-reduces token-weighted gradients and
+takes the same optimizer step as every other replica.
+
+The router runs on every worker over the same all-gathered state, so all workers get the same assignment
+without a dispatcher round trip. Routing changes speed and memory, never the math: each worker sums token
+losses, gradients are summed across workers and divided by the global batch's token count.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from slurm_router.events import EventWriter
+from slurm_router.plan import TaskSpec
+from slurm_router.router import MemoryModel, MicroBatch, Router, RouterSettings
+from slurm_router.telemetry import Telemetry
+from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, make_tokenizer
+from slurm_router.train.model import build_model, count_parameters, trainable_parameters
+from slurm_router.train.optim import lr_at, make_optimizer
+
+# Per-device facts all-gathered after every step (one small collective, not a poll per decision).
+STATS = ("busy_s", "compute_s", "cost", "peak_bytes", "free_bytes", "oom_count", "oom_mb")
+
+
+class SimulatedOOM(RuntimeError):
+    """Raised on a CPU worker when a micro-batch is predicted above router.cpu_memory_cap_bytes (testing aid)."""
+
+
+@dataclass
+class Context:
+    spec: TaskSpec
+    cfg: object
+    rank: int
+    world: int
+    device: torch.device
+
+
+def _setup(spec: TaskSpec, rank: int, world: int, master: str) -> Context:
+    cfg = OmegaConf.create(spec.config)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        torch.set_num_threads(int(os.environ.get("SLURM_ROUTER_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=world)
+    return Context(spec, cfg, rank, world, device)
+
+
+def _autocast(ctx: Context):
+    p = ctx.cfg.train.precision
+    bf16 = p == "bf16" or (p == "auto" and ctx.device.type == "cuda")
+    return torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def _batch_tensors(split, ids, pad_id: int, device: torch.device):
+    """Right-padded inputs; labels are -100 at padding so only real next-token targets count."""
+    seqs = [split.sample(i) for i in ids]
+    width = max(len(s) for s in seqs)
+    inputs = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(seqs), width), dtype=np.int64)
+    for r, s in enumerate(seqs):
+        inputs[r, :len(s)] = s
+        mask[r, :len(s)] = 1
+    inputs_t = torch.from_numpy(inputs).to(device, non_blocking=True)
+    mask_t = torch.from_numpy(mask).to(device, non_blocking=True)
+    labels = inputs_t.masked_fill(mask_t == 0, -100)
+    return inputs_t, mask_t, labels
+
+
+def _loss_sum(model, inputs, mask, labels, ctx: Context) -> tuple[torch.Tensor, int]:
+    with _autocast(ctx):
+        logits = model(input_ids=inputs, attention_mask=mask).logits
+    targets = labels[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
+                                             targets.reshape(-1), ignore_index=-100, reduction="sum")
+    return loss, int((targets != -100).sum())
+
+
+def _allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None:
+    """Sum every replica's token-summed gradients in one flat buffer, then divide by the global token count."""
+    for p in params:
+        if p.grad is None:          # a device that got no samples this step still joins the sum
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat.div_(total_tokens)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def evaluate(model, val, batches, ctx: Context, pad_id: int) -> tuple[float, list[float], list[int]]:
+    """Held-out token-weighted loss; each eval batch's samples are spread over the workers."""
+    sums = torch.zeros(2 * len(batches), dtype=torch.float64, device=ctx.device)
+    model.eval()
+    with torch.no_grad():
+        for b, ids in enumerate(batches):
+            mine = ids[ctx.rank::ctx.world]
+            if mine:
+                loss, n = _loss_sum(model, *_batch_tensors(val, mine, pad_id, ctx.device), ctx)
+                sums[2 * b] += loss.double()
+                sums[2 * b + 1] += n
+    model.train()
+    dist.all_reduce(sums)
+    s = sums.cpu().tolist()
+    loss_sums, tokens = s[0::2], [int(t) for t in s[1::2]]
+    return sum(loss_sums) / max(1, sum(tokens)), loss_sums, tokens
+
+
+def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetry, router_cfg, router, events,
+                      step, lr, slowdown):
+    """Forward/backward every micro-batch of this device; on OOM halve and retry (no sample lost or repeated)."""
+    queue = list(mbs)
+    done, loss_sum, oom_count, oom_mb, peak = [], 0.0, 0, -1, 0
+    compute_total = 0.0
+    micro = 0
+    while queue:
+        mb = queue.pop(0)
+        t0 = time.time()
+        inputs, mask, labels = _batch_tensors(split, mb.sample_ids, pad_id, ctx.device)
+        t_data = time.time() - t0
+        telemetry.reset_peak()
+        try:
+            cap = router_cfg.cpu_memory_cap_bytes
+            if cap and ctx.device.type == "cpu" and (mb.predicted_mem_bytes or 0) > cap and len(mb.sample_ids) > 1:
+                raise SimulatedOOM(f"predicted {mb.predicted_mem_bytes} bytes > cap {cap}")
+            t1 = time.time()
+            loss, n_tok = _loss_sum(model, inputs, mask, labels, ctx)
+            loss.backward()
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            t_compute = time.time() - t1
+        except (torch.cuda.OutOfMemoryError, SimulatedOOM):
+            if len(mb.sample_ids) <= 1:
+                raise
+            del inputs, mask, labels
+            if ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+            oom_count += 1
+            oom_mb = max(oom_mb, mb.n_padded_tokens)
+            lengths = {i: int(split.lengths[i]) for i in mb.sample_ids}
+            queue[:0] = list(router.split_for_oom(mb, lengths))
+            continue
+        if slowdown != 1.0:      # testing aid: make this device look slower, in proportion to its work
+            time.sleep(t_compute * (slowdown - 1.0))
+            t_compute *= slowdown
+        compute_total += t_compute
+        peak = max(peak, telemetry.peak_bytes())
+        loss_sum += float(loss.detach())
+        events.write("micro", step=step, micro=micro, n_samples=len(mb.sample_ids), n_tokens=mb.n_tokens,
+                     n_pad_tokens=mb.n_padded_tokens - mb.n_tokens, cost=mb.cost, t_start=t0, t_data_s=t_data,
+                     t_compute_s=t_compute, mem_peak_bytes=telemetry.peak_bytes(),
+                     mem_predicted_bytes=mb.predicted_mem_bytes, loss=float(loss.detach()) / max(1, n_tok), lr=lr,
+                     oom_retries=oom_count)
+        done.append(mb)
+        micro += 1
+    return done, loss_sum, compute_total, peak, oom_count, oom_mb
+
+
+def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
+    ctx = _setup(spec, rank, world, master)
+    cfg = ctx.cfg
+    tokenizer = make_tokenizer(cfg.model)
+    corpus = build_corpus(cfg.data, tokenizer)
+    model = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora).to(ctx.device)
+    params = trainable_parameters(model)
+    n_params, n_trainable = count_parameters(model)
+    optimizer = make_optimizer(params, spec.lr, cfg.train.weight_decay, ctx.device)
+    telemetry = Telemetry(ctx.device)
+    settings = RouterSettings.from_config(cfg.router)
+    mem_model = MemoryModel.from_model_sizes(n_params=n_params, n_trainable_params=n_trainable,
+                                             hidden_size=model.config.n_embd if hasattr(model.config, "n_embd")
+                                             else model.config.hidden_size,
+                                             n_layers=getattr(model.config, "n_layer", None)
+                                             or model.config.num_hidden_layers,
+                                             vocab_size=tokenizer.vocab_size)
+    router = Router(settings, world, memory_model=mem_model)
+    total = telemetry.total_bytes()
+    if cfg.router.cpu_memory_cap_bytes and ctx.device.type == "cpu":
+        total = cfg.router.cpu_memory_cap_bytes / cfg.router.memory_headroom   # budget = the cap
+    totals = [int(row[0]) for row in _gather(ctx, [total])]
+    for d, t in enumerate(totals):
+        router.set_device_memory(d, t)
+    slowdowns = list(cfg.router.device_slowdown) or [1.0]
+    slowdown = float(slowdowns[rank % len(slowdowns)])
+    sampler = GlobalBatchSampler(len(corpus.train), spec.global_batch_size, cfg.seed)
+    evals = eval_batches(corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
+    events = EventWriter(spec.task_dir / f"events-rank{rank}.jsonl", run_id=spec.run_id, task=spec.name,
+                         variant=spec.variant, stage=spec.stage, attempt=spec.attempt, device=rank,
+                         policy=settings.policy)
+    events.write("start", steps=spec.steps, world=world, device_type=ctx.device.type, n_params=n_params,
+                 n_trainable_params=n_trainable, global_batch_size=spec.global_batch_size, lr=spec.lr,
+                 n_train_samples=len(corpus.train), n_val_samples=len(corpus.val), mem_total_bytes=telemetry.total_bytes(),
+                 mem_budget_bytes=[d.mem_budget_bytes for d in router.device_states()], torch=torch.__version__, pid=os.getpid())
+    val_loss, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
+    events.write("eval", step=0, val_loss=val_loss, val_tokens=sum(toks), batch_loss_sums=sums, batch_tokens=toks)
+    train_losses = []
+    for step in range(spec.steps):
+        t_step0 = time.time()
+        lr = lr_at(step, spec.steps, spec.lr, cfg.train.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        ids = sampler.batch(step)
+        lengths = [int(corpus.train.lengths[i]) for i in ids]
+        speeds = [d.speed for d in router.device_states()]
+        assignment = router.plan(ids, lengths)
+        mine = list(assignment.per_device[rank])
+        done, loss_sum, compute_s, peak, oom_count, oom_mb = _run_microbatches(
+            model, mine, corpus.train, ctx, tokenizer.pad_id, telemetry, cfg.router, router, events, step, lr,
+            slowdown)
+        busy_s = time.time() - t_step0
+        total_tokens = sum(L - 1 for L in lengths)
+        t_sync0 = time.time()
+        _allreduce_grads(params, total_tokens)
+        loss_t = torch.tensor([loss_sum], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(loss_t)
+        t_sync = time.time() - t_sync0
+        if cfg.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        my_cost = sum(mb.cost for mb in mine)
+        stats = _gather(ctx, [busy_s, compute_s, my_cost, peak, telemetry.free_bytes(), oom_count, oom_mb])
+        for d, row in enumerate(stats):
+            s = dict(zip(STATS, row))
+            router.observe_step(d, s["cost"], s["compute_s"], int(s["peak_bytes"]) or None,
+                                list(assignment.per_device[d]))
+            if s["oom_count"] > 0:
+                big = max(assignment.per_device[d], key=lambda m: m.n_padded_tokens)
+                router.observe_oom(d, big)
+            router.set_device_memory(d, totals[d], int(s["free_bytes"]))
+        loss = float(loss_t) / total_tokens
+        train_losses.append(loss)
+        t_step = time.time() - t_step0
+        events.write("step", step=step, loss=loss, n_tokens=sum(lengths), n_target_tokens=total_tokens,
+                     n_samples=len(ids), t_step_s=t_step, t_sync_wait_s=t_sync, lr=lr, busy_s=busy_s,
+                     busy_s_all=[r[0] for r in stats], planned_cost=assignment.planned_cost(),
+                     n_micro=[len(p) for p in assignment.per_device], speed=speeds,
+                     cost_balance_ratio=assignment.cost_balance_ratio(), oom_retries=oom_count,
+                     n_pad_tokens=sum(mb.n_padded_tokens - mb.n_tokens for mb in done),
+                     mem_peak_bytes=peak, mem_total_bytes=telemetry.total_bytes(), util=telemetry.util())
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {step}: the loss is {loss}; lower train.lr")
+        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < spec.steps:
+            v, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
+            events.write("eval", step=step + 1, val_loss=v, val_tokens=sum(toks), batch_loss_sums=sums,
+                         batch_tokens=toks)
+    val_loss, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
+    events.write("eval", step=spec.steps, val_loss=val_loss, val_tokens=sum(toks), batch_loss_sums=sums,
+                 batch_tokens=toks)
+    result = None
+    if rank == 0:
+        tail = train_losses[-max(1, len(train_losses) // 10):]
+        result = {"val_loss": val_loss, "train_loss": sum(tail) / len(tail), "steps": spec.steps}
+        if spec.save_weights:
+            from slurm_router.train.model import base_state_dict
+            from slurm_router.checkpoint import save_base
+            save_base(base_state_dict(model), spec.save_weights, result)
+    events.write("end", exit_state="completed", **(result or {}))
+    events.close()
+    dist.destroy_process_group()
+    return result
+
+
+def _gather(ctx: Context, values: list[float]) -> list[list[float]]:
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    out = [torch.zeros_like(t) for _ in range(ctx.world)]
+    dist.all_gather(out, t)
+    return [o.cpu().tolist() for o in out]
