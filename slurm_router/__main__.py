@@ -28,6 +28,9 @@ def compose(overrides: list[str]):
 
     from slurm_router.config import conf_dir, explain, register_schema
     register_schema()
+    # variants.<name>.* is free-form (each variant is a set of overrides): let users add keys there without
+    # Hydra's '+' prefix; the merged variant is still checked against the schema.
+    overrides = [f"++{o}" if o.startswith("variants.") else o for o in overrides]
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
             return hydra_compose(config_name="config", overrides=overrides)
@@ -120,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bad = [a for a in argv if a.startswith("-")]
     if bad:
-        print(f"error: unknown option {bad[0]}: arguments are Hydra overrides like key=value\n{USAGE}",
-              file=sys.stderr)
+        print(f"error: unknown option {bad[0]}: arguments are Hydra overrides like train.steps=20 "
+              "(see python -m slurm_router --help)", file=sys.stderr)
         return 2
     try:
         return run(argv)

@@ -202,7 +202,8 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
     events.write("start", steps=spec.steps, world=world, device_type=ctx.device.type, n_params=n_params,
                  n_trainable_params=n_trainable, global_batch_size=spec.global_batch_size, lr=spec.lr,
                  n_train_samples=len(corpus.train), n_val_samples=len(corpus.val), mem_total_bytes=telemetry.total_bytes(),
-                 mem_budget_bytes=[d.mem_budget_bytes for d in router.device_states()], torch=torch.__version__, pid=os.getpid())
+                 mem_budget_bytes=[d.mem_budget_bytes for d in router.device_states()], torch=torch.__version__, pid=os.getpid(),
+                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     val_loss, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
     events.write("eval", step=0, val_loss=val_loss, val_tokens=sum(toks), batch_loss_sums=sums, batch_tokens=toks)
     train_losses = []

@@ -1,0 +1,34 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600,
+            module: str = "slurm_router") -> subprocess.CompletedProcess:
+    """The real command, as a user types it."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("run_dir: "), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return Path(last[len("run_dir: "):])
+
+
+def step_losses(task_dir: Path) -> list[float]:
+    rows = [json.loads(l) for l in (task_dir / "events-rank0.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in sorted((r for r in rows if r["event"] == "step"), key=lambda r: r["step"])]
+
+
+@pytest.fixture(scope="session")
+def base_cache(tmp_path_factory) -> Path:
+    """One base-model cache for the whole session: the base stage trains once, later runs reuse it."""
+    return tmp_path_factory.mktemp("base_cache")
