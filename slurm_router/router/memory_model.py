@@ -1,0 +1,191 @@
+"""Predicted peak memory of one micro-batch, seeded from model sizes and refit online from observed peaks.
+
+    peak_bytes = scale * (fixed_bytes + per_token_bytes * padded_tokens + per_len2_bytes * n_samples * max_len^2)
+
+The fixed term is weights + gradients + optimizer state; the per-token term is activations and logits; the
+length^2 term is eager attention scores (near zero with flash / SDPA kernels, which the online fit discovers).
+`scale` >= 1 is what an out-of-memory error teaches: the prediction for the size that failed is lifted above
+the limit it hit. One model is shared by all devices of a job: they train the same variant, so the bytes per
+token are the same; what differs per device is the budget, which the Router keeps.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_MAX_OOMS = 16
+_OOM_MARGIN = 1.05          # after an OOM, predict this much above the limit that was hit
+_OOM_UNKNOWN_LIMIT = 1.25   # no limit known: assume the prediction was this much too low
+_MIN_POINTS_FOR_FIT = 6     # below this, only rescale the prior: 3 coefficients need spread-out points
+
+
+class MemoryModel:
+    def __init__(self, fixed_bytes: float = 0.0, per_token_bytes: float = 0.0, per_len2_bytes: float = 0.0,
+                 max_observations: int = 64) -> None:
+        if min(fixed_bytes, per_token_bytes, per_len2_bytes) < 0:
+            raise ValueError("memory model terms must be >= 0")
+        self.prior = (float(fixed_bytes), float(per_token_bytes), float(per_len2_bytes))
+        self.coef = self.prior
+        self.scale = 1.0
+        self.max_observations = int(max_observations)
+        self._obs: list[tuple[int, int, int, int]] = []    # (padded_tokens, n_samples, max_len, peak_bytes)
+        self._ooms: list[tuple[int, int, int, float]] = []  # (padded_tokens, n_samples, max_len, limit_bytes)
+
+    @classmethod
+    def from_model_sizes(cls, n_params: int, n_trainable_params: int, hidden_size: int, n_layers: int,
+                         vocab_size: int, bytes_per_param: int = 4, n_heads: int | None = None,
+                         adam_state_bytes: int = 8, workspace_bytes: int = 0) -> "MemoryModel":
+        """Seed terms from the model shape (the online fit corrects them after a few steps).
+
+        fixed:     all weights (bytes_per_param) + grads of trainable ones + Adam m and v (fp32) of trainable ones
+        per token: transformer activations ~34 * hidden bytes per layer at 2-byte precision (Korthikanti et al.
+                   2022, "Reducing Activation Recomputation in Large Transformer Models"), scaled to
+                   bytes_per_param; plus logits, their gradient and an fp32 log-softmax: vocab * (2b + 4)
+        per len^2: eager attention keeps scores, softmax and dropout mask: ~5 * heads bytes per layer at 2 bytes
+        """
+        heads = n_heads or max(1, hidden_size // 64)
+        act_scale = bytes_per_param / 2
+        fixed = (n_params * bytes_per_param + n_trainable_params * (bytes_per_param + adam_state_bytes)
+                 + workspace_bytes)
+        per_token = n_layers * 34 * hidden_size * act_scale + vocab_size * (2 * bytes_per_param + 4)
+        per_len2 = n_layers * 5 * heads * act_scale
+        return cls(fixed, per_token, per_len2)
+
+    # ---- prediction -------------------------------------------------------------------------------------
+    def predict(self, padded_tokens: int, n_samples: int, max_len: int) -> int:
+        f, a, b = self.coef
+        return math.ceil(self.scale * (f + a * padded_tokens + b * n_samples * max_len * max_len))
+
+    def predict_mb(self, mb: Any) -> int:
+        n = len(mb.sample_ids)
+        return self.predict(mb.n_padded_tokens, n, mb.n_padded_tokens // n if n else 0)
+
+    def fits(self, mb: Any, budget_bytes: int | None) -> bool:
+        return budget_bytes is None or self.predict_mb(mb) <= budget_bytes
+
+    def sample_bytes(self, length: int) -> float:
+        """Bytes one sample adds on top of the fixed term (least_loaded's 'what it has been given')."""
+        _, a, b = self.coef
+        return self.scale * (a * length + b * length * length)
+
+    def max_samples(self, max_len: int, budget_bytes: int | None) -> int:
+        """How many samples padded to max_len fit one micro-batch (0: not even one). Large if unlimited."""
+        if budget_bytes is None or max_len <= 0:
+            return 1 << 40
+        f, a, b = self.coef
+        per_sample = a * max_len + b * max_len * max_len
+        room = budget_bytes / self.scale - f
+        if per_sample <= 0:
+            return 1 << 40 if room >= 0 else 0
+        k = max(0, int(room / per_sample))
+        # the closed form is in floats; settle the integer boundary with the exact predicate
+        while k > 0 and self.predict(k * max_len, k, max_len) > budget_bytes:
+            k -= 1
+        while self.predict((k + 1) * max_len, k + 1, max_len) <= budget_bytes:
+            k += 1
+        return k
+
+    def max_len_alone(self, budget_bytes: int | None) -> int:
+        """Longest single sample that fits the budget (0 if none)."""
+        if budget_bytes is None:
+            return 1 << 40
+        f, a, b = self.coef
+        room = budget_bytes / self.scale - f
+        if room < 0:
+            return 0
+        if b > 0:
+            length = int((-a + math.sqrt(a * a + 4 * b * room)) / (2 * b))
+        elif a > 0:
+            length = int(room / a)
+        else:
+            return 1 << 40
+        while length > 0 and self.predict(length, 1, length) > budget_bytes:
+            length -= 1
+        while self.predict(length + 1, 1, length + 1) <= budget_bytes:
+            length += 1
+        return length
+
+    # ---- learning ---------------------------------------------------------------------------------------
+    def observe(self, padded_tokens: int, n_samples: int, max_len: int, peak_bytes: int) -> None:
+        """Record a measured peak of a micro-batch and refit."""
+        self._obs.append((int(padded_tokens), int(n_samples), int(max_len), int(peak_bytes)))
+        del self._obs[:-self.max_observations]
+        self._refit()
+
+    def observe_oom(self, padded_tokens: int, n_samples: int, max_len: int, limit_bytes: int | None = None) -> None:
+        """This size did not fit under limit_bytes (total or free memory at the time; None if unknown)."""
+        if limit_bytes is None:
+            limit_bytes = self.predict(padded_tokens, n_samples, max_len) * _OOM_UNKNOWN_LIMIT
+        self._ooms.append((int(padded_tokens), int(n_samples), int(max_len), float(limit_bytes)))
+        del self._ooms[:-_MAX_OOMS]
+        self._refit()
+
+    def _refit(self) -> None:
+        obs = self._obs
+        if len(obs) >= _MIN_POINTS_FOR_FIT and len({(p, n * m * m) for p, n, m, _ in obs}) >= 3:
+            fitted = _nnls3([(1.0, float(p), float(n * m * m)) for p, n, m, _ in obs], [float(y) for *_, y in obs])
+            self.coef = fitted if fitted is not None else self.prior
+        elif obs:
+            # Few points: keep the prior's shape, match its level (ratio of sums is robust to one outlier size).
+            f, a, b = self.prior
+            predicted = sum(f + a * p + b * n * m * m for p, n, m, _ in obs)
+            factor = sum(y for *_, y in obs) / predicted if predicted > 0 else 1.0
+            self.coef = (f * factor, a * factor, b * factor)
+        else:
+            self.coef = self.prior
+        self.scale = 1.0
+        for p, n, m, limit in self._ooms:
+            f, a, b = self.coef
+            base = f + a * p + b * n * m * m
+            if base > 0:
+                self.scale = max(self.scale, limit * _OOM_MARGIN / base)
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"prior": list(self.prior), "max_observations": self.max_observations,
+                "observations": [list(o) for o in self._obs], "ooms": [list(o) for o in self._ooms]}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.prior = tuple(float(x) for x in d["prior"])
+        self.max_observations = int(d.get("max_observations", self.max_observations))
+        self._obs = [tuple(int(x) for x in o) for o in d.get("observations", [])]
+        self._ooms = [(int(o[0]), int(o[1]), int(o[2]), float(o[3])) for o in d.get("ooms", [])]
+        self._refit()
+
+
+def _nnls3(rows: list[tuple[float, float, float]], ys: list[float]) -> tuple[float, float, float] | None:
+    """Non-negative least squares for 3 unknowns by trying every active set (8 small solves: exact, no iteration
+    order to worry about). Columns are normalised first: bytes, tokens and tokens^2 differ by 10 orders."""
+    norms = [math.sqrt(sum(r[j] * r[j] for r in rows)) or 1.0 for j in range(3)]
+    xs = [[r[j] / norms[j] for j in range(3)] for r in rows]
+    best, best_sse = None, math.inf
+    for mask in range(1, 8):
+        cols = [j for j in range(3) if mask >> j & 1]
+        sol = _solve_normal(xs, ys, cols)
+        if sol is None or any(v < 0 for v in sol):
+            continue
+        coef = [0.0, 0.0, 0.0]
+        for j, v in zip(cols, sol):
+            coef[j] = v
+        sse = sum((y - sum(c * x for c, x in zip(coef, row))) ** 2 for row, y in zip(xs, ys))
+        if sse < best_sse * (1 - 1e-12):
+            best, best_sse = coef, sse
+    if best is None:
+        return None
+    return (best[0] / norms[0], best[1] / norms[1], best[2] / norms[2])
+
+
+def _solve_normal(xs: list[list[float]], ys: list[float], cols: list[int]) -> list[float] | None:
+    k = len(cols)
+    a = [[sum(r[i] * r[j] for r in xs) for j in cols] + [sum(r[i] * y for r, y in zip(xs, ys))] for i in cols]
+    for c in range(k):   # Gaussian elimination with partial pivoting
+        piv = max(range(c, k), key=lambda r: abs(a[r][c]))
+        if abs(a[piv][c]) < 1e-9:
+            return None
+        a[c], a[piv] = a[piv], a[c]
+        for r in range(k):
+            if r != c:
+                factor = a[r][c] / a[c][c]
+                for j in range(c, k + 1):
+                    a[r][j] -= factor * a[c][j]
+    return [a[i][k] / a[i][i] for i in range(k)]

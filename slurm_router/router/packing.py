@@ -1,0 +1,160 @@
+"""Sample costs, and turning one device's share of samples into micro-batches.
+
+Samples are handled by *position* in the global batch (0..n-1) inside the router; ids only appear when a
+MicroBatch is built. Positions keep every tie-break well defined even if a caller passes repeated lengths.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from .memory_model import MemoryModel
+from .types import MicroBatch, RouterSettings
+
+UNLIMITED = 1 << 40
+
+
+def sample_costs(lengths: Sequence[int], settings: RouterSettings) -> list[float]:
+    """cost(n) = n, or n + attention_weight * n^2 / attention_ref_len with cost="tokens_attention"."""
+    if settings.cost == "tokens_attention" and settings.attention_weight > 0:
+        w = settings.attention_weight / settings.attention_ref_len
+        return [n + w * n * n for n in lengths]
+    return [float(n) for n in lengths]
+
+
+def build_microbatch(positions: list[int], sample_ids: Sequence[int], lengths: Sequence[int],
+                     costs: Sequence[float], memory_model: MemoryModel | None) -> MicroBatch:
+    n = len(positions)
+    if n == 1:   # the common case with long-tailed lengths: skip the generic path (this is the hot loop)
+        p = positions[0]
+        n_tok = lengths[p]
+        mem = memory_model.predict(n_tok, 1, n_tok) if memory_model is not None else None
+        return MicroBatch((sample_ids[p],), n_tok, n_tok, costs[p], mem)
+    positions = sorted(positions)          # global-batch order inside a micro-batch, whatever the grouping
+    max_len = max(map(lengths.__getitem__, positions))
+    padded = max_len * n
+    mem = memory_model.predict(padded, n, max_len) if memory_model is not None else None
+    return MicroBatch(tuple(map(sample_ids.__getitem__, positions)), sum(map(lengths.__getitem__, positions)),
+                      padded, sum(map(costs.__getitem__, positions)), mem)
+
+
+def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_model: MemoryModel | None):
+    """k(max_len): how many samples padded to max_len one micro-batch may hold (memory budget and token cap)."""
+    cap = settings.max_tokens_per_microbatch
+    use_mem = memory_model is not None and budget_bytes is not None
+
+    def k_max(max_len: int) -> int:
+        k = UNLIMITED
+        if cap is not None:
+            k = cap // max_len if max_len > 0 else UNLIMITED
+        if use_mem:
+            k = min(k, memory_model.max_samples(max_len, budget_bytes))
+        return k
+
+    return k_max
+
+
+def pack_by_length(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int],
+                   costs: Sequence[float], budget_bytes: int | None, settings: RouterSettings,
+                   memory_model: MemoryModel | None, oversize: list[int],
+                   presorted: bool = False) -> tuple[MicroBatch, ...]:
+    """Group a device's share into micro-batches of similar length, longest first.
+    presorted: positions already come longest first (the partition's output), skip the sort.
+
+    Walking the share longest-first, a sample joins the open micro-batch (padded to that micro-batch's first,
+    longest sample) unless the padding it would add exceeds settings.microbatch_overhead_tokens (one more
+    micro-batch is cheaper than that much padding), or the micro-batch would break the token cap or the
+    memory budget: then a new micro-batch starts, i.e. a share that does not fit is split (gradient
+    accumulation), never dropped. A sample that does not fit even alone is put alone and reported in oversize.
+    """
+    if not positions:
+        return ()
+    # stable sort on the length alone: equal lengths keep the caller's (deterministic) order
+    order = positions if presorted else sorted(positions, key=lengths.__getitem__, reverse=True)
+    overhead = settings.microbatch_overhead_tokens
+    groups: list[list[int]] = []
+    group: list[int] = []
+    cut = 1 << 62    # a sample joins the open micro-batch iff its length >= cut = head length - overhead
+    if settings.max_tokens_per_microbatch is None and (memory_model is None or budget_bytes is None):
+        # nothing caps a micro-batch: only the padding rule splits (the hot path of big plans, kept lean)
+        for p in order:
+            n = lengths[p]
+            if n >= cut:
+                group.append(p)
+            else:
+                group = [p]
+                groups.append(group)
+                cut = n - overhead
+    else:
+        k_max = max_samples_fn(budget_bytes, settings, memory_model)
+        group_cap = 0
+        for p in order:
+            n = lengths[p]
+            if n >= cut and len(group) < group_cap:
+                group.append(p)
+                continue
+            group = [p]
+            groups.append(group)
+            cut = n - overhead
+            group_cap = k_max(n)
+            if group_cap < 1:
+                oversize.append(p)
+                group_cap = 1   # alone, never dropped
+    return tuple([build_microbatch(g, sample_ids, lengths, costs, memory_model) for g in groups])
+
+
+def pack_in_order(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int],
+                  costs: Sequence[float], budget_bytes: int | None, settings: RouterSettings,
+                  memory_model: MemoryModel | None, oversize: list[int],
+                  presorted: bool = False) -> tuple[MicroBatch, ...]:
+    """round_robin's packing: one micro-batch, or the fewest equal consecutive chunks that all fit.
+
+    This is the static baseline (what DistributedSampler + a fixed gradient-accumulation count does): no
+    sorting by length, so it pays the padding that balanced avoids."""
+    n = len(positions)
+    if n == 0:
+        return ()
+    k_max = max_samples_fn(budget_bytes, settings, memory_model)
+    for n_chunks in range(1, n + 1):
+        chunks = _equal_chunks(positions, n_chunks)
+        if all(len(c) <= k_max(max(lengths[p] for p in c)) for c in chunks):
+            break
+    for c in chunks:
+        if len(c) == 1 and k_max(lengths[c[0]]) < 1:
+            oversize.append(c[0])
+    return tuple(build_microbatch(c, sample_ids, lengths, costs, memory_model) for c in chunks)
+
+
+def _equal_chunks(items: Sequence[int], n_chunks: int) -> list[list[int]]:
+    q, r = divmod(len(items), n_chunks)
+    out, start = [], 0
+    for i in range(n_chunks):
+        size = q + (1 if i < r else 0)
+        out.append(list(items[start:start + size]))
+        start += size
+    return out
+
+
+def split_for_oom(mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[int],
+                  settings: RouterSettings | None = None,
+                  memory_model: MemoryModel | None = None) -> tuple[MicroBatch, MicroBatch]:
+    """Halve a micro-batch that ran out of memory: (longest half, shortest half), each in the original order.
+
+    Splitting by length (not by position) shrinks the padded size of both halves the most. Costs are
+    recomputed with `settings` when given, else shared in proportion to real tokens. Together the halves hold
+    exactly the samples of `mb`, so no sample is lost or computed twice.
+    """
+    n = len(mb.sample_ids)
+    if n < 2:
+        raise ValueError(f"micro-batch with {n} sample(s) cannot be halved; the sample alone exceeds memory: "
+                         "lower data.max_len or use a device with more memory")
+    ids = list(mb.sample_ids)
+    lengths = [int(lengths_by_id[sid]) for sid in ids]
+    if settings is not None:
+        costs = sample_costs(lengths, settings)
+    else:
+        per_token = mb.cost / mb.n_tokens if mb.n_tokens else 0.0
+        costs = [n_tok * per_token for n_tok in lengths]
+    by_len = sorted(range(n), key=lambda i: (-lengths[i], i))
+    long_half, short_half = by_len[: n // 2], by_len[n // 2:]
+    return (build_microbatch(long_half, ids, lengths, costs, memory_model),
+            build_microbatch(short_half, ids, lengths, costs, memory_model))

@@ -1,0 +1,141 @@
+"""Value types shared by the routing policies and the Router facade.
+
+Everything here is immutable (frozen dataclasses, tuples) so that an Assignment computed on one worker can be
+compared bit-for-bit with the one computed on another: every worker runs the router on the same all-gathered
+state and must reach the same decision without talking to the others.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
+COST_NAMES = ("tokens", "tokens_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    """What the router knows about one device of the job (index = rank)."""
+
+    index: int
+    speed: float = 1.0                      # cost units per second (relative is enough); higher = faster
+    mem_budget_bytes: int | None = None     # headroom x total memory; None = unlimited
+    mem_free_bytes: int | None = None       # last telemetry reading, used by least_loaded only
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatch:
+    """One forward/backward of one device. Several per device = gradient accumulation."""
+
+    sample_ids: tuple[int, ...]             # global sample ids, in global-batch order
+    n_tokens: int                           # real tokens
+    n_padded_tokens: int                    # len(sample_ids) * longest sample: what the device computes
+    cost: float                             # sum of the samples' costs (cost model of RouterSettings)
+    predicted_mem_bytes: int | None = None  # memory model prediction; None = no model
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def max_len(self) -> int:
+        return self.n_padded_tokens // len(self.sample_ids) if self.sample_ids else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The router's decision for one global batch."""
+
+    per_device: tuple[tuple[MicroBatch, ...], ...]   # index = device index; may be empty for a device
+    # Samples that do not fit any device's budget (or the token cap) even alone. They are still assigned,
+    # alone in their own micro-batch, because dropping a sample would change the training math; the worker
+    # should expect an OOM-and-halve cycle or a warning for them.
+    oversize_ids: tuple[int, ...] = ()
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.per_device)
+
+    def planned_cost(self) -> list[float]:
+        return [sum(mb.cost for mb in mbs) for mbs in self.per_device]
+
+    def n_tokens(self) -> list[int]:
+        return [sum(mb.n_tokens for mb in mbs) for mbs in self.per_device]
+
+    def n_padded_tokens(self) -> list[int]:
+        return [sum(mb.n_padded_tokens for mb in mbs) for mbs in self.per_device]
+
+    def sample_ids(self, device: int) -> tuple[int, ...]:
+        """All ids computed by `device`, micro-batch by micro-batch."""
+        return tuple(sid for mb in self.per_device[device] for sid in mb.sample_ids)
+
+    def cost_balance_ratio(self) -> float:
+        """max / mean planned cost over all devices (idle ones included); 1.0 when nothing is planned."""
+        return _max_over_mean(self.planned_cost())
+
+    def time_balance_ratio(self, speeds: list[float]) -> float:
+        """max / mean of planned cost / speed: the figure that matters on heterogeneous devices."""
+        return _max_over_mean([c / s for c, s in zip(self.planned_cost(), speeds)])
+
+
+def _max_over_mean(values: list[float]) -> float:
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    return max(values) * len(values) / total
+
+
+@dataclass
+class RouterSettings:
+    """Router knobs. Field names match config.RouterConfig so `RouterSettings.from_config(cfg.router)` works."""
+
+    policy: str = "balanced"                # round_robin | least_loaded | affinity | balanced
+    cost: str = "tokens"                    # tokens | tokens_attention
+    # cost(n) = n + attention_weight * n^2 / attention_ref_len  (only with cost="tokens_attention").
+    # Per token and layer a transformer spends ~24 h^2 FLOPs in its matmuls and ~4 n h in attention scores,
+    # so attention_weight=1 with attention_ref_len = 6 * hidden_size makes the cost proportional to FLOPs.
+    attention_weight: float = 0.0
+    attention_ref_len: int = 4608           # 6 x 768 (GPT-2 small)
+    memory_headroom: float = 0.85           # budget = headroom x total device memory
+    max_tokens_per_microbatch: int | None = None   # hard cap on padded tokens of one micro-batch, every policy
+    affinity_boundaries: tuple[int, ...] = ()      # length bucket edges for affinity; () = powers of two
+    speed_ema: float = 0.3                  # weight of the newest observation in the speed EMA
+    # Fixed cost of one extra micro-batch, in padded-token equivalents (kernel launches, optimizer-free
+    # forward/backward overhead). balanced/affinity/least_loaded start a new micro-batch only when the padding
+    # it saves exceeds this. 0 = never pad (one micro-batch per distinct length).
+    microbatch_overhead_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"router.policy={self.policy!r} is not one of {', '.join(POLICY_NAMES)}")
+        if self.cost not in COST_NAMES:
+            raise ValueError(f"router.cost={self.cost!r} is not one of {', '.join(COST_NAMES)}")
+        if self.attention_weight < 0:
+            raise ValueError(f"router.attention_weight={self.attention_weight} must be >= 0")
+        if self.attention_ref_len <= 0:
+            raise ValueError(f"router.attention_ref_len={self.attention_ref_len} must be > 0")
+        if not 0 < self.memory_headroom <= 1:
+            raise ValueError(f"router.memory_headroom={self.memory_headroom} must be in (0, 1]")
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            raise ValueError(f"router.max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be >= 1 or null")
+        if not 0 < self.speed_ema <= 1:
+            raise ValueError(f"router.speed_ema={self.speed_ema} must be in (0, 1]")
+        if self.microbatch_overhead_tokens < 0:
+            raise ValueError(f"router.microbatch_overhead_tokens={self.microbatch_overhead_tokens} must be >= 0")
+        edges = tuple(int(e) for e in self.affinity_boundaries)
+        if any(b <= a for a, b in zip(edges, edges[1:])) or any(e <= 0 for e in edges):
+            raise ValueError(f"router.affinity_boundaries={list(edges)} must be positive and strictly increasing")
+        self.affinity_boundaries = edges
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "RouterSettings":
+        """Build from any object/mapping with matching attribute names; unknown extras are ignored."""
+        get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+        kwargs = {}
+        for f in fields(cls):
+            value = get(f.name, None)
+            if value is not None:
+                kwargs[f.name] = value
+        if kwargs.get("affinity_boundaries") is not None:
+            kwargs["affinity_boundaries"] = tuple(kwargs["affinity_boundaries"])
+        return cls(**kwargs)
