@@ -76,6 +76,9 @@ def run(overrides: list[str]) -> int:
     from slurm_router.config import validate
     variants = validate(cfg)
     check_devices(cfg)
+    if cfg.launcher.kind in ("slurm", "sbatch") and not (cfg.launcher.kind == "sbatch" and cfg.launcher.dry_run):
+        from slurm_router.launch.slurm import check_slurm
+        check_slurm()
     from slurm_router.train.data import build_corpus, make_tokenizer
     corpus = build_corpus(cfg.data, make_tokenizer(cfg.model))   # fail on bad data before any file is written
     print(f"experiment {cfg.experiment}: {len(variants)} variant(s) {', '.join(variants)}; "
@@ -91,6 +94,9 @@ def run(overrides: list[str]) -> int:
             cache = base_cache_dir(cfg) / base_hash(cfg)
             shutil.copy(cache / "meta.json", stage.tasks[0].task_dir / "result.json")
             print(f"base stage: reusing the cached base model {cache}")
+
+    if cfg.launcher.kind in ("slurm", "sbatch"):
+        return submit_to_slurm(cfg, stages, run_dir, manifest)
 
     from slurm_router.launch.local import run_stages
     try:
@@ -111,6 +117,33 @@ def run(overrides: list[str]) -> int:
     if not ok:
         failed = [n for n, s in states.items() if s not in ("completed", "cached")]
         print(f"failed tasks: {', '.join(failed)}; logs in {run_dir / 'logs'}", file=sys.stderr)
+    print(f"run_dir: {run_dir}")
+    return 0 if ok else 1
+
+
+def submit_to_slurm(cfg, stages, run_dir, manifest) -> int:
+    from slurm_router.launch import slurm
+    submit = slurm.submit_submitit if cfg.launcher.kind == "slurm" else slurm.submit_sbatch
+    try:
+        job_ids = submit(stages, cfg, run_dir, manifest)
+    except UserError:
+        manifest.set(state="failed")
+        raise
+    if not job_ids:                      # launcher.dry_run: rendered only
+        manifest.set(state="rendered")
+        print(f"run_dir: {run_dir}")
+        return 0
+    manifest.set(state="submitted", job_ids=job_ids)
+    print(f"submitted {len(job_ids)} array job(s): {' '.join(job_ids)} "
+          f"(python -m slurm_router.status {run_dir} [--wait])")
+    if not cfg.launcher.wait:
+        print(f"run_dir: {run_dir}")
+        return 0
+    states = slurm.wait_for(job_ids + ([manifest.data["report_job_id"]] if manifest.data.get("report_job_id") else []))
+    ok = all(s == "COMPLETED" for s in states.values())
+    manifest.set(state="completed" if ok else "failed")
+    from slurm_router.analysis.report import print_table, write_report
+    print_table(write_report(run_dir))
     print(f"run_dir: {run_dir}")
     return 0 if ok else 1
 

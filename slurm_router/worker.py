@@ -51,7 +51,11 @@ def _setup(spec: TaskSpec, rank: int, world: int, master: str) -> Context:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-        torch.set_num_threads(int(os.environ.get("SLURM_ROUTER_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world))
+        per_worker = max(1, int(os.environ.get("SLURM_CPUS_PER_TASK", "0")) // (1 if "SLURM_PROCID" in os.environ
+                                                                               and world > 1 else world))
+        threads = int(os.environ.get("SLURM_ROUTER_THREADS", "0")) or (
+            per_worker if "SLURM_CPUS_PER_TASK" in os.environ else max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(threads)
     dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=world)
     return Context(spec, cfg, rank, world, device)
 

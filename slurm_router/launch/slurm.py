@@ -1,0 +1,152 @@
+"""Slurm launchers: every stage becomes ONE array job (one array task per variant); a later stage waits on the
+earlier one with --dependency=afterok; a last small job writes the report once every stage has ended.
+
+launcher=slurm submits through submitit (map_array: one sbatch call per stage); launcher=sbatch renders
+RUN_DIR/submit.sbatch from sbatch_templates/ and submits it with sbatch. Both return as soon as the jobs
+are queued (unless launcher.wait=true) and record the job ids in the manifest.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurm_router.config import UserError
+from slurm_router.plan import Stage
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"}
+
+
+def check_slurm() -> None:
+    if shutil.which("sbatch") is None:
+        raise UserError("sbatch is not on the PATH: this is not a Slurm machine; run here with launcher=local")
+
+
+def _sbatch_error(e: Exception) -> UserError:
+    text = str(e).strip().replace("\n", " ")
+    m = text.find("sbatch: error:")
+    return UserError(f"Slurm rejected the job: {text[m:] if m >= 0 else text[:300]}")
+
+
+def _submitit_params(cfg, devices: int, stage: str, dependency: str | None) -> dict:
+    lc = cfg.launcher
+    extra = dict(lc.additional_parameters or {})
+    if dependency:
+        extra["dependency"] = dependency
+    params = dict(name=f"{cfg.experiment}-{stage}", timeout_min=lc.timeout_min, cpus_per_task=lc.cpus_per_task,
+                  slurm_array_parallelism=lc.array_parallelism, slurm_signal_delay_s=lc.signal_delay_s,
+                  slurm_additional_parameters=extra)
+    if lc.srun_workers:           # D srun tasks, one GPU each: a task may span nodes
+        params.update(tasks_per_node=devices, slurm_gpus_per_task=1)
+    else:                         # one process per task starts D workers on its D GPUs
+        params.update(tasks_per_node=1, gpus_per_node=devices)
+    for key in ("partition", "account", "qos", "constraint"):
+        if lc[key]:
+            params[f"slurm_{key}"] = lc[key]
+    if lc.mem_gb:
+        params["mem_gb"] = lc.mem_gb
+    return params
+
+
+def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str]:
+    """One submitit map_array per stage; returns the job ids (array masters) in stage order."""
+    import submitit
+    from slurm_router.job import run_task, write_report_job
+    job_ids: list[str] = []
+    last = None
+    for stage in stages:
+        if stage.cached:
+            continue
+        devices = max(t.devices for t in stage.tasks)
+        ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm")
+        ex.update_parameters(**_submitit_params(cfg, devices, stage.name, f"afterok:{last}" if last else None))
+        try:
+            jobs = ex.map_array(run_task, [str(t.task_dir / "task.json") for t in stage.tasks])
+        except Exception as e:              # submitit wraps sbatch's refusal in several exception types
+            raise _sbatch_error(e) from None
+        last = jobs[0].job_id.split("_")[0]
+        job_ids.append(last)
+        _record(manifest, stage, last, [(str(j.paths.stdout), str(j.paths.stderr)) for j in jobs])
+    ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm")
+    ex.update_parameters(name=f"{cfg.experiment}-report", timeout_min=30, cpus_per_task=1,
+                         slurm_additional_parameters={"dependency": f"afterany:{last}"} if last else {},
+                         **({"slurm_partition": cfg.launcher.partition} if cfg.launcher.partition else {}))
+    report = ex.submit(write_report_job, str(run_dir))
+    manifest.set(report_job_id=report.job_id)
+    return job_ids
+
+
+def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str]:
+    """Render RUN_DIR/submit.sbatch (submit-<stage>.sbatch for earlier stages) and sbatch them in order."""
+    from slurm_router.launch.sbatch_render import SbatchSpec, safe_job_name, submit_sbatch as sbatch, write_sbatch
+    lc = cfg.launcher
+    job_ids, last = [], None
+    for stage in stages:
+        if stage.cached:
+            continue
+        devices = max(t.devices for t in stage.tasks)
+        spec = SbatchSpec(
+            job_name=safe_job_name(f"{cfg.experiment}-{stage.name}"), run_dir=str(run_dir),
+            array_size=len(stage.tasks), array_parallelism=lc.array_parallelism,
+            gpus_per_task=1 if lc.srun_workers else devices, cpus_per_task=lc.cpus_per_task, mem_gb=lc.mem_gb,
+            timeout_min=lc.timeout_min, partition=lc.partition, account=lc.account, qos=lc.qos,
+            constraint=lc.constraint, signal_delay_s=lc.signal_delay_s, requeue=True, dependency_job_id=last,
+            ntasks=devices if lc.srun_workers else 1,
+            extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
+            python=sys.executable,
+            task_argv=("-m", "slurm_router.job", "--run-dir", str(run_dir), "--stage", stage.name))
+        name = "submit.sbatch" if stage is stages[-1] else f"submit-{stage.name}.sbatch"
+        try:
+            script = write_sbatch(spec, run_dir / name)
+        except ValueError as e:
+            raise UserError(f"launcher: {e}") from None
+        if lc.dry_run:
+            print(f"rendered {script} (launcher.dry_run=true: not submitted)")
+            continue
+        try:
+            last = sbatch(script)
+        except RuntimeError as e:
+            raise _sbatch_error(e) from None
+        job_ids.append(last)
+        _record(manifest, stage, last, [(f"{run_dir}/logs/{last}_{t.index}.out", f"{run_dir}/logs/{last}_{t.index}.err")
+                                        for t in stage.tasks])
+    if job_ids:
+        report = subprocess.run(["sbatch", "--parsable", f"--dependency=afterany:{last}", "--job-name",
+                                 safe_job_name(f"{cfg.experiment}-report"), "--output",
+                                 f"{run_dir}/logs/report-%j.out", "--time", "30",
+                                 *([f"--partition={lc.partition}"] if lc.partition else []), "--wrap",
+                                 subprocess.list2cmdline([sys.executable, "-m", "slurm_router.analysis",
+                                                          str(run_dir)])],
+                                capture_output=True, text=True)
+        if report.returncode == 0:
+            manifest.set(report_job_id=report.stdout.strip().split(";")[0])
+    return job_ids
+
+
+def _record(manifest, stage: Stage, job_id: str, logs: list[tuple[str, str]]) -> None:
+    tasks = []
+    for t, (out, err) in zip(stage.tasks, logs):
+        tasks.append({"variant": t.name, "array_index": t.index, "log_path": out, "err_path": err})
+        manifest.data["tasks"][t.name].update(state="submitted", job_id=f"{job_id}_{t.index}", log_path=out)
+    manifest.data["jobs"].append({"stage": stage.name, "job_id": job_id, "array": True, "tasks": tasks})
+    manifest.save()
+
+
+def wait_for(job_ids: list[str], poll_s: float = 2.0) -> dict[str, str]:
+    """Block until every array task of these jobs (and nothing else) is in a terminal state."""
+    states: dict[str, str] = {}
+    while True:
+        out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", ",".join(job_ids)],
+                             capture_output=True, text=True).stdout
+        states = {}
+        for line in out.splitlines():
+            jid, _, state = line.partition("|")
+            states[jid] = state.split()[0] if state else "UNKNOWN"
+        queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True,
+                                text=True).stdout.split()
+        if states and not queued and all(s in TERMINAL for s in states.values()):
+            return states
+        time.sleep(poll_s)

@@ -1,0 +1,81 @@
+"""lora_ab on the real single-node Slurm test cluster (scripts/slurm_test_cluster.sh), both Slurm launchers.
+
+One array job per stage, one array task per variant, all COMPLETED in sacct; the base stage ends before any
+variant starts (afterok); concurrently running tasks saw different GPUs; the report is in the run dir.
+"""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import run_cli, run_dir_of
+
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(shutil.which("sbatch") is None,
+                                 reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")]
+
+SMALL = ["+experiment=lora_ab", "base.steps=8", "train.steps=4", "train.eval_batches=2", "data.max_documents=60",
+         "launcher.wait=true", "launcher.timeout_min=10"]
+
+
+def _sacct(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State,JobName", "-j", job_id],
+                         capture_output=True, text=True, check=True).stdout
+    return {l.split("|")[0]: l.split("|")[1] for l in out.splitlines() if l}
+
+
+def _starts_ends(run_dir):
+    out = {}
+    for f in run_dir.glob("tasks/*/events-rank0.jsonl"):
+        rows = [json.loads(l) for l in f.read_text().splitlines()]
+        s = next(r for r in rows if r["event"] == "start")
+        e = next(r for r in rows if r["event"] == "end")
+        out[s["task"]] = (s["time"], e["time"], s["cuda_visible_devices"])
+    return out
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "sbatch"])
+def test_lora_ab_on_slurm(tmp_path, launcher):
+    proc = run_cli(*SMALL, f"launcher={launcher}", f"base.cache_dir={tmp_path / 'cache'}", f"run_root={tmp_path}",
+                   cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_dir = run_dir_of(proc)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    jobs = manifest["jobs"]
+    assert [j["stage"] for j in jobs] == ["base", "variants"]
+    for job, n_tasks in zip(jobs, (1, 2)):
+        states = _sacct(job["job_id"])
+        assert sorted(states) == [f"{job['job_id']}_{i}" for i in range(n_tasks)], states
+        assert set(states.values()) == {"COMPLETED"}, states
+    spans = _starts_ends(run_dir)
+    assert spans["base"][1] <= min(spans["r8"][0], spans["r32"][0]), "a variant started before the base ended"
+    for a, b in (("r8", "r32"),):
+        if spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]:
+            assert spans[a][2] != spans[b][2], f"concurrent tasks shared GPU {spans[a][2]}"
+    assert all(spans[t][2] in ("0", "1", "2", "3") for t in spans), spans
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert set(summary["variants"]) == {"r8", "r32"} and summary["base"]["val_loss"] > 0
+    if launcher == "sbatch":
+        assert (run_dir / "submit.sbatch").is_file() and (run_dir / "submit-base.sbatch").is_file()
+    status = run_cli(str(run_dir), "--json", module="slurm_router.status", timeout=60)
+    assert status.returncode == 0, status.stderr
+
+
+def test_sbatch_rejection_is_one_line_and_marks_the_run_failed(tmp_path):
+    proc = run_cli(*SMALL, "launcher=slurm", "launcher.partition=nosuchpartition", f"run_root={tmp_path}",
+                   f"base.cache_dir={tmp_path / 'cache'}", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(err) == 1 and "Slurm rejected the job" in err[0] and "Traceback" not in proc.stderr, proc.stderr
+    manifest = json.loads(next(tmp_path.rglob("manifest.json")).read_text())
+    assert manifest["state"] == "failed"
+
+
+def test_no_sbatch_means_not_a_slurm_machine(tmp_path):
+    import os
+    import sys
+    env = {"PATH": os.path.dirname(sys.executable)}
+    proc = run_cli(*SMALL, "launcher=slurm", f"run_root={tmp_path}", cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 2 and "not a Slurm machine" in proc.stderr and "launcher=local" in proc.stderr
+    assert not any(tmp_path.rglob("manifest.json"))
