@@ -139,8 +139,10 @@ def submit_to_slurm(cfg, stages, run_dir, manifest) -> int:
     if not cfg.launcher.wait:
         print(f"run_dir: {run_dir}")
         return 0
-    states = slurm.wait_for(job_ids + ([manifest.data["report_job_id"]] if manifest.data.get("report_job_id") else []))
-    ok = all(s == "COMPLETED" for s in states.values())
+    from slurm_router.slurm_status import wait_for_run
+    tasks = wait_for_run(manifest.data, poll_s=2.0)
+    from slurm_router.slurm_status import SUCCESS_STATES
+    ok = all(t.state in SUCCESS_STATES for t in tasks)
     manifest.set(state="completed" if ok else "failed")
     from slurm_router.analysis.report import print_table, write_report
     print_table(write_report(run_dir))

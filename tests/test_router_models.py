@@ -46,11 +46,11 @@ def test_memory_model_seed_is_sane():
 def test_memory_model_refits_to_observations():
     truth = MemoryModel(3_000_000, 5_000, 2.0)
     mm = MemoryModel(1_000_000, 1_000, 0.0)      # a bad prior
-    sizes = [(n, l) for n in (1, 2, 4, 8) for l in (64, 256, 512, 1024)]
-    for n, l in sizes:
-        mm.observe(n * l, n, l, truth.predict(n * l, n, l))
-    for n, l in [(3, 700), (16, 128), (1, 2048)]:
-        assert mm.predict(n * l, n, l) == pytest.approx(truth.predict(n * l, n, l), rel=0.01)
+    sizes = [(n, ln) for n in (1, 2, 4, 8) for ln in (64, 256, 512, 1024)]
+    for n, ln in sizes:
+        mm.observe(n * ln, n, ln, truth.predict(n * ln, n, ln))
+    for n, ln in [(3, 700), (16, 128), (1, 2048)]:
+        assert mm.predict(n * ln, n, ln) == pytest.approx(truth.predict(n * ln, n, ln), rel=0.01)
     assert all(c >= 0 for c in mm.coef)
 
 

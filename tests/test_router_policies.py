@@ -202,3 +202,17 @@ def test_settings_errors_name_the_key():
         RouterSettings(affinity_boundaries=(100, 50))
     s = RouterSettings.from_config({"policy": "affinity", "affinity_boundaries": [128, 512], "device_slowdown": [1]})
     assert s.policy == "affinity" and s.affinity_boundaries == (128, 512)
+
+
+def test_same_plan_in_other_processes():
+    """Workers are separate processes with their own hash seeds: the plan must not depend on them."""
+    import subprocess
+    import sys
+    code = ("from slurm_router.router import *; from slurm_router.router.workloads import lognormal_lengths as L; "
+            "ds=[DeviceState(d, 1.0 + (d % 3) / 4, 10**9, 9 * 10**8) for d in range(5)]; "
+            "mm=MemoryModel(10**8, 10**5, 10.0); "
+            "print([Router(RouterSettings(policy=p), 5, mm).plan(range(77), L(77, seed=9), ds) for p in POLICY_NAMES])")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout
+            for seed in (1, 2, 3)}
+    assert len(outs) == 1 and "MicroBatch" in outs.pop()

@@ -46,8 +46,11 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
     assert [j["stage"] for j in jobs] == ["base", "variants"]
     for job, n_tasks in zip(jobs, (1, 2)):
         states = _sacct(job["job_id"])
-        assert sorted(states) == [f"{job['job_id']}_{i}" for i in range(n_tasks)], states
+        assert len(job["tasks"]) == n_tasks
+        assert sorted(states) == sorted(t["job_id"] for t in job["tasks"]), states
         assert set(states.values()) == {"COMPLETED"}, states
+    variants = jobs[1]
+    assert variants["array"] and [t["job_id"] for t in variants["tasks"]] == [f"{variants['job_id']}_{i}" for i in (0, 1)]
     spans = _starts_ends(run_dir)
     assert spans["base"][1] <= min(spans["r8"][0], spans["r32"][0]), "a variant started before the base ended"
     for a, b in (("r8", "r32"),):

@@ -7,28 +7,46 @@ are queued (unless launcher.wait=true) and record the job ids in the manifest.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 from slurm_router.config import UserError
 from slurm_router.plan import Stage
-
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE"}
-
 
 def check_slurm() -> None:
     if shutil.which("sbatch") is None:
         raise UserError("sbatch is not on the PATH: this is not a Slurm machine; run here with launcher=local")
 
 
-def _sbatch_error(e: Exception) -> UserError:
-    text = str(e).strip().replace("\n", " ")
-    m = text.find("sbatch: error:")
-    return UserError(f"Slurm rejected the job: {text[m:] if m >= 0 else text[:300]}")
+def _sbatch_error(e: Exception, stderr: str = "") -> UserError:
+    text = f"{stderr}\n{e}"
+    reasons = list(dict.fromkeys(m.strip() for m in re.findall(r"sbatch: error: ([^\n]+)", text)))
+    detail = "; ".join(reasons) if reasons else str(e).strip().replace("\n", " ")[:300]
+    return UserError(f"Slurm rejected the job: {detail}")
+
+
+@contextlib.contextmanager
+def _captured_stderr():
+    """submitit lets sbatch write to our stderr; capture it so the user gets one line, not three."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        out = {"text": ""}
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out["text"] = tmp.read()
 
 
 def _submitit_params(cfg, devices: int, stage: str, dependency: str | None) -> dict:
@@ -63,13 +81,18 @@ def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[s
         devices = max(t.devices for t in stage.tasks)
         ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm")
         ex.update_parameters(**_submitit_params(cfg, devices, stage.name, f"afterok:{last}" if last else None))
-        try:
-            jobs = ex.map_array(run_task, [str(t.task_dir / "task.json") for t in stage.tasks])
-        except Exception as e:              # submitit wraps sbatch's refusal in several exception types
-            raise _sbatch_error(e) from None
-        last = jobs[0].job_id.split("_")[0]
+        with _captured_stderr() as err:
+            try:
+                jobs = ex.map_array(run_task, [str(t.task_dir / "task.json") for t in stage.tasks])
+            except Exception as e:          # submitit wraps sbatch's refusal in several exception types
+                failure = e
+            else:
+                failure = None
+        if failure is not None:
+            raise _sbatch_error(failure, err["text"]) from None
+        last = jobs[0].job_id.split("_")[0]      # submitit submits a 1-task stage as a plain job, not an array
         job_ids.append(last)
-        _record(manifest, stage, last, [(str(j.paths.stdout), str(j.paths.stderr)) for j in jobs])
+        _record(manifest, stage, last, [(j.job_id, str(j.paths.stdout), str(j.paths.stderr)) for j in jobs])
     ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm")
     ex.update_parameters(name=f"{cfg.experiment}-report", timeout_min=30, cpus_per_task=1,
                          slurm_additional_parameters={"dependency": f"afterany:{last}"} if last else {},
@@ -111,42 +134,28 @@ def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str
         except RuntimeError as e:
             raise _sbatch_error(e) from None
         job_ids.append(last)
-        _record(manifest, stage, last, [(f"{run_dir}/logs/{last}_{t.index}.out", f"{run_dir}/logs/{last}_{t.index}.err")
-                                        for t in stage.tasks])
+        _record(manifest, stage, last, [(f"{last}_{t.index}", f"{run_dir}/logs/{last}_{t.index}.out",
+                                         f"{run_dir}/logs/{last}_{t.index}.err") for t in stage.tasks])
     if job_ids:
+        # argv, not a shell line: only --wrap is shell, and every word of it is shlex-quoted.
+        logs = str(run_dir / "logs").replace("%", "%%")          # Slurm expands %j etc. in --output
         report = subprocess.run(["sbatch", "--parsable", f"--dependency=afterany:{last}", "--job-name",
-                                 safe_job_name(f"{cfg.experiment}-report"), "--output",
-                                 f"{run_dir}/logs/report-%j.out", "--time", "30",
-                                 *([f"--partition={lc.partition}"] if lc.partition else []), "--wrap",
-                                 subprocess.list2cmdline([sys.executable, "-m", "slurm_router.analysis",
-                                                          str(run_dir)])],
+                                 safe_job_name(f"{cfg.experiment}-report"), "--output", f"{logs}/report-%j.out",
+                                 "--time", "30", *([f"--partition={lc.partition}"] if lc.partition else []),
+                                 "--wrap", shlex.join([sys.executable, "-m", "slurm_router.analysis", str(run_dir)])],
                                 capture_output=True, text=True)
         if report.returncode == 0:
             manifest.set(report_job_id=report.stdout.strip().split(";")[0])
     return job_ids
 
 
-def _record(manifest, stage: Stage, job_id: str, logs: list[tuple[str, str]]) -> None:
+def _record(manifest, stage: Stage, job_id: str, tasks_jobs: list[tuple[str, str, str]]) -> None:
+    """tasks_jobs: (task job id, stdout path, stderr path) per task of the stage, in order."""
     tasks = []
-    for t, (out, err) in zip(stage.tasks, logs):
-        tasks.append({"variant": t.name, "array_index": t.index, "log_path": out, "err_path": err})
-        manifest.data["tasks"][t.name].update(state="submitted", job_id=f"{job_id}_{t.index}", log_path=out)
-    manifest.data["jobs"].append({"stage": stage.name, "job_id": job_id, "array": True, "tasks": tasks})
+    for t, (task_job_id, out, err) in zip(stage.tasks, tasks_jobs):
+        tasks.append({"variant": t.name, "array_index": t.index, "job_id": task_job_id, "log_path": out,
+                      "err_path": err})
+        manifest.data["tasks"][t.name].update(state="submitted", job_id=task_job_id, log_path=out)
+    array = any("_" in j for j, _, _ in tasks_jobs)
+    manifest.data["jobs"].append({"stage": stage.name, "job_id": job_id, "array": array, "tasks": tasks})
     manifest.save()
-
-
-def wait_for(job_ids: list[str], poll_s: float = 2.0) -> dict[str, str]:
-    """Block until every array task of these jobs (and nothing else) is in a terminal state."""
-    states: dict[str, str] = {}
-    while True:
-        out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", ",".join(job_ids)],
-                             capture_output=True, text=True).stdout
-        states = {}
-        for line in out.splitlines():
-            jid, _, state = line.partition("|")
-            states[jid] = state.split()[0] if state else "UNKNOWN"
-        queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True,
-                                text=True).stdout.split()
-        if states and not queued and all(s in TERMINAL for s in states.values()):
-            return states
-        time.sleep(poll_s)

@@ -30,6 +30,8 @@ class MemoryModel:
         self.max_observations = int(max_observations)
         self._obs: list[tuple[int, int, int, int]] = []    # (padded_tokens, n_samples, max_len, peak_bytes)
         self._ooms: list[tuple[int, int, int, float]] = []  # (padded_tokens, n_samples, max_len, limit_bytes)
+        # Plans ask the same (length, budget) questions many times (equal devices); answers only change on refit.
+        self._cache: dict[tuple[int, int], int] = {}
 
     @classmethod
     def from_model_sizes(cls, n_params: int, n_trainable_params: int, hidden_size: int, n_layers: int,
@@ -72,6 +74,15 @@ class MemoryModel:
         """How many samples padded to max_len fit one micro-batch (0: not even one). Large if unlimited."""
         if budget_bytes is None or max_len <= 0:
             return 1 << 40
+        key = (max_len, budget_bytes)
+        k = self._cache.get(key)
+        if k is None:
+            k = self._cache[key] = self._max_samples(max_len, budget_bytes)
+            if len(self._cache) > 65536:
+                self._cache.clear()
+        return k
+
+    def _max_samples(self, max_len: int, budget_bytes: int) -> int:
         f, a, b = self.coef
         per_sample = a * max_len + b * max_len * max_len
         room = budget_bytes / self.scale - f
@@ -89,6 +100,13 @@ class MemoryModel:
         """Longest single sample that fits the budget (0 if none)."""
         if budget_bytes is None:
             return 1 << 40
+        key = (-1, budget_bytes)
+        length = self._cache.get(key)
+        if length is None:
+            length = self._cache[key] = self._max_len_alone(budget_bytes)
+        return length
+
+    def _max_len_alone(self, budget_bytes: int) -> int:
         f, a, b = self.coef
         room = budget_bytes / self.scale - f
         if room < 0:
@@ -121,6 +139,7 @@ class MemoryModel:
         self._refit()
 
     def _refit(self) -> None:
+        self._cache.clear()
         obs = self._obs
         if len(obs) >= _MIN_POINTS_FOR_FIT and len({(p, n * m * m) for p, n, m, _ in obs}) >= 3:
             fitted = _nnls3([(1.0, float(p), float(n * m * m)) for p, n, m, _ in obs], [float(y) for *_, y in obs])

@@ -74,7 +74,12 @@ def pack_by_length(positions: Sequence[int], sample_ids: Sequence[int], lengths:
     groups: list[list[int]] = []
     group: list[int] = []
     cut = 1 << 62    # a sample joins the open micro-batch iff its length >= cut = head length - overhead
-    if settings.max_tokens_per_microbatch is None and (memory_model is None or budget_bytes is None):
+    limited = settings.max_tokens_per_microbatch is not None or (memory_model is not None and budget_bytes is not None)
+    if limited:
+        k_max = max_samples_fn(budget_bytes, settings, memory_model)
+        # the whole share padded to its longest sample fits: then no shorter micro-batch can break a limit
+        limited = k_max(lengths[order[0]]) < len(order)
+    if not limited:
         # nothing caps a micro-batch: only the padding rule splits (the hot path of big plans, kept lean)
         for p in order:
             n = lengths[p]
@@ -85,7 +90,6 @@ def pack_by_length(positions: Sequence[int], sample_ids: Sequence[int], lengths:
                 groups.append(group)
                 cut = n - overhead
     else:
-        k_max = max_samples_fn(budget_bytes, settings, memory_model)
         group_cap = 0
         for p in order:
             n = lengths[p]

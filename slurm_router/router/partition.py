@@ -20,6 +20,7 @@ from typing import Sequence
 _GOOD_ENOUGH = 0.01       # stop improving when max time <= best possible * (1 + this); the target is 1.02
 _SPEED_CLASS_STEP = 0.02  # devices whose speeds differ < 2% share one heap (the pass fixes the residue)
 _MAX_RECEIVERS = 16       # devices tried per improvement round
+_MAX_ROUNDS = 512         # improvement rounds at most (each is O(D)): bounds the plan time on 1000+ devices
 
 
 def partition(items: Sequence[int], costs: Sequence[float], speeds: Sequence[float],
@@ -67,7 +68,7 @@ def partition(items: Sequence[int], costs: Sequence[float], speeds: Sequence[flo
     # with equal speeds the pigeonhole bound tells when the remaining imbalance is granularity, not the search
     floor = _sorted_lower_bound([costs[p] for p in order], n_dev) if min(speeds) == max(speeds) else 0.0
     touched = _improve(bins, loads, costs, speeds, item_fits, lengths,
-                       max_rounds if max_rounds is not None else 4 * n_dev + 16, floor / speeds[0])
+                       max_rounds if max_rounds is not None else min(4 * n_dev + 16, _MAX_ROUNDS), floor / speeds[0])
     for d in sorted(touched):   # LPT appends longest first; only bins the pass changed need re-sorting
         bins[d].sort(key=lambda p: (-costs[p], p))
     return bins
@@ -124,27 +125,30 @@ def _improve(bins: list[list[int]], loads: list[float], costs: Sequence[float], 
     if n_dev < 2:
         return touched
     stop_at = max(sum(loads) / sum(speeds), floor_time) * (1 + _GOOD_ENOUGH)
+    times = [loads[d] / speeds[d] for d in range(n_dev)]
     for _ in range(max_rounds):
-        times = [loads[d] / speeds[d] for d in range(n_dev)]
         hi = max(range(n_dev), key=lambda d: (times[d], -d))
         t_hi = times[hi]
         if t_hi <= stop_at:
             return touched
         # the least loaded receivers are where a move or swap most likely fits; capping their number bounds
         # the cost of a round on big jobs (the next round starts again from the new slowest device)
-        receivers = sorted((d for d in range(n_dev) if d != hi and times[d] < t_hi),
-                           key=lambda d: (times[d], d))[:_MAX_RECEIVERS]
+        receivers = heapq.nsmallest(_MAX_RECEIVERS, (d for d in range(n_dev) if d != hi and times[d] < t_hi),
+                                    key=lambda d: (times[d], d))
         hi_items = sorted(bins[hi], key=lambda p: (costs[p], p))
         for lo in receivers:
             if _best_exchange(hi, lo, hi_items, bins, loads, costs, speeds, item_fits, lengths, t_hi):
                 touched.update((hi, lo))
+                times[hi] = loads[hi] / speeds[hi]
+                times[lo] = loads[lo] / speeds[lo]
                 break
         else:
             return touched   # no single move or swap lowers the slowest device: local optimum
     return touched
 
 
-def _best_exchange(hi: int, lo: int, hi_items: list[int], bins: list[list[int]], loads: list[float], costs: Sequence[float],
+def _best_exchange(hi: int, lo: int, hi_items: list[int], bins: list[list[int]], loads: list[float],
+                   costs: Sequence[float],
                    speeds: Sequence[float], item_fits: Sequence[int] | None, lengths: Sequence[int] | None,
                    t_hi: float) -> bool:
     """Best single move (hi -> lo) or swap between hi and lo; applies it and returns True if it helps."""

@@ -18,6 +18,7 @@ from .types import Assignment, DeviceState, RouterSettings
 # Default affinity buckets: powers of two, so bucket edges never depend on the batch (no quantiles).
 DEFAULT_AFFINITY_BOUNDARIES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _MIN_SPEED = 1e-9
+_AFFINITY_SLACK = 0.05   # how far above an even share affinity lets a pinned group be
 
 Policy = Callable[[Sequence[int], Sequence[int], Sequence[DeviceState], RouterSettings, "MemoryModel | None"],
                   Assignment]
@@ -145,13 +146,17 @@ def affinity(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequenc
     groups_items = [buckets[k] for k in keys]
     group_cost = [sum(costs[p] for p in g) for g in groups_items]
     # A bucket gets whole devices, so a small bucket on its own device can leave a big one crowded: merge
-    # neighbouring buckets while there are more buckets than devices, or while a merge lowers the busiest
-    # group's cost per device.
+    # neighbouring buckets while there are more buckets than devices, or while the busiest group is more than
+    # _AFFINITY_SLACK above an even share and a merge lowers it. The slack is the balance affinity trades for
+    # locality (each device sees a narrow band of lengths); without it every bucket would merge into one.
+    fair = sum(group_cost) / n_dev
     while len(groups_items) > 1:
         if len(groups_items) > n_dev:
             best_i = min(range(len(groups_items) - 1), key=lambda i: (group_cost[i] + group_cost[i + 1], i))
         else:
             best_i, best_obj = -1, _busiest(group_cost, n_dev)
+            if best_obj <= fair * (1 + _AFFINITY_SLACK):
+                break
             for i in range(len(groups_items) - 1):
                 obj = _busiest(group_cost[:i] + [group_cost[i] + group_cost[i + 1]] + group_cost[i + 2:], n_dev)
                 if obj < best_obj * (1 - 1e-9):

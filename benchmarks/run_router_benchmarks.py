@@ -1,0 +1,90 @@
+"""Run every router benchmark and write benchmarks/results/router.md and router.json (~1 minute on 2 cores).
+
+    python benchmarks/run_router_benchmarks.py [--fast]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import router_balance  # noqa: E402
+import router_decision_cost  # noqa: E402
+import router_heterogeneity  # noqa: E402
+import router_simulation  # noqa: E402
+from router_common import machine_info  # noqa: E402
+
+
+def _targets(res: dict) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for the figures the router promises."""
+    out = []
+    rows8 = [r for r in res["balance"]["rows"] if r["per_device"] == 8]
+    for pool in dict.fromkeys(r["lengths"] for r in rows8):
+        rs = [r for r in rows8 if r["lengths"] == pool]
+        worst = max(r["balanced"]["ratio"] for r in rs)
+        best = max(r["best_possible_ratio"] for r in rs)
+        out.append((f"balanced ratio <= 1.02 at 8 samples/device, {pool}",
+                    f"{worst:.3f} worst mean over D (best possible by lower bound: {best:.3f})", worst <= 1.02))
+        useful = min(r["balanced"]["useful"] for r in rs)
+        rr = mean_of(r["round_robin"]["useful"] for r in rs)
+        out.append((f"balanced useful-token fraction >= 0.95 at 8 samples/device, {pool}",
+                    f"{useful:.3f} lowest (round_robin {rr:.3f})", useful >= 0.95))
+    for r in res["heterogeneity"]["rows"]:
+        if r["fleet"] in ("1 : 0.5", "1 : 1 : 0.5 : 0.25"):
+            v = r["balanced"]["learned"]
+            out.append((f"balanced throughput >= 0.95 of ideal, speeds {r['fleet']}, {r['lengths'].split()[0]}",
+                        f"{v:.3f} learned, {r['balanced']['oracle']:.3f} oracle "
+                        f"(round_robin {r['round_robin']['oracle']:.3f})", v >= 0.95))
+    for r in res["decision_cost"]["rows"]:
+        for src in ("lognormal", "stdlib"):
+            v = r[f"balanced/{src}"]
+            out.append((f"balanced plan <= {r['target_us']:.0f} us at {r['devices']} x {r['batch']}, {src}",
+                        f"{v:.0f} us", v <= r["target_us"]))
+    return out
+
+
+def mean_of(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fast", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--out", default=str(HERE / "results"), help="output folder")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    res = {"machine": machine_info()}
+    res["balance"] = router_balance.run(10 if args.fast else router_balance.N_BATCHES)
+    res["heterogeneity"] = router_heterogeneity.run()
+    res["decision_cost"] = router_decision_cost.run(fast=args.fast)
+    res["simulation"] = router_simulation.run()
+    res["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in _targets(res)]
+    res["wall_s"] = time.perf_counter() - t0
+
+    m = res["machine"]
+    md = ["# Router benchmarks", "",
+          f"Machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs, {m['implementation']} {m['python']}; "
+          f"run {m['date']}; whole suite {res['wall_s']:.0f} s. Command: `python benchmarks/run_router_benchmarks.py`.",
+          "", "All figures come from the cost model (no processes, no GPU): a device's time is the padded tokens "
+          "(or cost) of its micro-batches over its speed, a step lasts as long as its slowest device. Default "
+          "RouterSettings throughout (microbatch_overhead_tokens=16).", "",
+          "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    md += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in res["targets"]]
+    md += ["", router_balance.to_markdown(res["balance"]), router_heterogeneity.to_markdown(res["heterogeneity"]),
+           router_decision_cost.to_markdown(res["decision_cost"]), router_simulation.to_markdown(res["simulation"])]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "router.md").write_text("\n".join(md))
+    (out / "router.json").write_text(json.dumps(res, indent=1))
+    print("\n".join(md[:12 + len(res["targets"])]))
+    print(f"\nwrote {out / 'router.md'} and {out / 'router.json'} in {res['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Status parsing on squeue/sacct outputs captured from Slurm 22.05 (tests/golden/slurm_outputs), and the CLI.
+
+    pytest tests/test_slurm_status.py
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_router import slurm_status as st
+
+OUT = Path(__file__).parent / "golden" / "slurm_outputs"
+
+
+def read(name: str) -> str:
+    return (OUT / name).read_text()
+
+
+def manifest_for(job_id: str, n: int, run_dir: Path | None = None, launcher: str = "slurm") -> dict:
+    logs = run_dir / "logs" if run_dir else Path("/nonexistent")
+    return {
+        "run_id": "r1", "experiment": "exp", "run_dir": str(run_dir), "launcher": launcher,
+        "jobs": [{"stage": "variants", "job_id": job_id, "array": True,
+                  "tasks": [{"variant": f"v{i}", "array_index": i, "log_path": str(logs / f"{job_id}_{i}.out"),
+                             "err_path": str(logs / f"{job_id}_{i}.err")} for i in range(n)]}],
+        "tasks": {},
+    }
+
+
+@pytest.mark.parametrize(
+    "raw, seconds",
+    [("00:01:09", 69), ("1:09", 69), ("0:00", 0), ("2-03:04:05", 183845), ("12:00:00", 43200),
+     ("INVALID", None), ("", None)],
+)
+def test_parse_duration(raw, seconds):
+    assert st.parse_duration(raw) == seconds
+
+
+def test_normalize_state_and_array_ranges():
+    assert st.normalize_state("CANCELLED by 0") == "CANCELLED"
+    assert st.normalize_state("OUT_OF_MEMORY") == "OUT_OF_MEMORY"
+    assert st.normalize_state("") == "UNKNOWN"
+    assert st.expand_array_indices("0-5%2") == [0, 1, 2, 3, 4, 5]
+    assert st.expand_array_indices("1,3-4") == [1, 3, 4]
+    assert st.expand_array_indices("0-8:4") == [0, 4, 8]
+
+
+def test_final_array_mixed_states():
+    """Job 15: task 0 ok, 1 exit 3, 2 timed out, 3 requeued once then ok, 4 cancelled while running."""
+    sacct = st.parse_sacct(read("sacct_final.txt"))
+    assert {k: r.state for k, r in sacct.items()} == {
+        "15_0": "COMPLETED", "15_1": "FAILED", "15_2": "TIMEOUT", "15_3": "COMPLETED", "15_4": "CANCELLED"}
+    assert sacct["15_1"].exit_code == "3:0"
+    assert sacct["15_2"].elapsed_s == 69
+    assert sacct["15_3"].requeues == 1 and sacct["15_0"].requeues == 0
+    squeue = st.parse_squeue(read("squeue_final.txt"))  # tasks 0 and 1 already aged out of the controller
+    assert set(squeue) == {"15_2", "15_3", "15_4"} and squeue["15_3"].requeues == 1
+
+    tasks = st.merge_status(manifest_for("15", 5), squeue, sacct)
+    assert [t.state for t in tasks] == ["COMPLETED", "FAILED", "TIMEOUT", "COMPLETED", "CANCELLED"]
+    assert [t.requeues for t in tasks] == [0, 0, 0, 1, 0]
+    assert tasks[1].exit_code == "3:0" and tasks[1].variant == "v1" and tasks[1].job_id == "15_1"
+    assert all(t.terminal for t in tasks)
+
+
+def test_requeued_task_is_pending_not_done():
+    sacct = st.parse_sacct(read("sacct_requeue_pending.txt"))
+    assert sacct["15_3"].state == "PENDING" and sacct["15_3"].requeues == 1 and sacct["15_3"].node is None
+    squeue = st.parse_squeue(read("squeue_requeue_pending.txt"))
+    assert squeue["15_3"].reason == "BeginTime"
+    tasks = st.merge_status(manifest_for("15", 5), squeue, sacct)
+    assert tasks[3].state == "PENDING" and not tasks[3].terminal and tasks[3].requeues == 1
+
+
+def test_pending_array_expands_to_every_task():
+    squeue = st.parse_squeue(read("squeue_held_array.txt"))
+    assert sorted(squeue) == [f"20_{i}" for i in range(6)]
+    assert squeue["20_5"].state == "PENDING" and squeue["20_5"].reason == "JobHeldUser"
+    sacct = st.parse_sacct(read("sacct_cancelled_array.txt"))  # cancelled before any task started
+    tasks = st.merge_status(manifest_for("20", 6), {}, sacct)
+    assert {t.state for t in tasks} == {"CANCELLED"}
+
+
+def test_lagging_accounting_row_is_not_a_task_state():
+    """Right after submission sacct may hold only a record under the array's base id: it names no task."""
+    sacct = st.parse_sacct(read("sacct_lagging_master_row.txt"))
+    tasks = st.merge_status(manifest_for("15", 2), {}, sacct)
+    assert [t.state for t in tasks] == ["UNKNOWN", "UNKNOWN"]
+    # ... but squeue knows better while the controller still has the job.
+    tasks = st.merge_status(manifest_for("15", 2), st.parse_squeue("15_0|RUNNING|0:03|0|vm|None|\n"), sacct)
+    assert tasks[0].state == "RUNNING" and tasks[0].elapsed_s == 3 and tasks[1].state == "UNKNOWN"
+
+
+def test_failed_never_reported_completed_when_squeue_and_sacct_disagree():
+    squeue = st.parse_squeue("15_1|FAILED|0:00|0|vm|NonZeroExitCode|\n")
+    sacct = st.parse_sacct("15_1|17|RUNNING|0:0|00:00:01|vm|2026-01-01T00:00:00|Unknown\n")
+    manifest = {"jobs": [{"stage": "s", "job_id": "15", "array": True, "tasks": [{"variant": "v1", "array_index": 1}]}]}
+    [task] = st.merge_status(manifest, squeue, sacct)
+    assert task.state == "FAILED" and task.exit_code is None
+
+
+def test_plain_job_uses_base_id():
+    manifest = {"jobs": [{"stage": "base", "job_id": "11", "array": False, "tasks": [{"variant": "base"}]}]}
+    sacct = st.parse_sacct("11|11|COMPLETED|0:0|00:00:02|vm|2026-01-01T00:00:00|2026-01-01T00:00:02\n")
+    [task] = st.merge_status(manifest, {}, sacct)
+    assert (task.job_id, task.state, task.elapsed_s) == ("11", "COMPLETED", 2)
+
+
+def test_single_item_array_submitted_as_plain_job():
+    """submitit map_array over one item submits a plain job: the manifest says array task 0, Slurm says 18."""
+    manifest = manifest_for("18", 1)
+    [task] = st.merge_status(manifest, st.parse_squeue("18|RUNNING|0:07|0|vm|None|\n"), {})
+    assert (task.state, task.job_id, task.elapsed_s) == ("RUNNING", "18", 7)
+    sacct = st.parse_sacct("18|18|FAILED|1:0|00:00:09|vm|2026-01-01T00:00:00|2026-01-01T00:00:09\n")
+    [task] = st.merge_status(manifest, {}, sacct)
+    assert (task.state, task.exit_code) == ("FAILED", "1:0")
+    # ... but in a many-task array a bare base-id row (accounting lag) still names no task.
+    assert {t.state for t in st.merge_status(manifest_for("18", 2), {}, sacct)} == {"UNKNOWN"}
+
+
+def test_local_manifest_states():
+    manifest = {"launcher": "local", "jobs": [], "tasks": {
+        "a": {"stage": "variants", "variant": "a", "state": "completed", "exit_code": 0},
+        "b": {"stage": "variants", "variant": "b", "state": "failed", "exit_code": 1, "log_path": "/x"},
+        "c": {"stage": "base", "variant": "c", "state": "cached"}}}
+    tasks = st.collect_status(manifest, runner=lambda argv: pytest.fail(f"ran {argv}"))
+    assert [(t.variant, t.state) for t in tasks] == [("a", "COMPLETED"), ("b", "FAILED"), ("c", "CACHED")]
+
+
+def test_collect_status_queries_only_this_runs_jobs_and_tails_failed_logs(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "15_1.out").write_text("".join(f"line {i}\n" for i in range(30)))
+    (tmp_path / "logs" / "15_1.err").write_text("Traceback\nboom\n")
+    calls = []
+
+    def runner(argv):
+        calls.append(argv)
+        return read("squeue_final.txt") if argv[0] == "squeue" else read("sacct_final.txt")
+
+    tasks = st.collect_status(manifest_for("15", 5, tmp_path), runner)
+    assert [c[0] for c in calls] == ["squeue", "sacct"]
+    assert all(c[c.index("-j") + 1] == "15" for c in calls)
+    assert "-X" in calls[1] and "-D" in calls[1]
+    failed = tasks[1]
+    assert failed.out_tail == [f"line {i}" for i in range(10, 30)] and failed.err_tail == ["Traceback", "boom"]
+    assert tasks[0].out_tail == [] and tasks[0].err_tail == []
+
+    cancelled = []
+    assert st.cancel_run(manifest_for("15", 5), cancelled.append) == ["15"]
+    assert cancelled == [["scancel", "15"]]
+
+
+def test_wait_polls_until_terminal():
+    outputs = iter([
+        "15_0|RUNNING|0:01|0|vm|None|\n15_1|PENDING|0:00|0||Resources|\n",
+        "15_0|COMPLETED|0:02|0|vm|None|\n15_1|RUNNING|0:01|0|vm|None|\n",
+        "15_0|COMPLETED|0:02|0|vm|None|\n15_1|OUT_OF_MEMORY|0:02|0|vm|OutOfMemory|\n",
+    ])
+    polls = []
+    tasks = st.wait_for_run(manifest_for("15", 2), lambda argv: next(outputs) if argv[0] == "squeue" else "",
+                            poll_s=0, on_poll=polls.append)
+    assert len(polls) == 3 and [t.state for t in tasks] == ["COMPLETED", "OUT_OF_MEMORY"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurm_router.status", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1])
+
+
+def test_cli_bad_run_dir(tmp_path):
+    proc = run_cli(str(tmp_path / "missing"))
+    assert proc.returncode == 2 and "missing" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli(str(tmp_path))
+    assert proc.returncode == 2 and "manifest.json" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "manifest.json").write_text("{not json")
+    proc = run_cli(str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_cli_local_run_json_and_table(tmp_path):
+    manifest = {"run_id": "r", "experiment": "e", "launcher": "local", "jobs": [],
+                "tasks": {"a": {"variant": "a", "state": "completed"}, "b": {"variant": "b", "state": "failed"}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli(str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [t["state"] for t in data["tasks"]] == ["COMPLETED", "FAILED"] and not data["all_completed"]
+    proc = run_cli(str(tmp_path), "--wait", "--poll-s", "0")
+    assert proc.returncode == 1 and "FAILED" in proc.stdout and "COMPLETED" in proc.stdout
