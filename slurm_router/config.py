@@ -61,7 +61,9 @@ class DataConfig:
 class RouterConfig:
     policy: str = "balanced"                # round_robin | least_loaded | affinity | balanced
     cost: str = "tokens"                    # tokens | tokens_attention
-    attention_weight: float = 0.0
+    attention_weight: float = 0.0           # cost(n) = n + attention_weight * n^2 / attention_ref_len
+    attention_ref_len: int = 4608           # 6 x hidden size makes cost proportional to FLOPs (GPT-2 small: 4608)
+    microbatch_overhead_tokens: int = 16    # a new micro-batch must save this much padding to be worth its launch
     memory_headroom: float = 0.85
     max_tokens_per_microbatch: Optional[int] = None
     affinity_boundaries: List[int] = field(default_factory=list)
@@ -155,6 +157,7 @@ RANGES = {
     "data.n_samples": (1, 1 << 26, True), "data.mean_len": (1, 1 << 20, True), "data.sigma": (0, 10, True),
     "data.min_len": (2, 1 << 20, True),
     "router.attention_weight": (0, None, True), "router.memory_headroom": (0, 1, False),
+    "router.attention_ref_len": (1, None, True), "router.microbatch_overhead_tokens": (0, None, True),
     "router.max_tokens_per_microbatch": (1, None, True), "router.speed_ema": (0, 1, False),
     "router.cpu_memory_cap_bytes": (1, None, True),
     "launcher.cpu_slots": (1, 4096, True), "launcher.timeout_min": (1, None, True), "launcher.mem_gb": (0, None, False),

@@ -7,6 +7,7 @@ losses, gradients are summed across workers and divided by the global batch's to
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -26,11 +27,30 @@ from slurm_router.train.model import build_model, count_parameters, trainable_pa
 from slurm_router.train.optim import lr_at, make_optimizer
 
 # Per-device facts all-gathered after every step (one small collective, not a poll per decision).
-STATS = ("busy_s", "compute_s", "cost", "peak_bytes", "free_bytes", "oom_count", "oom_mb")
+STATS = ("busy_s", "compute_s", "cost", "peak_bytes", "free_bytes", "oom_count", "oom_padded", "oom_n")
 
 
 class SimulatedOOM(RuntimeError):
-    """Raised on a CPU worker when a micro-batch is predicted above router.cpu_memory_cap_bytes (testing aid)."""
+    """A CPU worker's stand-in for torch.cuda.OutOfMemoryError (router.cpu_memory_cap_bytes, a testing aid)."""
+
+
+class CpuMemorySim:
+    """Testing aid (router.cpu_memory_cap_bytes): a CPU worker acts as a device of `cap` bytes whose true peak
+    per micro-batch is TRUE_SCALE x the router's initial estimate. The router starts optimistic and has to
+    learn from out-of-memory errors and observed peaks, as it does on a GPU."""
+    TRUE_SCALE = 1.5
+
+    def __init__(self, cap_bytes: int, truth: MemoryModel):
+        self.cap_bytes, self.truth = cap_bytes, truth
+
+    def peak_bytes(self, mb: MicroBatch) -> int:
+        n = len(mb.sample_ids)
+        return int(self.TRUE_SCALE * self.truth.predict(mb.n_padded_tokens, n, mb.n_padded_tokens // max(1, n)))
+
+    def check(self, mb: MicroBatch) -> None:
+        if self.peak_bytes(mb) > self.cap_bytes:
+            raise SimulatedOOM(f"micro-batch of {mb.n_padded_tokens} padded tokens needs {self.peak_bytes(mb)} "
+                               f"bytes > router.cpu_memory_cap_bytes={self.cap_bytes}")
 
 
 @dataclass
@@ -122,11 +142,11 @@ def evaluate(model, val, batches, ctx: Context, pad_id: int) -> tuple[float, lis
     return sum(loss_sums) / max(1, sum(tokens)), loss_sums, tokens
 
 
-def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetry, router_cfg, router, events,
+def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetry, mem_sim, router, events,
                       step, lr, slowdown):
     """Forward/backward every micro-batch of this device; on OOM halve and retry (no sample lost or repeated)."""
     queue = list(mbs)
-    done, loss_sum, oom_count, oom_mb, peak = [], 0.0, 0, -1, 0
+    done, loss_sum, oom_count, oom_mb, peak = [], 0.0, 0, (0, 0), 0
     compute_total = 0.0
     micro = 0
     while queue:
@@ -136,9 +156,8 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
         t_data = time.time() - t0
         telemetry.reset_peak()
         try:
-            cap = router_cfg.cpu_memory_cap_bytes
-            if cap and ctx.device.type == "cpu" and (mb.predicted_mem_bytes or 0) > cap and len(mb.sample_ids) > 1:
-                raise SimulatedOOM(f"predicted {mb.predicted_mem_bytes} bytes > cap {cap}")
+            if mem_sim is not None:
+                mem_sim.check(mb)
             t1 = time.time()
             loss, n_tok = _loss_sum(model, inputs, mask, labels, ctx)
             loss.backward()
@@ -152,7 +171,7 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
             oom_count += 1
-            oom_mb = max(oom_mb, mb.n_padded_tokens)
+            oom_mb = max(oom_mb, (mb.n_padded_tokens, len(mb.sample_ids)))   # the largest that failed
             lengths = {i: int(split.lengths[i]) for i in mb.sample_ids}
             queue[:0] = list(router.split_for_oom(mb, lengths))
             continue
@@ -160,11 +179,12 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
             time.sleep(t_compute * (slowdown - 1.0))
             t_compute *= slowdown
         compute_total += t_compute
-        peak = max(peak, telemetry.peak_bytes())
+        mb_peak = mem_sim.peak_bytes(mb) if mem_sim is not None else telemetry.peak_bytes()
+        peak = max(peak, mb_peak)
         loss_sum += float(loss.detach())
-        events.write("micro", step=step, micro=micro, n_samples=len(mb.sample_ids), n_tokens=mb.n_tokens,
+        events.write("micro", step=step, micro=micro, sample_ids=mb.sample_ids, n_samples=len(mb.sample_ids), n_tokens=mb.n_tokens,
                      n_pad_tokens=mb.n_padded_tokens - mb.n_tokens, cost=mb.cost, t_start=t0, t_data_s=t_data,
-                     t_compute_s=t_compute, mem_peak_bytes=telemetry.peak_bytes(),
+                     t_compute_s=t_compute, mem_peak_bytes=mb_peak,
                      mem_predicted_bytes=mb.predicted_mem_bytes, loss=float(loss.detach()) / max(1, n_tok), lr=lr,
                      oom_retries=oom_count)
         done.append(mb)
@@ -189,10 +209,13 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
                                              n_layers=getattr(model.config, "n_layer", None)
                                              or model.config.num_hidden_layers,
                                              vocab_size=tokenizer.vocab_size)
+    mem_sim = None
+    if cfg.router.cpu_memory_cap_bytes and ctx.device.type == "cpu":
+        mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
     router = Router(settings, world, memory_model=mem_model)
     total = telemetry.total_bytes()
     if cfg.router.cpu_memory_cap_bytes and ctx.device.type == "cpu":
-        total = cfg.router.cpu_memory_cap_bytes / cfg.router.memory_headroom   # budget = the cap
+        total = cfg.router.cpu_memory_cap_bytes
     totals = [int(row[0]) for row in _gather(ctx, [total])]
     for d, t in enumerate(totals):
         router.set_device_memory(d, t)
@@ -222,7 +245,7 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
         assignment = router.plan(ids, lengths)
         mine = list(assignment.per_device[rank])
         done, loss_sum, compute_s, peak, oom_count, oom_mb = _run_microbatches(
-            model, mine, corpus.train, ctx, tokenizer.pad_id, telemetry, cfg.router, router, events, step, lr,
+            model, mine, corpus.train, ctx, tokenizer.pad_id, telemetry, mem_sim, router, events, step, lr,
             slowdown)
         busy_s = time.time() - t_step0
         total_tokens = sum(L - 1 for L in lengths)
@@ -236,14 +259,14 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         my_cost = sum(mb.cost for mb in mine)
-        stats = _gather(ctx, [busy_s, compute_s, my_cost, peak, telemetry.free_bytes(), oom_count, oom_mb])
+        stats = _gather(ctx, [busy_s, compute_s, my_cost, peak, telemetry.free_bytes(), oom_count, *oom_mb])
         for d, row in enumerate(stats):
             s = dict(zip(STATS, row))
             router.observe_step(d, s["cost"], s["compute_s"], int(s["peak_bytes"]) or None,
                                 list(assignment.per_device[d]))
-            if s["oom_count"] > 0:
-                big = max(assignment.per_device[d], key=lambda m: m.n_padded_tokens)
-                router.observe_oom(d, big)
+            if s["oom_count"] > 0:      # the memory model learns that this size did not fit this device
+                n = int(s["oom_n"])
+                router.observe_oom(d, MicroBatch(tuple(range(n)), 0, int(s["oom_padded"]), 0.0, None))
             router.set_device_memory(d, totals[d], int(s["free_bytes"]))
         loss = float(loss_t) / total_tokens
         train_losses.append(loss)

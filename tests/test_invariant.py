@@ -12,7 +12,8 @@ from conftest import run_cli, run_dir_of, step_losses
 COMMON = ["base.enabled=false", "train.steps=6", "train.global_batch_size=12", "train.warmup_steps=0",
           "train.lr=1e-2", "train.eval_batches=1", "train.eval_batch_size=4", "data.max_documents=40",
           "data.max_len=128", "launcher.cpu_slots=4"]
-RTOL = 2e-5     # fp32; sums over a different split of the same samples differ only in reduction order
+RTOL = 2e-5
+OOM_CAP_BYTES = 12_000_000     # fp32; sums over a different split of the same samples differ only in reduction order
 
 
 def _losses(tmp_path, *args) -> list[float]:
@@ -42,7 +43,10 @@ def reference(tmp_path_factory):
     # heterogeneous speeds and forced micro-batch splitting (gradient accumulation)
     ["resources.devices_per_task=3", "router=balanced", "router.device_slowdown=[1.0,2.0,4.0]",
      "router.max_tokens_per_microbatch=200"],
-], ids=["2dev-round_robin", "2dev-balanced", "3dev-least_loaded", "3dev-affinity", "3dev-balanced-hetero-split"])
+    # a device memory cap the router's first estimate underrates: out-of-memory, halve, retry, learn
+    ["resources.devices_per_task=2", "router=balanced", f"router.cpu_memory_cap_bytes={OOM_CAP_BYTES}"],
+], ids=["2dev-round_robin", "2dev-balanced", "3dev-least_loaded", "3dev-affinity", "3dev-balanced-hetero-split",
+        "2dev-oom-retry"])
 def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
     losses = _losses(tmp_path, *args)
     assert len(losses) == len(reference) == 6
@@ -54,6 +58,14 @@ def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
     n_dev = int(args[0].split("=")[1])
     assert {r["device"] for r in micro} == set(range(n_dev))
     assert sum(r["n_samples"] for r in micro) == 6 * 12, "a sample was lost or computed twice"
+    for step in range(6):        # the ledger: every sample of every global batch computed exactly once
+        ids = [i for r in micro if r["step"] == step for i in r["sample_ids"]]
+        assert len(ids) == len(set(ids)) == 12, f"step {step}: {sorted(ids)}"
+    if any("cpu_memory_cap_bytes" in a for a in args):
+        retries = {s: max(r["oom_retries"] for r in micro if r["step"] == s) for s in range(6)}
+        assert retries[0] > 0, "the cap should have caught the router's optimistic first estimate"
+        assert retries[5] == 0, f"the memory model did not learn: {retries}"
+        assert all(r["mem_peak_bytes"] <= OOM_CAP_BYTES for r in micro)
     if any("max_tokens_per_microbatch" in a for a in args):
         assert max(r["micro"] for r in micro) >= 1
         assert all(r["n_tokens"] + r["n_pad_tokens"] <= 200 or r["n_samples"] == 1 for r in micro)
