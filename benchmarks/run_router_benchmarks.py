@@ -16,6 +16,7 @@ sys.path.insert(0, str(HERE))
 import router_balance  # noqa: E402
 import router_decision_cost  # noqa: E402
 import router_heterogeneity  # noqa: E402
+import router_memory  # noqa: E402
 import router_simulation  # noqa: E402
 from router_common import machine_info  # noqa: E402
 
@@ -45,6 +46,14 @@ def _targets(res: dict) -> list[tuple[str, str, bool]]:
             v = r[f"balanced/{src}"]
             out.append((f"balanced plan <= {r['target_us']:.0f} us at {r['devices']} x {r['batch']}, {src}",
                         f"{v:.0f} us", v <= r["target_us"]))
+    mem = {r["policy"]: r for r in res["memory"]["rows"]}
+    b, static = mem["balanced"], mem["round_robin (static, no memory model)"]
+    out.append(("memory: balanced finishes with no out-of-memory failure reaching the user (static split beside it)",
+                f"{b['failed_samples']} failed, {b['ooms_first_steps'] + b['ooms_after_warmup']} retried "
+                f"(static: {static['ooms_first_steps'] + static['ooms_after_warmup']} OOMs)",
+                b["failed_samples"] == 0))
+    out.append(("memory: predicted peak within 10% of observed after warm-up (balanced, p95)",
+                f"{100 * b['pred_error_p95']:.1f}%", b["pred_error_p95"] <= 0.10))
     return out
 
 
@@ -64,6 +73,7 @@ def main() -> None:
     res["heterogeneity"] = router_heterogeneity.run()
     res["decision_cost"] = router_decision_cost.run(fast=args.fast)
     res["simulation"] = router_simulation.run()
+    res["memory"] = router_memory.run()
     res["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in _targets(res)]
     res["wall_s"] = time.perf_counter() - t0
 
@@ -77,7 +87,8 @@ def main() -> None:
           "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     md += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in res["targets"]]
     md += ["", router_balance.to_markdown(res["balance"]), router_heterogeneity.to_markdown(res["heterogeneity"]),
-           router_decision_cost.to_markdown(res["decision_cost"]), router_simulation.to_markdown(res["simulation"])]
+           router_decision_cost.to_markdown(res["decision_cost"]), router_simulation.to_markdown(res["simulation"]),
+           router_memory.to_markdown(res["memory"])]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "router.md").write_text("\n".join(md))
