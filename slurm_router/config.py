@@ -106,6 +106,11 @@ class TrainConfig:
     eval_batches: int = 8
     eval_batch_size: int = 16
     precision: str = "auto"                 # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    # Speed switches (see slurm_router/train/loss.py and README "GPU throughput")
+    compile: bool = False                   # torch.compile the transformer backbone
+    loss_chunk_tokens: int = 0              # >0: chunked cross-entropy, never the full fp32 logits (4096 on GPU)
+    pad_to_multiple: int = 1                # pad micro-batch width to a multiple (fewer shapes for compile)
+    prefetch: bool = True                   # build the next micro-batch's tensors while this one computes
     checkpoint_every: int = 0
 
 
@@ -167,6 +172,7 @@ RANGES = {
     "train.warmup_steps": (0, None, True), "train.weight_decay": (0, 10, True), "train.grad_clip": (0, None, True),
     "train.eval_every": (0, None, True), "train.eval_batches": (1, 100_000, True),
     "train.eval_batch_size": (1, 1 << 20, True), "train.checkpoint_every": (0, None, True),
+    "train.loss_chunk_tokens": (0, None, True), "train.pad_to_multiple": (1, 4096, True),
     "base.steps": (1, 10_000_000, True), "base.lr": (0, 10, False), "base.global_batch_size": (1, 1 << 20, True),
     "resources.devices_per_task": (1, 4096, True),
 }

@@ -7,6 +7,7 @@ losses, gradients are summed across workers and divided by the global batch's to
 """
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import math
 import os
@@ -23,7 +24,8 @@ from slurm_router.plan import TaskSpec
 from slurm_router.router import MemoryModel, MicroBatch, Router, RouterSettings
 from slurm_router.telemetry import Telemetry
 from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, make_tokenizer
-from slurm_router.train.model import build_model, count_parameters, trainable_parameters
+from slurm_router.train.loss import token_loss_sum
+from slurm_router.train.model import build_model, compile_backbone, count_parameters, trainable_parameters
 from slurm_router.train.optim import lr_at, make_optimizer
 
 # Per-device facts all-gathered after every step (one small collective, not a poll per decision).
@@ -86,28 +88,47 @@ def _autocast(ctx: Context):
     return torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
-def _batch_tensors(split, ids, pad_id: int, device: torch.device):
+def _batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple: int = 1):
     """Right-padded inputs; labels are -100 at padding so only real next-token targets count."""
     seqs = [split.sample(i) for i in ids]
-    width = max(len(s) for s in seqs)
+    width = -(-max(len(s) for s in seqs) // pad_to_multiple) * pad_to_multiple
     inputs = np.full((len(seqs), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(seqs), width), dtype=np.int64)
     for r, s in enumerate(seqs):
         inputs[r, :len(s)] = s
         mask[r, :len(s)] = 1
-    inputs_t = torch.from_numpy(inputs).to(device, non_blocking=True)
-    mask_t = torch.from_numpy(mask).to(device, non_blocking=True)
+    inputs_t, mask_t = torch.from_numpy(inputs), torch.from_numpy(mask)
+    if device.type == "cuda":      # pinned host memory: the copy overlaps with compute
+        inputs_t, mask_t = inputs_t.pin_memory(), mask_t.pin_memory()
+    inputs_t = inputs_t.to(device, non_blocking=True)
+    mask_t = mask_t.to(device, non_blocking=True)
     labels = inputs_t.masked_fill(mask_t == 0, -100)
     return inputs_t, mask_t, labels
 
 
+class _Loader:
+    """Builds a micro-batch's tensors; with prefetch, the next one is built on a thread while this one computes
+    (numpy padding and the pinned host-to-device copy release the GIL)."""
+    _pool = None
+
+    def __init__(self, build, prefetch: bool):
+        self.build, self.pending = build, {}
+        if prefetch and _Loader._pool is None:
+            _Loader._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+        self.pool = _Loader._pool if prefetch else None
+
+    def prefetch(self, ids) -> None:
+        if self.pool is not None and ids not in self.pending:
+            self.pending[ids] = self.pool.submit(self.build, ids)
+
+    def get(self, ids):
+        future = self.pending.pop(ids, None)
+        return future.result() if future is not None else self.build(ids)
+
+
 def _loss_sum(model, inputs, mask, labels, ctx: Context) -> tuple[torch.Tensor, int]:
     with _autocast(ctx):
-        logits = model(input_ids=inputs, attention_mask=mask).logits
-    targets = labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
-                                             targets.reshape(-1), ignore_index=-100, reduction="sum")
-    return loss, int((targets != -100).sum())
+        return token_loss_sum(model, inputs, mask, labels, ctx.cfg.train.loss_chunk_tokens)
 
 
 def _allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None:
@@ -146,13 +167,17 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
                       step, lr, slowdown):
     """Forward/backward every micro-batch of this device; on OOM halve and retry (no sample lost or repeated)."""
     queue = list(mbs)
+    loader = _Loader(lambda ids: _batch_tensors(split, ids, pad_id, ctx.device, ctx.cfg.train.pad_to_multiple),
+                     ctx.cfg.train.prefetch)
     done, loss_sum, oom_count, oom_mb, peak = [], 0.0, 0, (0, 0), 0
     compute_total = 0.0
     micro = 0
     while queue:
         mb = queue.pop(0)
         t0 = time.time()
-        inputs, mask, labels = _batch_tensors(split, mb.sample_ids, pad_id, ctx.device)
+        inputs, mask, labels = loader.get(mb.sample_ids)
+        if queue:
+            loader.prefetch(queue[0].sample_ids)
         t_data = time.time() - t0
         telemetry.reset_peak()
         try:
@@ -198,6 +223,8 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
     tokenizer = make_tokenizer(cfg.model)
     corpus = build_corpus(cfg.data, tokenizer)
     model = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora).to(ctx.device)
+    if cfg.train.compile:
+        compile_backbone(model)
     params = trainable_parameters(model)
     n_params, n_trainable = count_parameters(model)
     optimizer = make_optimizer(params, spec.lr, cfg.train.weight_decay, ctx.device)

@@ -45,8 +45,11 @@ def reference(tmp_path_factory):
      "router.max_tokens_per_microbatch=200"],
     # a device memory cap the router's first estimate underrates: out-of-memory, halve, retry, learn
     ["resources.devices_per_task=2", "router=balanced", f"router.cpu_memory_cap_bytes={OOM_CAP_BYTES}"],
+    # speed switches change the arithmetic's grouping only: chunked loss, padded widths, no prefetch
+    ["resources.devices_per_task=2", "router=balanced", "train.loss_chunk_tokens=64", "train.pad_to_multiple=32",
+     "train.prefetch=false"],
 ], ids=["2dev-round_robin", "2dev-balanced", "3dev-least_loaded", "3dev-affinity", "3dev-balanced-hetero-split",
-        "2dev-oom-retry"])
+        "2dev-oom-retry", "2dev-chunked-loss-padded"])
 def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
     losses = _losses(tmp_path, *args)
     assert len(losses) == len(reference) == 6

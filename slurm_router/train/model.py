@@ -39,6 +39,12 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
     return model
 
 
+def compile_backbone(model: torch.nn.Module) -> None:
+    """torch.compile the transformer stack in place (the loss and the LM head stay eager: they may be chunked)."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm.base_model.compile()
+
+
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 

@@ -1,0 +1,47 @@
+"""Token-summed next-token loss, optionally without ever materialising the full fp32 logits.
+
+A GPT-2-small step at 16 x 512 tokens with a 50k vocabulary holds 8k x 50k logits: 1.6 GB in fp32 plus its
+gradient, much of eager's time and memory. With `train.loss_chunk_tokens=N` the projection to the vocabulary
+and the cross-entropy run N tokens at a time under activation checkpointing: each chunk's logits exist only
+while that chunk is computed (forward, then again in backward), so peak memory holds one chunk, not all.
+The sum is the same as the plain loss up to float reduction order.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def _lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers causal LM under a peft wrapper (LoRA layers are inside it either way)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = hidden @ weight.t()
+    return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
+
+
+def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                   chunk_tokens: int = 0) -> tuple[torch.Tensor, int]:
+    """(sum of next-token losses over real targets, number of real targets). labels are -100 at padding."""
+    targets = labels[:, 1:]
+    n_targets = int((targets != -100).sum())
+    if chunk_tokens <= 0:
+        logits = model(input_ids=inputs, attention_mask=mask).logits
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+        return loss, n_targets
+    lm = _lm(model)
+    hidden = lm.base_model(input_ids=inputs, attention_mask=mask).last_hidden_state[:, :-1]
+    weight = lm.get_output_embeddings().weight
+    keep = targets.reshape(-1) != -100            # padding positions never reach the vocabulary projection
+    hidden = hidden.reshape(-1, hidden.size(-1))[keep]
+    flat_targets = targets.reshape(-1)[keep]
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.size(0), chunk_tokens):
+        end = start + chunk_tokens
+        total = total + checkpoint(_chunk_loss, hidden[start:end], weight, flat_targets[start:end],
+                                   use_reentrant=False)
+    return total, n_targets
