@@ -1,0 +1,135 @@
+"""Throughput: the same model, data and batches through (a) a bare transformers + peft loop and (b) a
+slurm_router job on one device, then (c) the job with its speed switches on; and variant packing.
+
+    python benchmarks/throughput.py                 # GPU if present (GPT-2-small shape), else CPU (small shape)
+    python benchmarks/throughput.py --quick         # fewer steps (smoke)
+
+Writes benchmarks/results/throughput-<device>.md and .json. Tokens/s leave the warm-up steps out (the job's
+report drops the first 10% of steps; the bare loop times only the steps after WARMUP). MFU uses 4N FLOPs per
+token for LoRA (forward 2N + backward through activations 2N; frozen weights get no weight gradient) over
+the device's dense bf16 peak.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}     # dense bf16
+
+
+def shapes(device: str) -> dict:
+    if device == "cuda":   # GPT-2 small, LoRA r16 on c_attn and c_proj (the issue's reference loop)
+        return dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, batch=16, seq=512, steps=40, warmup=10)
+    return dict(n_layer=4, n_head=4, n_embd=256, vocab=8192, batch=8, seq=256, steps=24, warmup=4)
+
+
+def bare_loop(s: dict, device: str, compile_model: bool = False) -> dict:
+    """What users write by hand: model(..., labels=...), AdamW, bf16 autocast on GPU."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=s["vocab"], n_positions=max(1024, s["seq"]), n_embd=s["n_embd"],
+                     n_layer=s["n_layer"], n_head=s["n_head"], resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    model = get_peft_model(GPT2LMHeadModel(cfg), LoraConfig(r=16, lora_alpha=32, target_modules=["c_attn", "c_proj"],
+                                                            task_type="CAUSAL_LM")).to(device)
+    if compile_model:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, min(256, s["vocab"]), (s["batch"], s["seq"]), generator=gen) for _ in range(4)]
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = None
+    for step in range(s["warmup"] + s["steps"]):
+        if step == s["warmup"]:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        x = batches[step % 4].to(device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"tokens_per_s": s["steps"] * s["batch"] * s["seq"] / dt, "n_params": n_params,
+            "peak_mem_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
+
+
+def job(s: dict, tmp: Path, extra: list[str]) -> dict:
+    """The real command, one device, the same shapes (fixed-length synthetic samples: no padding)."""
+    steps = s["steps"] + s["warmup"]
+    args = [sys.executable, "-m", "slurm_router", "base.enabled=false", "data=synthetic", "data.length_dist=fixed",
+            f"data.mean_len={s['seq']}", f"data.max_len={s['seq']}", "data.n_samples=2048", "model.kind=gpt2",
+            f"model.n_layer={s['n_layer']}", f"model.n_head={s['n_head']}", f"model.n_embd={s['n_embd']}",
+            f"model.vocab_size={s['vocab']}", f"model.n_positions={max(1024, s['seq'])}", "model.lora.r=16",
+            "model.lora.alpha=32", f"train.global_batch_size={s['batch']}", f"train.steps={steps}",
+            "train.eval_batches=1", "train.eval_batch_size=2", "train.lr=1e-4", f"run_root={tmp}",
+            "launcher.cpu_slots=1", *extra]
+    env = {**os.environ, "SLURM_ROUTER_THREADS": str(os.cpu_count())}
+    out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp)
+    if out.returncode != 0:
+        raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])
+    run_dir = Path(out.stdout.strip().splitlines()[-1].split("run_dir: ", 1)[1])
+    v = json.loads((run_dir / "report" / "summary.json").read_text())["variants"]["main"]
+    peaks = [json.loads(l).get("mem_peak_bytes") for l in
+             (run_dir / "tasks" / "main" / "events-rank0.jsonl").read_text().splitlines()]
+    return {"tokens_per_s": v["tokens_per_s"], "peak_mem_bytes": max(p for p in peaks if p) if any(peaks) else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    s = shapes(device)
+    if args.quick:
+        s.update(steps=8, warmup=2)
+    if device == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else None
+    peak = next((v for k, v in PEAK_TFLOPS.items() if gpu and k in gpu), None)
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"throughput-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    chunk = "train.loss_chunk_tokens=4096"
+    rows = {"a: bare loop": bare_loop(s, device),
+            "b: slurm_router job (defaults)": job(s, tmp, []),
+            "c: job + chunked loss": job(s, tmp, [chunk]),
+            "d: job + chunked loss + compile": job(s, tmp, [chunk, "train.compile=true", "train.pad_to_multiple=64"])}
+    if device == "cuda":
+        rows["e: bare loop + compile"] = bare_loop(s, device, compile_model=True)
+    base = rows["a: bare loop"]["tokens_per_s"]
+    n_params = rows["a: bare loop"]["n_params"]
+    lines = [f"# Throughput ({device}{': ' + gpu if gpu else ''})", "",
+             f"Date {datetime.date.today()}, {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+             f"python {platform.python_version()}. Model: GPT-2 shape n_layer={s['n_layer']} n_embd={s['n_embd']} "
+             f"vocab={s['vocab']} ({n_params / 1e6:.1f}M params), LoRA r16 on c_attn and c_proj, batch "
+             f"{s['batch']} x {s['seq']} tokens, {s['steps']} timed steps after {s['warmup']} warm-up. "
+             "Command: `python benchmarks/throughput.py`.", "",
+             "| run | tokens/s | ratio to bare loop | MFU (4N/token) | peak memory GiB |", "|---|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        mfu = f"{100 * r['tokens_per_s'] * 4 * n_params / (peak * 1e12):.1f}%" if peak else "n/a"
+        mem = f"{r['peak_mem_bytes'] / 2**30:.1f}" if r.get("peak_mem_bytes") and device == "cuda" else "n/a"
+        lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f} | {mfu} | {mem} |")
+    out = REPO / "benchmarks" / "results" / f"throughput-{device}"
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"device": device, "gpu": gpu, "shapes": s, "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
