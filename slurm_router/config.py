@@ -111,7 +111,8 @@ class TrainConfig:
     loss_chunk_tokens: int = 0              # >0: chunked cross-entropy, never the full fp32 logits (4096 on GPU)
     pad_to_multiple: int = 1                # pad micro-batch width to a multiple (fewer shapes for compile)
     prefetch: bool = True                   # build the next micro-batch's tensors while this one computes
-    checkpoint_every: int = 0
+    checkpoint_every: int = 0               # save a checkpoint every N steps (0: only on a stop signal)
+    keep_checkpoints: int = 3               # the newest K checkpoints are kept (a damaged newest falls back)
 
 
 @dataclass
@@ -126,6 +127,9 @@ class BaseStageConfig:
 @dataclass
 class ResourcesConfig:
     devices_per_task: int = 1
+    # Variant packing: tasks sharing one GPU (small LoRA jobs leave most of a big GPU idle).
+    # 1 = a GPU per task; N = up to N tasks per GPU; 0 = as many as their predicted memory fits.
+    tasks_per_gpu: int = 1
 
 
 @dataclass
@@ -133,6 +137,7 @@ class Config:
     experiment: str = "default"
     seed: int = 0
     run_root: str = "runs"
+    resume: Optional[str] = None            # a run dir: continue its unfinished tasks (resume=RUN_DIR, nothing else)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -172,9 +177,10 @@ RANGES = {
     "train.warmup_steps": (0, None, True), "train.weight_decay": (0, 10, True), "train.grad_clip": (0, None, True),
     "train.eval_every": (0, None, True), "train.eval_batches": (1, 100_000, True),
     "train.eval_batch_size": (1, 1 << 20, True), "train.checkpoint_every": (0, None, True),
+    "train.keep_checkpoints": (1, 1000, True),
     "train.loss_chunk_tokens": (0, None, True), "train.pad_to_multiple": (1, 4096, True),
     "base.steps": (1, 10_000_000, True), "base.lr": (0, 10, False), "base.global_batch_size": (1, 1 << 20, True),
-    "resources.devices_per_task": (1, 4096, True),
+    "resources.devices_per_task": (1, 4096, True), "resources.tasks_per_gpu": (0, 64, True),
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 

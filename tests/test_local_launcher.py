@@ -48,3 +48,28 @@ def test_more_gpus_than_the_machine_has_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "resources.devices_per_task=4 but this machine has 3 GPU(s)" in proc.stderr
     assert not any(tmp_path.rglob("manifest.json"))
+
+
+@pytest.mark.integration
+def test_variant_packing_shares_a_gpu_but_spreads_first(tmp_path):
+    proc = run_cli(*TINY, *VARIANTS[:3], "resources.tasks_per_gpu=2", f"run_root={tmp_path}", cwd=tmp_path,
+                   env={"CUDA_VISIBLE_DEVICES": "0,1"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "up to 2 tasks per GPU" in proc.stdout
+    manifest = json.loads((run_dir_of(proc) / "manifest.json").read_text())
+    placed = [manifest["tasks"][f"v{i}"]["devices"] for i in range(3)]
+    assert placed[0] != placed[1], "the first two tasks should spread over both GPUs before packing"
+    assert all(len(p) == 1 and p[0] in ("0", "1") for p in placed)
+
+
+def test_packing_count_follows_predicted_memory():
+    from omegaconf import OmegaConf
+    from slurm_router.config import Config
+    from slurm_router.launch.local import packable_tasks
+    cfg = OmegaConf.structured(Config)
+    small = packable_tasks(cfg, 80 << 30)              # a tiny GPT on an 80 GiB GPU: packs to the limit
+    assert small == 8
+    cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size = 12, 768, 12, 50257
+    cfg.train.global_batch_size, cfg.data.max_len = 64, 512
+    assert 1 <= packable_tasks(cfg, 80 << 30) < small  # GPT-2 small at 64 x 512 needs far more per task
+    assert packable_tasks(cfg, 1 << 30) == 1

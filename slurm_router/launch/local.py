@@ -41,11 +41,44 @@ class Running:
 
 
 def device_pool(cfg) -> tuple[list[str], bool]:
+    """Device slots: each GPU id appears once per task it may hold (variant packing), or CPU worker slots."""
     gpus = detect_gpus()
     if gpus:
-        return gpus, True
+        per_gpu = cfg.resources.tasks_per_gpu or packable_tasks(cfg, gpu_total_bytes(gpus[0]))
+        if per_gpu > 1:
+            print(f"variant packing: up to {per_gpu} tasks per GPU")
+        return [g for g in gpus for _ in range(per_gpu)], True
     slots = cfg.launcher.cpu_slots or os.cpu_count() or 1
     return [f"cpu{i}" for i in range(max(slots, cfg.resources.devices_per_task))], False
+
+
+def gpu_total_bytes(gpu_id: str) -> int:
+    import pynvml
+    pynvml.nvmlInit()
+    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(int(gpu_id))).total)
+
+
+def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
+    """How many tasks' predicted peaks fit in one GPU's budget (the router's memory model, seeded from the
+    model's sizes, which are counted on the meta device: nothing is allocated)."""
+    import torch
+    from slurm_router.router import MemoryModel
+    from slurm_router.train.model import build_model, count_parameters
+    with torch.device("meta"):
+        model = build_model(cfg.model, cfg.model.vocab_size, cfg.seed, lora=True)
+    n_params, n_trainable = count_parameters(model)
+    c = model.config
+    mem = MemoryModel.from_model_sizes(n_params, n_trainable, c.n_embd, c.n_layer, c.vocab_size,
+                                       bytes_per_param=2 if cfg.train.precision != "fp32" else 4)
+    per_device = -(-cfg.train.global_batch_size // cfg.resources.devices_per_task)
+    need = mem.predict(per_device * cfg.data.max_len, per_device, cfg.data.max_len)
+    return max(1, min(limit, int(cfg.router.memory_headroom * gpu_bytes // max(1, need))))
+
+
+def _take(free: list[str], n: int) -> list[str] | None:
+    """n slots on n different devices, emptiest devices first (spread before packing); None if impossible."""
+    order = sorted(dict.fromkeys(free), key=lambda d: -free.count(d))
+    return order[:n] if len(order) >= n else None
 
 
 def run_stages(stages: list[Stage], cfg, run_dir: Path, manifest) -> dict[str, str]:
@@ -72,9 +105,10 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, run_dir: Pa
     progress = Progress(tasks)
     try:
         while waiting or running:
-            while waiting and len(free) >= waiting[0].devices:
+            while waiting and (devices := _take(free, waiting[0].devices)):
                 spec = waiting.pop(0)
-                devices, free = free[:spec.devices], free[spec.devices:]
+                for d in devices:
+                    free.remove(d)
                 running.append(_start(spec, devices, on_gpu, run_dir, len(pool)))
                 manifest.set_task(spec.name, state="running", devices=devices, log_path=str(running[-1].log))
             for r in list(running):
