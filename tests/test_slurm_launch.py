@@ -82,3 +82,23 @@ def test_no_sbatch_means_not_a_slurm_machine(tmp_path):
     proc = run_cli(*SMALL, "launcher=slurm", f"run_root={tmp_path}", cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 2 and "not a Slurm machine" in proc.stderr and "launcher=local" in proc.stderr
     assert not any(tmp_path.rglob("manifest.json"))
+
+
+@pytest.mark.parametrize("launcher", ["sbatch", "slurm"])
+def test_srun_workers_one_gpu_each(tmp_path, launcher):
+    """launcher.srun_workers: a task's D workers are D srun tasks, each pinned to its own GPU, meeting at
+    the job's MASTER_ADDR:MASTER_PORT; the loss curve still trains."""
+    proc = run_cli("base.enabled=false", "train.steps=4", "train.eval_batches=1", "data.max_documents=40",
+                   f"launcher={launcher}", "launcher.srun_workers=true", "resources.devices_per_task=2",
+                   "launcher.wait=true", "launcher.timeout_min=10", f"run_root={tmp_path}", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    task_dir = run_dir_of(proc) / "tasks" / "main"
+    starts = {}
+    for rank in (0, 1):
+        rows = [json.loads(l) for l in (task_dir / f"events-rank{rank}.jsonl").read_text().splitlines()]
+        start = next(r for r in rows if r["event"] == "start")
+        starts[rank] = (start["cuda_visible_devices"], start["pid"], start["world"])
+    assert starts[0][0] != starts[1][0] and {starts[0][0], starts[1][0]} <= {"0", "1", "2", "3"}, starts
+    assert starts[0][2] == starts[1][2] == 2
+    summary = json.loads((run_dir_of(proc) / "report" / "summary.json").read_text())
+    assert summary["variants"]["main"]["devices"] == 2
