@@ -14,4 +14,5 @@ else
   echo "test.sh: not root or no apt-get: the Slurm integration tests will be skipped" >&2
 fi
 
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then command -v chromium >/dev/null || apt-get install -y -qq chromium >/dev/null || echo "test.sh: chromium not installed: the report screenshot test will be skipped" >&2; fi
 python3 -m pytest -q -ra "$@"

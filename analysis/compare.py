@@ -1,0 +1,84 @@
+"""Several runs side by side (e.g. two router policies on the same experiment): one row per (run, task),
+speed-up against the first run, and, for a task present in several runs, the held-out losses compared by
+the same paired bootstrap (routing must not change the math, so 'no difference detectable' is expected
+between policies)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from slurm_router.analysis import abtest, plots
+from slurm_router.analysis.load import Task, atomic_write
+from slurm_router.analysis.metrics import finite
+from slurm_router.analysis.render import fmt, pct, to_html, to_markdown
+
+
+def _label(run_dir: Path, summary: dict, taken: set[str]) -> str:
+    policies = sorted({str(v.get("policy")) for v in summary["variants"].values() if v.get("policy")})
+    label = f"{run_dir.name} ({', '.join(policies) or '?'})"
+    while label in taken:
+        label += "'"
+    taken.add(label)
+    return label
+
+
+def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dict], list[str]]:
+    taken: set[str] = set()
+    labels = [_label(run_dir, summary, taken) for run_dir, summary, _ in runs]
+    rows, first = [], {}
+    for label, (run_dir, summary, _) in zip(labels, runs):
+        for name, v in summary["variants"].items():
+            tps = v.get("tokens_per_s")
+            first.setdefault(name, tps)
+            rows.append({"run": label, "run_dir": str(run_dir), "variant": name, "policy": v.get("policy"),
+                         "devices": v.get("devices"), "steps": v.get("steps"), "val_loss": v.get("val_loss"),
+                         "tokens_per_s": tps, "speedup": tps / first[name] if tps and first[name] else None,
+                         "balance_ratio": v.get("balance_ratio"), "cost_balance_ratio": v.get("cost_balance_ratio"),
+                         "useful_token_fraction": v.get("useful_token_fraction"),
+                         "step_time_p50_s": (v.get("step_time_s") or {}).get("p50"),
+                         "oom_retries": v.get("oom_retries"), "device_hours": v.get("device_hours")})
+    sentences = []
+    ref_label, (_, _, ref_tasks) = labels[0], runs[0]
+    ref = {t.name: abtest.eval_batches(t) for t in ref_tasks if t.stage != "base"}
+    for label, (_, _, tasks) in zip(labels[1:], runs[1:]):
+        for t in tasks:
+            a, b = abtest.eval_batches(t), ref.get(t.name)
+            if t.stage == "base" or a is None or b is None:
+                continue
+            try:
+                r = abtest.paired_bootstrap(a, b)
+            except ValueError as e:
+                sentences.append(f"{t.name}: {label} vs {ref_label}: no verdict ({e})")
+                continue
+            sentences.append(f"{t.name}: " + abtest.verdict(label, ref_label, r))
+    return rows, sentences
+
+
+def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd.DataFrame:
+    out.mkdir(parents=True, exist_ok=True)
+    rows, sentences = comparison_rows(runs)
+    df = pd.DataFrame(rows)
+    atomic_write(out / "comparison.csv", df.to_csv(index=False))
+    atomic_write(out / "comparison.json", json.dumps(finite({"runs": [str(r[0]) for r in runs], "rows": rows,
+                                                             "verdicts": sentences}), indent=1))
+    shown = pd.DataFrame([{
+        "run": r["run"], "variant": r["variant"], "devices": r["devices"], "steps": r["steps"],
+        "final held-out": fmt(r["val_loss"], ".4f"), "tokens/s": fmt(r["tokens_per_s"], ",.0f"),
+        "speed-up": fmt(r["speedup"], ".2f", "x"), "balance ratio": fmt(r["balance_ratio"]),
+        "cost balance": fmt(r["cost_balance_ratio"]), "useful tokens": pct(r["useful_token_fraction"]),
+        "step p50": fmt(r["step_time_p50_s"], ".3f", " s"), "OOM retries": r["oom_retries"],
+        "device-hours": fmt(r["device_hours"], ".4f")} for r in rows])
+    blocks: list[tuple] = [("h", 1, "Comparison of runs"), ("ul", [f"{r['run']}: {r['run_dir']}" for r in
+                                                                  {r["run"]: r for r in rows}.values()]),
+                           ("h", 2, "Side by side"), ("table", shown),
+                           ("p", "Speed-up: tokens/s (after warm-up) against the same variant in the first run."),
+                           ("h", 2, "Held-out loss across runs"),
+                           ("ul", sentences or ["no variant with per-batch eval sums in two runs"])]
+    plot = plots.comparison_plot(rows, out)
+    if plot:
+        blocks.append(("img", plot, "tokens/s and held-out loss per variant and run"))
+    atomic_write(out / "comparison.md", to_markdown(blocks))
+    atomic_write(out / "comparison.html", to_html(blocks, "comparison of runs", out))
+    return df

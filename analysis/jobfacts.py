@@ -1,0 +1,171 @@
+"""Job facts per task, in the manner of seff / jobstats: state, elapsed vs time limit, requeues, node,
+allocated vs used devices, CPUs and memory; then plain advice where the numbers make it clear.
+
+Slurm runs (the manifest records job ids, and sacct is on PATH): sacct, parsed with slurm_status's parsers.
+Local runs, or no sacct: the manifest (state, elapsed_s, devices) and the events (peaks, utilisation).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+
+from slurm_router.analysis.load import Task
+from slurm_router.slurm_status import (LOCAL_STATES, SACCT_FIELDS, merge_status, normalize_state, parse_duration,
+                                       parse_sacct, run_command)
+
+RESOURCE_FIELDS = ("JobID", "Timelimit", "AllocTRES", "NCPUS", "TotalCPU", "MaxRSS", "ReqMem")
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+
+
+def parse_size(text: str) -> float | None:
+    """Slurm sizes ('1000M', '16G', '123456K', '4Gn', '0') -> bytes; '' -> None."""
+    m = re.fullmatch(r"([\d.]+)([KMGTP]?)[nc]?", text.strip())
+    return float(m.group(1)) * UNITS.get(m.group(2), 1) if m else None
+
+
+def parse_cpu_time(text: str) -> float | None:
+    """TotalCPU ('00:06.580', '01:02:03', '1-02:03:04.5') -> seconds."""
+    whole, _, frac = text.strip().partition(".")
+    seconds = parse_duration(whole)
+    return None if seconds is None else seconds + (float(f"0.{frac}") if frac.isdigit() else 0.0)
+
+
+def parse_tres(text: str) -> dict:
+    """AllocTRES 'billing=1,cpu=4,gres/gpu=2,mem=16G,node=1' -> {cpu: 4, gpu: 2, mem_bytes: ..., node: 1}."""
+    out: dict = {}
+    typed = 0
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key == "cpu" or key == "node":
+            out[key] = int(value) if value.isdigit() else None
+        elif key == "mem":
+            out["mem_bytes"] = parse_size(value)
+        elif key == "gres/gpu" and value.isdigit():
+            out["gpu"] = int(value)
+        elif key.startswith("gres/gpu:") and value.isdigit():     # typed: gres/gpu:h100=2 (beside gres/gpu=2)
+            out["gpu_type"] = key.split(":", 1)[1]
+            typed += int(value)
+    if "gpu" not in out and typed:
+        out["gpu"] = typed
+    return out
+
+
+def parse_sacct_resources(text: str) -> dict[str, dict]:
+    """`sacct -n --parsable2 --format=JobID,Timelimit,AllocTRES,NCPUS,TotalCPU,MaxRSS,ReqMem` (with steps) ->
+    per task id: time limit, allocation, CPU time; MaxRSS is the largest over the task's steps (.batch, .0)."""
+    out: dict[str, dict] = {}
+    for line in text.splitlines():
+        cols = line.split("|")
+        if len(cols) < len(RESOURCE_FIELDS):
+            continue
+        job, limit, tres, ncpus, total_cpu, max_rss, req_mem = (c.strip() for c in cols[:len(RESOURCE_FIELDS)])
+        key, _, step = job.partition(".")
+        row = out.setdefault(key, {})
+        if not step:
+            row.update(time_limit_s=parse_duration(limit), alloc=parse_tres(tres), req_mem_bytes=parse_size(req_mem),
+                       ncpus=int(ncpus) if ncpus.isdigit() else None, total_cpu_s=parse_cpu_time(total_cpu))
+        rss = parse_size(max_rss) if max_rss else None
+        if rss is not None:
+            row["max_rss_bytes"] = max(rss, row.get("max_rss_bytes") or 0)
+    return out
+
+
+def _event_facts(task: Task) -> dict:
+    """What the events tell about a task's devices: type, host, used devices, memory peak vs total, util."""
+    ev, ds = task.events, task.dev_steps
+    out: dict = {"device_type": (task.start or {}).get("device_type"), "node": (task.start or {}).get("host"),
+                 "requeues": max(0, task.attempts - 1)}
+    if not task.micro.empty:
+        used = task.micro.groupby("device")["n_samples"].sum() if "n_samples" in task.micro else None
+        out["devices_used"] = int((used > 0).sum()) if used is not None else None
+    if len(ds) and "mem_peak_bytes" in ds:
+        out["device_mem_peak_bytes"] = float(ds["mem_peak_bytes"].max())
+    starts = ev[ev["event"] == "start"] if task.has_events else ev
+    if len(starts) and "mem_total_bytes" in starts:
+        out["device_mem_total_bytes"] = float(starts["mem_total_bytes"].max())
+    if len(ds) and "util" in ds and ds["util"].notna().any():
+        out["util_mean"] = float(ds["util"].mean())
+    return out
+
+
+def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str, dict]:
+    facts = {t.name: {"source": "local", **_event_facts(t)} for t in tasks}
+    for t in tasks:
+        f, meta = facts[t.name], t.meta
+        state = str(meta.get("state", ""))
+        f["state"] = LOCAL_STATES.get(state.lower(), normalize_state(state))
+        f["elapsed_s"] = meta.get("elapsed_s")
+        f["exit_code"] = meta.get("exit_code")
+        f["time_limit_s"] = None
+        devices = meta.get("devices")
+        f["devices_allocated"] = len(devices) if isinstance(devices, list) else devices
+        f["node"] = f.get("node") or manifest.get("host")
+        if f["state"] == "CACHED":
+            f["source"] = "cache (an earlier run's result)"
+    ids = [str(j["job_id"]) for j in manifest.get("jobs", []) if j.get("job_id")]
+    if not ids or manifest.get("launcher") == "local" or (runner is run_command and not shutil.which("sacct")):
+        return facts
+    fmt = "--format=" + ",".join(SACCT_FIELDS)
+    states = merge_status(manifest, {}, parse_sacct(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j",
+                                                             ",".join(ids), fmt])))
+    resources = parse_sacct_resources(runner(["sacct", "-n", "--parsable2", "-j", ",".join(ids),
+                                              "--format=" + ",".join(RESOURCE_FIELDS)]))
+    for st in states:
+        f = facts.get(st.variant)
+        if f is None or st.state == "CACHED":        # a cached task was never submitted: nothing in sacct
+            continue
+        f.update(source="sacct", job_id=st.job_id, state=st.state, elapsed_s=st.elapsed_s, exit_code=st.exit_code,
+                 requeues=max(st.requeues, f.get("requeues") or 0), node=st.node or f.get("node"))
+        res = resources.get(st.job_id, {})
+        alloc = res.get("alloc", {})
+        f["time_limit_s"] = res.get("time_limit_s")
+        f["cpus_allocated"] = alloc.get("cpu") or res.get("ncpus")
+        f["mem_allocated_bytes"] = alloc.get("mem_bytes") or res.get("req_mem_bytes")
+        f["mem_max_rss_bytes"] = res.get("max_rss_bytes")
+        if alloc.get("gpu"):
+            f["devices_allocated"] = alloc["gpu"]
+        if res.get("total_cpu_s") is not None and st.elapsed_s and f["cpus_allocated"]:
+            f["cpu_efficiency"] = res["total_cpu_s"] / (st.elapsed_s * f["cpus_allocated"])
+    return facts
+
+
+def advice(f: dict, s: dict) -> list[str]:
+    """Plain advice where the figures make it clear. f: job facts, s: the task's summary entry."""
+    out = []
+    on_gpu = f.get("device_type") == "cuda"
+    peak, total = f.get("device_mem_peak_bytes"), f.get("device_mem_total_bytes")
+    if on_gpu and peak and total and peak / total < 0.5:
+        out.append(f"GPU memory peak {peak / total:.0%} of the allocation: pack variants or ask for a smaller GPU")
+    if on_gpu and f.get("util_mean") is not None and f["util_mean"] < 50:
+        out.append(f"GPU utilisation {f['util_mean']:.0f}% on average: the steps are data-, sync- or "
+                   "launch-bound; a larger global batch per device keeps the GPU busier")
+    alloc, used = f.get("devices_allocated"), f.get("devices_used")
+    if alloc and used is not None and used < alloc:
+        out.append(f"{alloc - used} of {alloc} allocated devices computed no sample: ask for fewer")
+    limit, elapsed = f.get("time_limit_s"), f.get("elapsed_s")
+    if f.get("state") == "TIMEOUT" or (limit and elapsed and elapsed >= 0.95 * limit):
+        out.append("the task hit its time limit: raise launcher.timeout_min (a requeue resumes from checkpoints)")
+    elif limit and elapsed is not None and limit >= 600 and elapsed < 0.25 * limit:
+        out.append(f"used {elapsed / limit:.0%} of the {limit // 60} min time limit: a shorter limit "
+                   "(launcher.timeout_min) usually starts sooner")
+    if f.get("cpu_efficiency") is not None and f["cpu_efficiency"] < 0.5 and (f.get("cpus_allocated") or 0) > 1:
+        out.append(f"CPU efficiency {f['cpu_efficiency']:.0%} of {f['cpus_allocated']} CPUs: ask for fewer")
+    rss, mem = f.get("mem_max_rss_bytes"), f.get("mem_allocated_bytes")
+    if rss and mem and rss / mem < 0.25:
+        out.append(f"host memory peak {rss / mem:.0%} of the {mem / 2**30:.0f} GiB asked: ask for less")
+    if f.get("requeues"):
+        out.append(f"requeued {f['requeues']} time(s): steps redone after a requeue are counted once (last attempt)")
+    if (s.get("balance_ratio") or 1) > 1.15 and (s.get("devices") or 1) > 1:
+        hint = "try router=balanced" if s.get("policy") != "balanced" else "check for a slow or shared device"
+        out.append(f"devices wait for the slowest (balance ratio {s['balance_ratio']:.2f}): {hint}")
+    sync = (s.get("time_split") or {}).get("sync")
+    if sync is not None and sync > 0.3 and (s.get("devices") or 1) > 1:
+        out.append(f"{sync:.0%} of device time waits at the gradient sync: fewer devices or a larger "
+                   "global batch per step")
+    if s.get("oom_retries"):
+        out.append(f"{s['oom_retries']} out-of-memory retries: the memory model under-predicted; each retry "
+                   "costs a forward pass (a lower router.memory_headroom avoids them)")
+    if s.get("useful_token_fraction") is not None and s["useful_token_fraction"] < 0.7:
+        out.append(f"only {s['useful_token_fraction']:.0%} of the token slots paid for held real tokens "
+                   "(padding and imbalance): router=affinity or balanced groups similar lengths")
+    return out

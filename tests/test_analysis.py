@@ -1,0 +1,221 @@
+"""The post-run report against a real run: its figures recomputed by hand (plain Python, no pandas) from the
+same events, the html rendered in headless Chromium, and the cases a report must survive (damaged events,
+a task with no events, a requeued task, two runs side by side)."""
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, run_dir_of
+from slurm_router.analysis.__main__ import main as analysis_main
+
+pytestmark = pytest.mark.integration
+RUN_ARGS = ["+experiment=lora_ab", "base.steps=20", "train.steps=8", "resources.devices_per_task=2",
+            "data.max_documents=80"]
+
+
+@pytest.fixture(scope="session")
+def analysis_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("analysis")
+
+
+@pytest.fixture(scope="session")
+def run_dir(analysis_root) -> Path:
+    """One real run (base stage + r8 + r32 on 2 CPU workers each), reported at its end."""
+    proc = run_cli(*RUN_ARGS, f"run_root={analysis_root}", f"base.cache_dir={analysis_root / 'cache'}",
+                   cwd=analysis_root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir_of(proc)
+
+
+@pytest.fixture
+def copy_of(run_dir, tmp_path):
+    """A throw-away copy of the run, to damage."""
+    def make() -> Path:
+        dst = tmp_path / "run"
+        shutil.copytree(run_dir, dst, ignore=shutil.ignore_patterns("report"))
+        return dst
+    return make
+
+
+def rows(task_dir: Path, kind: str, device: int | None = None) -> list[dict]:
+    out = []
+    for path in sorted(task_dir.glob("events-*.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r["event"] == kind and (device is None or r["device"] == device):
+                out.append(r)
+    return out
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "report" / "summary.json").read_text())
+
+
+def test_summary_keeps_its_keys_and_matches_a_hand_computation(run_dir):
+    s = summary_of(run_dir)
+    assert s["experiment"] == "lora_ab" and s["run_dir"] == str(run_dir) and s["base"]["val_loss"] > 0
+    assert set(s["variants"]) == {"r8", "r32"} and not s["missing"]
+    for name, v in s["variants"].items():
+        task = run_dir / "tasks" / name
+        assert {"val_loss", "train_loss", "tokens_per_s", "balance_ratio", "steps", "devices", "policy",
+                "cost_balance_ratio", "useful_token_fraction", "oom_retries"} <= set(v)
+        assert v["steps"] == 8 and v["devices"] == 2 and v["policy"] == "balanced"
+        steps = sorted(rows(task, "step", device=0), key=lambda r: r["step"])
+        ratios = [max(r["busy_s_all"]) / (sum(r["busy_s_all"]) / 2) for r in steps]
+        assert v["balance_ratio"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-9)
+        assert v["cost_balance_ratio"] == pytest.approx(sum(r["cost_balance_ratio"] for r in steps) / 8, rel=1e-9)
+        warm = steps[max(1, int(8 * 0.1)):]                  # warm-up: the first 10% of steps, at least one
+        seconds = sum(r["t_step_s"] for r in warm)
+        assert v["tokens_per_s"] == pytest.approx(sum(r["n_tokens"] for r in warm) / seconds, rel=1e-9)
+        assert v["samples_per_s"] == pytest.approx(sum(r["n_samples"] for r in warm) / seconds, rel=1e-9)
+        real = slots = 0
+        for step in range(8):
+            micro = [r for r in rows(task, "micro") if r["step"] == step]
+            padded = [sum(r["n_tokens"] + r["n_pad_tokens"] for r in micro if r["device"] == d) for d in (0, 1)]
+            real += sum(r["n_tokens"] for r in micro)
+            slots += 2 * max(padded)
+        assert v["useful_token_fraction"] == pytest.approx(real / slots, rel=1e-9) and 0 < real / slots <= 1
+        assert v["oom_retries"] == sum(r["oom_retries"] for r in rows(task, "step")) == 0
+        evals = sorted(rows(task, "eval", device=0), key=lambda r: r["step"])
+        assert v["val_loss"] == pytest.approx(evals[-1]["val_loss"]) and v["best_val_loss"] <= v["val_loss"]
+        assert v["device_hours"] > 0 and v["job"]["state"] == "COMPLETED" and v["mfu_text"] == "n/a (CPU)"
+        per_device = v["job"]["devices_used"], v["job"]["devices_allocated"]
+        assert per_device == (2, 2)
+
+
+def final_batches(task_dir: Path) -> tuple[list[float], list[int]]:
+    last = max(rows(task_dir, "eval", device=0), key=lambda r: r["step"])
+    return last["batch_loss_sums"], last["batch_tokens"]
+
+
+def test_ab_point_estimate_is_the_plain_difference_of_token_weighted_losses(run_dir):
+    s = summary_of(run_dir)
+    loss = {}
+    for name in ("r8", "r32", "base"):
+        sums, tokens = final_batches(run_dir / "tasks" / name)
+        loss[name] = sum(sums) / sum(tokens)
+    by_pair = {(r["a"], r["b"]): r for r in s["ab"]}
+    assert set(by_pair) == {("r8", "r32"), ("r8", "base"), ("r32", "base")}
+    for (a, b), r in by_pair.items():
+        assert r["diff"] == pytest.approx(loss[a] - loss[b], abs=1e-12)
+        assert r["ci_low"] <= r["diff"] <= r["ci_high"] and r["se"] >= 0 and r["n_batches"] > 1
+        assert ("beats" in r["sentence"]) != ("no difference detectable" in r["sentence"])
+        assert "nats per token" in r["sentence"]
+    assert s["variants"]["r8"]["vs_base"]["diff"] == pytest.approx(loss["r8"] - loss["base"], abs=1e-12)
+    md = (run_dir / "report" / "report.md").read_text()
+    assert by_pair[("r8", "r32")]["sentence"] in md
+
+
+def test_report_files_and_the_html_renders_in_chromium(run_dir, tmp_path):
+    report = run_dir / "report"
+    s = summary_of(run_dir)
+    assert s["plots"] == ["loss.png", "device_load.png", "step_time.png", "memory.png"]
+    for name in ("report.md", "report.html", "steps.csv", "steps_detail.csv", "devices.csv", "variants.csv",
+                 "ab.csv", "evals.csv", *s["plots"]):
+        assert (report / name).stat().st_size > 0, name
+    md = (report / "report.md").read_text()
+    for section in ("## Verdict", "## Variants", "## Routing balance", "## Throughput and time", "## Job facts",
+                    "## Plots", "## Definitions"):
+        assert section in md
+    page = (report / "report.html").read_text()
+    imgs = re.findall(r"<img [^>]*src=\"([^\"]+)\"", page)
+    assert len(imgs) == len(s["plots"]) and all(i.startswith("data:image/png;base64,") for i in imgs)
+    assert "http://" not in page and "https://" not in page, "report.html must be self-contained"
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.skip("chromium not installed (apt-get install chromium): the html was checked, not rendered")
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1200,3000", f"file://{report / 'report.html'}"], capture_output=True,
+                   timeout=120, cwd=tmp_path)
+    from PIL import Image
+    img = Image.open(shot).convert("RGB")
+    colours = img.getcolors(1 << 24)
+    assert img.size == (1200, 3000) and len(colours) > 500, "the screenshot is blank"
+    white = max(n for n, c in colours if c == (255, 255, 255)) if any(c == (255, 255, 255) for _, c in colours) else 0
+    assert white < 0.97 * 1200 * 3000
+
+
+@pytest.mark.parametrize("content", [b"hello\n{\"event\": \"step\"}\n", b"", b"\x00\x01\xff not json",
+                                     b'{"event":"step","step":"x"}\n'])
+def test_damaged_events_are_one_line_and_exit_2(copy_of, content):
+    run = copy_of()
+    (run / "tasks" / "r8" / "events-rank1.jsonl").write_bytes(content)
+    proc = run_cli(str(run), module="slurm_router.analysis", cwd=run)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "events-rank1.jsonl" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_task_without_events_still_gets_a_report_saying_what_is_missing(copy_of, capsys):
+    run = copy_of()
+    for f in (run / "tasks" / "r32").glob("events-*.jsonl"):
+        f.unlink()
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["tasks"]["r32"].update(state="pending", elapsed_s=None)
+    manifest["tasks"]["base"].update(state="failed", exit_code=1)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert analysis_main([str(run)]) == 0
+    s = summary_of(run)
+    assert s["variants"]["r32"]["steps"] == 0 and s["variants"]["r8"]["steps"] == 8
+    assert "r32: no events yet (pending)" in s["missing"]
+    assert any(m.startswith("base: failed, exit 1") for m in s["missing"])
+    md = (run / "report" / "report.md").read_text()
+    assert "## What is missing" in md and "r32: no events yet" in md and "r32 vs base: no verdict" in md
+    assert "missing: r32: no events yet" in capsys.readouterr().out
+
+
+def test_requeued_steps_are_counted_once_from_the_last_attempt(run_dir, copy_of):
+    """Attempt 1 redid steps 4..7 (twice as slow): throughput uses its rows, never both attempts'."""
+    run = copy_of()
+    task = run / "tasks" / "r8"
+    for path in task.glob("events-*.jsonl"):
+        redo = []
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r["event"] in ("step", "micro") and r["step"] >= 4 or r["event"] == "start":
+                r = {**r, "attempt": 1, "time": r["time"] + 100}
+                if r["event"] == "step":
+                    r["t_step_s"] *= 2
+                redo.append(json.dumps(r))
+        path.write_text(path.read_text() + "\n".join(redo) + "\n")
+    assert analysis_main([str(run)]) == 0
+    v = summary_of(run)["variants"]["r8"]
+    last = {}
+    for r in rows(task, "step", device=0):
+        if r["step"] not in last or r["attempt"] >= last[r["step"]]["attempt"]:
+            last[r["step"]] = r
+    warm = [last[k] for k in sorted(last)][1:]
+    assert v["steps"] == 8 and v["attempts"] == 2 and v["job"]["requeues"] == 1
+    assert v["tokens_per_s"] == pytest.approx(sum(r["n_tokens"] for r in warm) / sum(r["t_step_s"] for r in warm))
+    original = summary_of(run_dir)["variants"]["r8"]
+    assert v["useful_token_fraction"] == pytest.approx(original["useful_token_fraction"], rel=1e-12)
+    assert v["balance_ratio"] == pytest.approx(original["balance_ratio"], rel=1e-12)   # same busy_s_all
+    steps_csv = (run / "report" / "steps.csv").read_text().splitlines()
+    assert sum(1 for line in steps_csv if line.startswith("r8,")) == 8
+
+
+def test_two_runs_side_by_side(run_dir, analysis_root, tmp_path, capsys):
+    proc = run_cli(*RUN_ARGS, "router=round_robin", f"run_root={analysis_root}",
+                   f"base.cache_dir={analysis_root / 'cache'}", cwd=analysis_root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    other = run_dir_of(proc)
+    out = tmp_path / "cmp"
+    assert analysis_main([str(run_dir), str(other), "--out", str(out)]) == 0
+    assert "comparison:" in capsys.readouterr().out
+    table = (out / "comparison.csv").read_text().splitlines()
+    assert len(table) == 1 + 4 and table[0].startswith("run,run_dir,variant,policy")
+    md = (out / "comparison.md").read_text()
+    assert "(balanced)" in md and "(round_robin)" in md and "comparison.png" in md
+    verdicts = json.loads((out / "comparison.json").read_text())["verdicts"]
+    assert len(verdicts) == 2 and all(v.split(":")[0] in ("r8", "r32") for v in verdicts)
+    # routing changes speed, never the math: the held-out losses of the same variant agree across policies
+    a, b = summary_of(run_dir)["variants"], summary_of(other)["variants"]
+    for name in ("r8", "r32"):
+        assert a[name]["val_loss"] == pytest.approx(b[name]["val_loss"], abs=1e-3)
+    # the second run reused the cached base: its base figures come from the variants' step-0 evals
+    assert summary_of(other)["ab"][-1]["b"] == "base" and "diff" in summary_of(other)["ab"][-1]
