@@ -11,7 +11,8 @@ python3 -m pip install -q -e ".[test]"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/slurm_test_cluster.sh
   # headless Chromium opens report.html in the report test (the cluster script ran apt-get update)
-  command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+  install_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }
+  command -v chromium >/dev/null || install_chromium || { apt-get update -qq && install_chromium; } \
     || echo "test.sh: chromium not installed: the report screenshot test will be skipped" >&2
 else
   echo "test.sh: not root or no apt-get: the Slurm and screenshot tests will be skipped" >&2
