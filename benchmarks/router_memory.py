@@ -82,7 +82,7 @@ def run() -> dict:
 def to_markdown(res: dict) -> str:
     lines = ["## Memory (simulated devices with a cap; GPT-2 small full fine-tune law, long-tail lengths up to 2048)",
              "", f"{res['devices']} devices x {res['cap_gib']:.0f} GiB cap, {res['batch']} samples per step, "
-             f"{res['steps']} steps; the true peak is {TRUE_SCALE}x the router's seed with a {1 + TRUE_EXTRA_LEN2:.0f}x "
+             f"{res['steps']} steps; the true peak is {TRUE_SCALE}x the router's seed with a {1 + TRUE_EXTRA_LEN2:g}x "
              "attention term, so the router starts optimistic and must learn. An OOM is halved and retried; a "
              "single sample that cannot fit is a failure reaching the user.", "",
              f"| policy | OOM retries, first {res['warmup']} steps | OOM retries after | failed samples | "
