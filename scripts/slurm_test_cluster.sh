@@ -142,6 +142,9 @@ DefMemPerCPU=1000
 GresTypes=gpu
 ReturnToService=2
 JobRequeue=1
+# A requeued job may start again cred_expire seconds after its requeue (default 120 s): 5 s (the minimum)
+# keeps the requeue tests fast. Job step credentials live as long; plenty on a single node.
+AuthInfo=cred_expire=5
 # Fast turnaround for tests: schedule on every event, backfill every second, kill quickly.
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=1,bf_interval=1,default_queue_depth=1000

@@ -3,6 +3,7 @@
     python -m slurm_router +experiment=lora_ab                  # here, on the GPUs (or CPU) present
     python -m slurm_router +experiment=lora_ab launcher=slurm   # one Slurm array job per stage
     python -m slurm_router +experiment=lora_ab router=round_robin train.steps=20 resources.devices_per_task=2
+    python -m slurm_router resume=runs/lora_ab/<timestamp>      # continue an interrupted run's unfinished tasks
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from slurm_router.config import UserError
 
 USAGE = """usage: python -m slurm_router [+experiment=NAME] [group=option ...] [key=value ...]
   groups: model data router launcher experiment (see conf/); e.g. +experiment=lora_ab router=round_robin
-  values: train.steps=20 train.lr=1e-3 resources.devices_per_task=2 data=text_dir data.path=/my/texts"""
+  values: train.steps=20 train.lr=1e-3 resources.devices_per_task=2 data=text_dir data.path=/my/texts
+  resume: resume=RUN_DIR continues that run's unfinished tasks from their checkpoints (no other arguments)"""
 
 
 def compose(overrides: list[str]):
@@ -71,7 +73,26 @@ def check_devices(cfg) -> None:
                       "they will share cores (fine for tests, slow for training)", stacklevel=1)
 
 
+def _tokenizer(cfg):
+    from slurm_router.train.data import make_tokenizer
+    if cfg.model.kind != "hf":
+        return make_tokenizer(cfg.model)
+    try:                        # a local checkpoint can be broken in many ways; each is the user's to fix
+        return make_tokenizer(cfg.model)
+    except UserError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"model.name_or_path={cfg.model.name_or_path!r}: cannot load its tokenizer ({first}): "
+                        "give a complete local transformers checkpoint (config, weights, tokenizer files)") from None
+
+
 def run(overrides: list[str]) -> int:
+    resume = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "resume"]
+    if resume:
+        if len(overrides) > 1:
+            raise UserError("resume=RUN_DIR takes no other arguments: the run continues with its own config.yaml")
+        return resume_run(resume[0].split("=", 1)[1])
     cfg = compose(overrides)
     from slurm_router.config import validate
     variants = validate(cfg)
@@ -79,8 +100,11 @@ def run(overrides: list[str]) -> int:
     if cfg.launcher.kind in ("slurm", "sbatch") and not (cfg.launcher.kind == "sbatch" and cfg.launcher.dry_run):
         from slurm_router.launch.slurm import check_slurm
         check_slurm()
+    if cfg.launcher.kind == "sbatch":
+        from slurm_router.launch.slurm import check_sbatch
+        check_sbatch(cfg)
     from slurm_router.train.data import build_corpus, make_tokenizer
-    corpus = build_corpus(cfg.data, make_tokenizer(cfg.model))   # fail on bad data before any file is written
+    corpus = build_corpus(cfg.data, _tokenizer(cfg))   # fail on bad data before any file is written
     print(f"experiment {cfg.experiment}: {len(variants)} variant(s) {', '.join(variants)}; "
           f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples")
 
@@ -98,12 +122,31 @@ def run(overrides: list[str]) -> int:
     if cfg.launcher.kind in ("slurm", "sbatch"):
         return submit_to_slurm(cfg, stages, run_dir, manifest)
 
+    return run_local(stages, cfg, run_dir, manifest)
+
+
+def resume_run(arg: str) -> int:
+    """resume=RUN_DIR: the unfinished tasks of that run, here, each from its newest valid checkpoint."""
+    if not arg:
+        raise UserError("resume= needs a run directory: resume=runs/<experiment>/<timestamp>")
+    from slurm_router.resume import plan_resume
+    from slurm_router.rundir import Manifest
+    run_dir, cfg, _, stages = plan_resume(arg)
+    manifest = Manifest.load(run_dir)
+    if cfg.get("launcher", {}).get("kind", "local") != "local":
+        print(f"resume: the run used launcher={cfg.launcher.kind}; its unfinished tasks continue here (local)")
+    manifest.set(state="running", resumed=manifest.data.get("resumed", 0) + 1)
+    return run_local(stages, cfg, run_dir, manifest)
+
+
+def run_local(stages, cfg, run_dir, manifest) -> int:
     from slurm_router.launch.local import run_stages
     try:
         states = run_stages(stages, cfg, run_dir, manifest)
     except KeyboardInterrupt:
         manifest.set(state="interrupted")
-        print(f"\ninterrupted\nrun_dir: {run_dir}")
+        print(f"\ninterrupted: running tasks saved a checkpoint at their last step\n"
+              f"continue with: python -m slurm_router resume={run_dir}\nrun_dir: {run_dir}")
         return 130
     ok = all(s in ("completed", "cached") for s in states.values())
     manifest.set(state="completed" if ok else "failed")

@@ -1,9 +1,12 @@
-"""Atomic saves: write a temporary file, fsync, rename. A reader never sees half a file."""
+"""Atomic saves (write a temporary file, fsync, rename: a reader never sees half a file) and training
+checkpoints: keep the last K, verify on load, fall back to the newest whole one."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -33,3 +36,134 @@ def save_base(state: dict, weights_path: str, meta: dict) -> None:
     """The base stage's weights and its held-out loss, into the shared cache. Meta last: it marks completeness."""
     atomic_write_bytes(weights_path, lambda f: torch.save(state, f))
     atomic_write_text(Path(weights_path).with_name("meta.json"), json.dumps(meta, indent=1))
+
+
+# ---- training checkpoints: RUN_DIR/tasks/<name>/checkpoints/step-NNNNNNNN.pt + .json -------------------------
+# The .json sidecar (step, size, sha256) is written after the data file: a checkpoint without its sidecar was
+# cut short and is never loaded. A sidecar whose hash does not match its file means the file was damaged later.
+
+CKPT_GLOB = "step-*.json"
+
+
+class CheckpointError(Exception):
+    """Checkpoints exist but none can be loaded: one line saying which and what to do."""
+
+
+def checkpoint_path(ckpt_dir: str | os.PathLike, step: int) -> Path:
+    return Path(ckpt_dir) / f"step-{step:08d}.pt"
+
+
+class _HashingWriter:
+    """A file object that hashes what passes through, so the sha256 costs no second read of the data."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.n = f, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        self.n += len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, state: dict, keep: int) -> dict:
+    """Atomically write state as checkpoint `step`, then its sidecar, then drop all but the newest `keep`."""
+    path = checkpoint_path(ckpt_dir, step)
+    out = {}
+
+    def write(f):
+        w = _HashingWriter(f)
+        torch.save(state, w)
+        out.update(sha256=w.sha.hexdigest(), bytes=w.n)
+
+    atomic_write_bytes(path, write)
+    meta = {"format": 1, "step": step, "file": path.name, "time": time.time(), **out}
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1))
+    prune_checkpoints(ckpt_dir, keep)
+    return {"path": str(path), **meta}
+
+
+def prune_checkpoints(ckpt_dir: str | os.PathLike, keep: int) -> None:
+    """Keep the newest `keep` checkpoints (by step); remove older ones and temp files of interrupted saves."""
+    ckpt_dir = Path(ckpt_dir)
+    for i, (step, sidecar) in enumerate(_sidecars(ckpt_dir)):
+        if i >= keep:
+            checkpoint_path(ckpt_dir, step).unlink(missing_ok=True)
+            sidecar.unlink(missing_ok=True)
+    for tmp in ckpt_dir.glob(".step-*.tmp"):
+        if time.time() - tmp.stat().st_mtime > 60:     # not a save in progress
+            tmp.unlink(missing_ok=True)
+
+
+def _sidecars(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    out = []
+    for p in ckpt_dir.glob(CKPT_GLOB):
+        try:
+            out.append((int(p.stem.split("-", 1)[1]), p))
+        except ValueError:
+            continue
+    return sorted(out, reverse=True)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> str | None:
+    """None if the checkpoint is whole (its sidecar's size and sha256 match), else why not."""
+    path = Path(path)
+    sidecar = path.with_suffix(".json")
+    try:
+        meta = json.loads(sidecar.read_text())
+        want_sha, want_bytes = meta["sha256"], int(meta["bytes"])
+    except FileNotFoundError:
+        return "no sidecar .json (the save was cut short)"
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return f"unreadable sidecar {sidecar.name}"
+    try:
+        size = path.stat().st_size
+        if size != want_bytes:
+            return f"{size} bytes, expected {want_bytes} (truncated or overwritten)"
+        sha = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if sha.hexdigest() != want_sha:
+        return "sha256 mismatch (the file was damaged after it was saved)"
+    return None
+
+
+def latest_valid_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path | None, list[str]]:
+    """(newest whole checkpoint, warnings about newer damaged ones). (None, []) when there is none at all;
+    CheckpointError when there are some and every one is damaged (resuming from step 0 would silently
+    throw work away: the user decides)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return None, []
+    steps = {s for s, _ in _sidecars(ckpt_dir)}
+    for p in ckpt_dir.glob("step-*.pt"):         # a data file without a sidecar counts as a (damaged) candidate
+        try:
+            steps.add(int(p.stem.split("-", 1)[1]))
+        except ValueError:
+            continue
+    warnings = []
+    for step in sorted(steps, reverse=True):
+        path = checkpoint_path(ckpt_dir, step)
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, warnings
+        warnings.append(f"checkpoint {path} is not usable: {problem}; trying an older one")
+    if warnings:
+        raise CheckpointError(f"no valid checkpoint in {ckpt_dir} ({len(warnings)} damaged, newest: "
+                              f"{warnings[0].split(': ', 1)[1].split(';')[0]}): delete that folder to restart "
+                              "the task from step 0")
+    return None, []
+
+
+def load_checkpoint(path: str | os.PathLike, map_location) -> dict:
+    """torch.load with weights_only=True: a checkpoint holds tensors and plain Python values, never code."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:      # verified before, so this is damage after the check: say which file
+        raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(e).__name__}: {str(e)[:200]}); "
+                              "delete it to fall back to the previous one") from None

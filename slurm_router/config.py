@@ -3,6 +3,7 @@ one line saying what to do. Values live in conf/*.yaml; this file only says what
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -182,6 +183,8 @@ RANGES = {
     "base.steps": (1, 10_000_000, True), "base.lr": (0, 10, False), "base.global_batch_size": (1, 1 << 20, True),
     "resources.devices_per_task": (1, 4096, True), "resources.tasks_per_gpu": (0, 64, True),
 }
+# Layers of transformers' GPT-2 that peft LoRA can adapt (Conv1D projections, embeddings, the LM head).
+GPT2_LORA_MODULES = ("c_attn", "c_proj", "c_fc", "wte", "wpe", "lm_head")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 
@@ -230,11 +233,20 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         value = _get(cfg, key)
         if value is None:
             continue
+        lo = f">= {low}" if low_inclusive else f"> {low}"
+        hi = f" and <= {high}" if high is not None else ""
+        if isinstance(value, float) and math.isnan(value):      # nan passes every comparison below
+            raise UserError(f"{where}{key}=nan is not a number: it must be {lo}{hi}")
         too_low = value < low if low_inclusive else value <= low
         if too_low or (high is not None and value > high):
-            lo = f">= {low}" if low_inclusive else f"> {low}"
-            hi = f" and <= {high}" if high is not None else ""
             raise UserError(f"{where}{key}={value!r} is out of range: it must be {lo}{hi}")
+    lora = cfg.model.lora
+    if lora.enabled and not lora.target_modules:
+        raise UserError(f"{where}model.lora.target_modules is empty: name the layers to adapt, e.g. [c_attn, c_proj]")
+    unknown = [m for m in lora.target_modules if m not in GPT2_LORA_MODULES]
+    if lora.enabled and cfg.model.kind == "gpt2" and unknown:
+        raise UserError(f"{where}model.lora.target_modules: {unknown[0]!r} is not a layer of this GPT-2 model: "
+                        f"choose from {', '.join(GPT2_LORA_MODULES)}")
     if cfg.model.n_embd % cfg.model.n_head:
         raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")
     if cfg.data.max_len > cfg.model.n_positions and cfg.model.kind == "gpt2":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import datetime
 import math
 import os
 import time
@@ -27,9 +28,13 @@ from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batch
 from slurm_router.train.loss import token_loss_sum
 from slurm_router.train.model import build_model, compile_backbone, count_parameters, trainable_parameters
 from slurm_router.train.optim import lr_at, make_optimizer
+from slurm_router.train import state as train_state
 
 # Per-device facts all-gathered after every step (one small collective, not a poll per decision).
-STATS = ("busy_s", "compute_s", "cost", "peak_bytes", "free_bytes", "oom_count", "oom_padded", "oom_n")
+STATS = ("busy_s", "compute_s", "cost", "peak_bytes", "free_bytes", "oom_count", "oom_padded", "oom_n", "stop")
+# A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
+# dies, so this only bounds a hang nobody else catches (a peer stuck without dying; srun_workers mode).
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("SLURM_ROUTER_COLLECTIVE_TIMEOUT_S", "600"))
 
 
 class SimulatedOOM(RuntimeError):
@@ -78,7 +83,8 @@ def _setup(spec: TaskSpec, rank: int, world: int, master: str) -> Context:
         threads = int(os.environ.get("SLURM_ROUTER_THREADS", "0")) or (
             per_worker if "SLURM_CPUS_PER_TASK" in os.environ else max(1, (os.cpu_count() or 1) // world))
         torch.set_num_threads(threads)
-    dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     return Context(spec, cfg, rank, world, device)
 
 
@@ -217,9 +223,16 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
     return done, loss_sum, compute_total, peak, oom_count, oom_mb
 
 
-def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
+def train(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None = None
+          ) -> dict | train_state.Stopped | None:
+    """Train spec's task as rank `rank` of `world`, from checkpoint `resume` if given. Returns the result (rank 0),
+    None (other ranks), or Stopped after a stop signal (checkpoint saved at a step end, every rank agreeing)."""
+    train_state.install_stop_handlers()
     ctx = _setup(spec, rank, world, master)
     cfg = ctx.cfg
+    if spec.attempt < 0:            # srun workers (no job process above them): rank 0 counts, the others learn it
+        from slurm_router.requeue import next_attempt
+        spec.attempt = int(_gather(ctx, [next_attempt(spec.task_dir) if rank == 0 else 0])[0][0])
     tokenizer = make_tokenizer(cfg.model)
     corpus = build_corpus(cfg.data, tokenizer)
     model = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora).to(ctx.device)
@@ -257,11 +270,20 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
                  n_trainable_params=n_trainable, global_batch_size=spec.global_batch_size, lr=spec.lr,
                  n_train_samples=len(corpus.train), n_val_samples=len(corpus.val), mem_total_bytes=telemetry.total_bytes(),
                  mem_budget_bytes=[d.mem_budget_bytes for d in router.device_states()], torch=torch.__version__, pid=os.getpid(),
-                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    val_loss, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
-    events.write("eval", step=0, val_loss=val_loss, val_tokens=sum(toks), batch_loss_sums=sums, batch_tokens=toks)
-    train_losses = []
-    for step in range(spec.steps):
+                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), resume_from=resume)
+    ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
+    first_step, train_losses = 0, []
+    if resume:
+        from slurm_router.checkpoint import load_checkpoint
+        t0 = time.time()
+        first_step, train_losses = train_state.restore(load_checkpoint(resume, ctx.device), model, optimizer, router,
+                                                       rank, ctx.device, ckpt_identity)
+        events.write("checkpoint_loaded", step=first_step, path=resume, t_load_s=time.time() - t0)
+    else:           # a resumed task measured its step-0 held-out loss in its first attempt
+        val_loss, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
+        events.write("eval", step=0, val_loss=val_loss, val_tokens=sum(toks), batch_loss_sums=sums,
+                     batch_tokens=toks)
+    for step in range(first_step, spec.steps):
         t_step0 = time.time()
         lr = lr_at(step, spec.steps, spec.lr, cfg.train.warmup_steps)
         for group in optimizer.param_groups:
@@ -286,7 +308,9 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         my_cost = sum(mb.cost for mb in mine)
-        stats = _gather(ctx, [busy_s, compute_s, my_cost, peak, telemetry.free_bytes(), oom_count, *oom_mb])
+        # The stop flag rides with the step stats: every rank sees every flag, so all stop after the same step.
+        stats = _gather(ctx, [busy_s, compute_s, my_cost, peak, telemetry.free_bytes(), oom_count, *oom_mb,
+                              train_state.stop_requested()])
         for d, row in enumerate(stats):
             s = dict(zip(STATS, row))
             router.observe_step(d, s["cost"], s["compute_s"], int(s["peak_bytes"]) or None,
@@ -311,6 +335,17 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
             v, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
             events.write("eval", step=step + 1, val_loss=v, val_tokens=sum(toks), batch_loss_sums=sums,
                          batch_tokens=toks)
+        signum = int(max(row[STATS.index("stop")] for row in stats))
+        stop = signum and step + 1 < spec.steps       # a stop during the last step: finishing is quicker
+        every = cfg.train.checkpoint_every
+        if stop or (every and (step + 1) % every == 0):
+            _save_checkpoint(ctx, spec, model, optimizer, router, train_losses, step + 1, events, ckpt_identity,
+                             "signal" if stop else "periodic")
+        if stop:
+            dist.barrier()          # the checkpoint is on disk before any rank exits (srun kills the step then)
+            events.close()
+            dist.destroy_process_group()
+            return train_state.Stopped(step + 1, signum)
     val_loss, sums, toks = evaluate(model, corpus.val, evals, ctx, tokenizer.pad_id)
     events.write("eval", step=spec.steps, val_loss=val_loss, val_tokens=sum(toks), batch_loss_sums=sums,
                  batch_tokens=toks)
@@ -326,6 +361,18 @@ def train(spec: TaskSpec, rank: int, world: int, master: str) -> dict | None:
     events.close()
     dist.destroy_process_group()
     return result
+
+
+def _save_checkpoint(ctx: Context, spec: TaskSpec, model, optimizer, router, train_losses, next_step: int, events,
+                     identity: dict, reason: str) -> None:
+    """Collective; rank 0 writes (replicas are identical, only the RNG states differ and are gathered)."""
+    from slurm_router.checkpoint import save_checkpoint
+    t0 = time.time()
+    state = train_state.capture(model, optimizer, router, train_losses, next_step, ctx.world, ctx.device, identity)
+    if ctx.rank == 0:
+        meta = save_checkpoint(spec.task_dir / "checkpoints", next_step, state, ctx.cfg.train.keep_checkpoints)
+        events.write("checkpoint_saved", step=next_step, path=meta["path"], bytes=meta["bytes"],
+                     sha256=meta["sha256"], reason=reason, t_save_s=time.time() - t0)
 
 
 def _gather(ctx: Context, values: list[float]) -> list[list[float]]:

@@ -4,6 +4,9 @@ Every task needing D devices gets D devices of its own (CUDA_VISIBLE_DEVICES), t
 free devices exist and the rest wait. Never all tasks on GPU 0, never more concurrent tasks than devices: the
 known failures of submitit's LocalExecutor and Hydra's local launcher. Without GPUs the devices are CPU worker
 slots (launcher.cpu_slots, default the core count). Stages run in order; a failed stage stops later ones.
+
+Ctrl-C: every running task gets SIGTERM; its workers finish the current step, save a checkpoint and exit
+(code 75), and `python -m slurm_router resume=RUN_DIR` continues from there.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from slurm_router.launch.progress import Progress
 from slurm_router.plan import Stage, TaskSpec
+from slurm_router.train.state import EXIT_STOPPED
 
 
 def detect_gpus() -> list[str]:
@@ -82,7 +86,8 @@ def _take(free: list[str], n: int) -> list[str] | None:
 
 
 def run_stages(stages: list[Stage], cfg, run_dir: Path, manifest) -> dict[str, str]:
-    """Run every stage in order; returns task name -> final state (completed | failed | skipped | cached)."""
+    """Run every stage in order; returns task name -> final state (completed | failed | interrupted | skipped |
+    cached)."""
     pool, on_gpu = device_pool(cfg)
     states: dict[str, str] = {}
     for stage in stages:
@@ -90,7 +95,7 @@ def run_stages(stages: list[Stage], cfg, run_dir: Path, manifest) -> dict[str, s
             for t in stage.tasks:
                 states[t.name] = "cached"
             continue
-        if any(states.get(t.name) in ("failed", "skipped") for s in stages if s.name in stage.depends_on
+        if any(states.get(t.name) in ("failed", "skipped", "interrupted") for s in stages if s.name in stage.depends_on
                for t in s.tasks):
             for t in stage.tasks:
                 states[t.name] = "skipped"
@@ -115,7 +120,8 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, run_dir: Pa
                 if r.proc.poll() is not None:
                     running.remove(r)
                     free = sorted(free + r.devices, key=pool.index)
-                    state = "completed" if r.proc.returncode == 0 else "failed"
+                    code = r.proc.returncode
+                    state = "completed" if code == 0 else "interrupted" if code == EXIT_STOPPED else "failed"
                     states[r.spec.name] = state
                     manifest.set_task(r.spec.name, state=state, exit_code=r.proc.returncode,
                                       elapsed_s=round(time.time() - r.started, 3))
@@ -123,11 +129,14 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, run_dir: Pa
             progress.update()
             time.sleep(0.2)
     except KeyboardInterrupt:
+        # SIGTERM, not SIGKILL: each task checkpoints at the end of its current step, then exits.
+        print("\nstopping: running tasks checkpoint at the end of their current step...", file=sys.stderr,
+              flush=True)
         for r in running:
             r.proc.terminate()
         for r in running:
             r.proc.wait()
-            manifest.set_task(r.spec.name, state="interrupted")
+            manifest.set_task(r.spec.name, state="interrupted", exit_code=r.proc.returncode)
         raise
     finally:
         progress.close()

@@ -4,6 +4,9 @@ earlier one with --dependency=afterok; a last small job writes the report once e
 launcher=slurm submits through submitit (map_array: one sbatch call per stage); launcher=sbatch renders
 RUN_DIR/submit.sbatch from sbatch_templates/ and submits it with sbatch. Both return as soon as the jobs
 are queued (unless launcher.wait=true) and record the job ids in the manifest.
+
+Both ask Slurm for USR2 launcher.signal_delay_s before the time limit and allow requeues: the task
+checkpoints at its step end and is requeued into the same run dir (slurm_router.job, slurm_router.requeue).
 """
 from __future__ import annotations
 
@@ -72,18 +75,20 @@ def _submitit_params(cfg, devices: int, stage: str, dependency: str | None) -> d
 def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str]:
     """One submitit map_array per stage; returns the job ids (array masters) in stage order."""
     import submitit
-    from slurm_router.job import run_task, write_report_job
+    from slurm_router.job import TaskRunner, write_report_job
     job_ids: list[str] = []
     last = None
     for stage in stages:
         if stage.cached:
             continue
         devices = max(t.devices for t in stage.tasks)
-        ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm")
+        # slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.requeue: the same rule for
+        # both Slurm launchers), so submitit's own count must never be the one that stops a requeue.
+        ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm", slurm_max_num_timeout=10_000)
         ex.update_parameters(**_submitit_params(cfg, devices, stage.name, f"afterok:{last}" if last else None))
         with _captured_stderr() as err:
             try:
-                jobs = ex.map_array(run_task, [str(t.task_dir / "task.json") for t in stage.tasks])
+                jobs = ex.map_array(TaskRunner(), [str(t.task_dir / "task.json") for t in stage.tasks])
             except Exception as e:          # submitit wraps sbatch's refusal in several exception types
                 failure = e
             else:
@@ -102,25 +107,41 @@ def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[s
     return job_ids
 
 
+def _sbatch_spec(cfg, run_dir: str, stage: str, n_tasks: int, devices: int, after: str | None):
+    from slurm_router.launch.sbatch_render import SbatchSpec, safe_job_name
+    lc = cfg.launcher
+    return SbatchSpec(
+        job_name=safe_job_name(f"{cfg.experiment}-{stage}"), run_dir=run_dir,
+        array_size=n_tasks, array_parallelism=lc.array_parallelism,
+        gpus_per_task=1 if lc.srun_workers else devices, cpus_per_task=lc.cpus_per_task, mem_gb=lc.mem_gb,
+        timeout_min=lc.timeout_min, partition=lc.partition, account=lc.account, qos=lc.qos,
+        constraint=lc.constraint, signal_delay_s=lc.signal_delay_s, requeue=True, dependency_job_id=after,
+        ntasks=devices if lc.srun_workers else 1,
+        extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
+        python=sys.executable,
+        task_argv=("-m", "slurm_router.job", "--run-dir", run_dir, "--stage", stage))
+
+
+def check_sbatch(cfg) -> None:
+    """The launcher values sbatch cannot carry, found before any file is written (UserError, one line)."""
+    from slurm_router.launch.sbatch_render import sbatch_directives
+    devices = cfg.resources.devices_per_task
+    try:
+        sbatch_directives(_sbatch_spec(cfg, "/run_dir", "check", 1, devices, None))
+    except ValueError as e:
+        raise UserError(f"launcher: {e}") from None
+
+
 def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str]:
     """Render RUN_DIR/submit.sbatch (submit-<stage>.sbatch for earlier stages) and sbatch them in order."""
-    from slurm_router.launch.sbatch_render import SbatchSpec, safe_job_name, submit_sbatch as sbatch, write_sbatch
+    from slurm_router.launch.sbatch_render import safe_job_name, submit_sbatch as sbatch, write_sbatch
     lc = cfg.launcher
     job_ids, last = [], None
     for stage in stages:
         if stage.cached:
             continue
         devices = max(t.devices for t in stage.tasks)
-        spec = SbatchSpec(
-            job_name=safe_job_name(f"{cfg.experiment}-{stage.name}"), run_dir=str(run_dir),
-            array_size=len(stage.tasks), array_parallelism=lc.array_parallelism,
-            gpus_per_task=1 if lc.srun_workers else devices, cpus_per_task=lc.cpus_per_task, mem_gb=lc.mem_gb,
-            timeout_min=lc.timeout_min, partition=lc.partition, account=lc.account, qos=lc.qos,
-            constraint=lc.constraint, signal_delay_s=lc.signal_delay_s, requeue=True, dependency_job_id=last,
-            ntasks=devices if lc.srun_workers else 1,
-            extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
-            python=sys.executable,
-            task_argv=("-m", "slurm_router.job", "--run-dir", str(run_dir), "--stage", stage.name))
+        spec = _sbatch_spec(cfg, str(run_dir), stage.name, len(stage.tasks), devices, last)
         name = "submit.sbatch" if stage is stages[-1] else f"submit-{stage.name}.sbatch"
         try:
             script = write_sbatch(spec, run_dir / name)

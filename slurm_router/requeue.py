@@ -1,0 +1,157 @@
+"""A task's attempts and requeues, kept in RUN_DIR/tasks/<name>/attempts.json (stable across requeues).
+
+Every start of a task is a new attempt (0, 1, ...): its events carry `attempt`, so the report keeps the last
+attempt's row of a step that ran twice. A stop signal becomes a requeue by this rule, the same for both
+Slurm launchers: USR2 shortly before the time limit is a timeout, requeued at most launcher.max_requeues
+times; USR2 at any other time is a preemption (someone wants the GPUs back), requeued without limit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_router.checkpoint import atomic_write_text
+from slurm_router.events import EventWriter
+
+ATTEMPTS_FILE = "attempts.json"
+# USR2 within signal_delay_s + this margin of the time limit counts as the time limit's warning.
+TIMEOUT_MARGIN_S = 60
+
+
+def _load(task_dir: Path) -> dict:
+    try:
+        data = json.loads((Path(task_dir) / ATTEMPTS_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(task_dir: Path, data: dict) -> None:
+    atomic_write_text(Path(task_dir) / ATTEMPTS_FILE, json.dumps(data, indent=1))
+
+
+def next_attempt(task_dir: Path) -> int:
+    """Count one more start of this task; returns its attempt number (0 for the first)."""
+    data = _load(task_dir)
+    attempt = int(data.get("attempts", 0))
+    data["attempts"] = attempt + 1
+    _save(task_dir, data)
+    return attempt
+
+
+def repair_torn_tail(path: Path) -> None:
+    """Drop a torn last line (a worker killed mid-write). Readers skip it only while it is the last line: a new
+    attempt appending after it would leave garbage mid-file."""
+    try:
+        with open(path, "rb+") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size == 0:
+                return
+            f.seek(max(0, size - (1 << 20)))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return
+            cut = tail.rfind(b"\n")
+            f.truncate(size - len(tail) + cut + 1 if cut >= 0 else (0 if size <= 1 << 20 else size))
+    except FileNotFoundError:
+        pass
+
+
+def current_attempt(task_dir: Path) -> int:
+    """The attempt number of the latest start (what next_attempt returned last)."""
+    return max(0, int(_load(task_dir).get("attempts", 1)) - 1)
+
+
+def task_event(spec, event: str, **fields) -> None:
+    """A task-level row from the job process (requeue, a failure's end) in rank 0's events file, after the
+    workers have exited (one writer at a time)."""
+    repair_torn_tail(spec.task_dir / "events-rank0.jsonl")
+    policy = (spec.config.get("router") or {}).get("policy")
+    writer = EventWriter(spec.task_dir / "events-rank0.jsonl", run_id=spec.run_id, task=spec.name,
+                         variant=spec.variant, stage=spec.stage, attempt=spec.attempt, device=0, policy=policy)
+    writer.write(event, **fields)
+    writer.close()
+
+
+def note_slurm_restart(spec) -> None:
+    """Slurm requeued this job by itself (preemption, node failure, an operator's scontrol requeue): the
+    previous attempt could not know. Log one `requeue` row per restart nobody has logged yet."""
+    job, restarts = os.environ.get("SLURM_JOB_ID"), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if not job or restarts <= 0:
+        return
+    data = _load(spec.task_dir)
+    logged = data.setdefault("restarts_logged", {})
+    for n in range(int(logged.get(job, 0)), restarts):
+        task_event(spec, "requeue", reason="slurm", job_id=job, restart=n + 1,
+                   detail="requeued by Slurm (preemption, node failure or scontrol requeue)")
+    logged[job] = max(restarts, int(logged.get(job, 0)))
+    _save(spec.task_dir, data)
+
+
+@dataclass
+class Decision:
+    requeue: bool
+    reason: str            # timeout | preempted | interrupted
+    detail: str
+
+
+def time_left_s(job_id: str) -> float | None:
+    """Seconds left before the job's time limit (squeue %L), None when unknown or unlimited."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", out.splitlines()[0] if out else "")
+    if not m:
+        return None
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def decide(spec, signum: int) -> Decision:
+    """Requeue after this stop signal? USR2 under Slurm: yes, within the timeout budget. TERM and INT: no
+    (a local stop, or Slurm itself is preempting or cancelling the job and decides what comes next)."""
+    name = signal.Signals(signum).name if signum else "none"
+    job = os.environ.get("SLURM_JOB_ID")
+    if signum != signal.SIGUSR2 or not job:
+        return Decision(False, "interrupted", f"stopped by {name}")
+    launcher = spec.config.get("launcher") or {}
+    left = time_left_s(job)
+    near_limit = left is not None and left <= int(launcher.get("signal_delay_s", 120)) + TIMEOUT_MARGIN_S
+    data = _load(spec.task_dir)
+    if not near_limit:
+        data["preemptions"] = int(data.get("preemptions", 0)) + 1
+        _save(spec.task_dir, data)
+        return Decision(True, "preempted", f"{name} with {left if left is not None else '?'} s left: a preemption")
+    limit = int(launcher.get("max_requeues", 3))
+    timeouts = int(data.get("timeouts", 0)) + 1
+    data["timeouts"] = timeouts
+    _save(spec.task_dir, data)
+    if timeouts > limit:
+        return Decision(False, "timeout", f"hit its time limit {timeouts} times, more than launcher.max_requeues="
+                        f"{limit}: raise launcher.timeout_min, or resume it with python -m slurm_router "
+                        f"resume={spec.run_dir}")
+    return Decision(True, "timeout", f"time limit {timeouts} of {limit + 1} (launcher.max_requeues={limit})")
+
+
+def requeue_self(spec, decision: Decision, step: int, scontrol: bool = True) -> None:
+    """Log the requeue, then ask Slurm to put this job back in the queue (it resumes from the checkpoint).
+    scontrol=False: submitit runs `scontrol requeue` itself."""
+    job = os.environ["SLURM_JOB_ID"]
+    data = _load(spec.task_dir)
+    # The next attempt sees SLURM_RESTART_COUNT one higher: this row already accounts for that restart.
+    logged = data.setdefault("restarts_logged", {})
+    logged[job] = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
+    _save(spec.task_dir, data)
+    task_event(spec, "requeue", reason=decision.reason, detail=decision.detail, step=step, job_id=job,
+               time_requested=time.time())
+    if scontrol:
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, text=True, timeout=60)
