@@ -28,6 +28,17 @@ def step_losses(task_dir: Path) -> list[float]:
     return [r["loss"] for r in sorted((r for r in rows if r["event"] == "step"), key=lambda r: r["step"])]
 
 
+def task_spans(run_dir: Path) -> dict[str, tuple[float, float, str]]:
+    """task -> (start time, end time, CUDA_VISIBLE_DEVICES it saw), from each task's rank-0 events."""
+    spans = {}
+    for f in run_dir.glob("tasks/*/events-rank0.jsonl"):
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        start = next(r for r in rows if r["event"] == "start")
+        end = next(r for r in rows if r["event"] == "end")
+        spans[start["task"]] = (start["time"], end["time"], start["cuda_visible_devices"])
+    return spans
+
+
 @pytest.fixture(scope="session")
 def base_cache(tmp_path_factory) -> Path:
     """One base-model cache for the whole session: the base stage trains once, later runs reuse it."""

@@ -5,21 +5,11 @@ import json
 
 import pytest
 
-from conftest import run_cli, run_dir_of
+from conftest import run_cli, run_dir_of, task_spans
 
 TINY = ["base.enabled=false", "train.steps=3", "train.global_batch_size=4", "train.eval_batches=1",
         "train.eval_batch_size=2", "data.max_documents=20", "data.max_len=64"]
 VARIANTS = [f"+variants.v{i}.train.lr={1e-3 * (i + 1)}" for i in range(4)]
-
-
-def _spans(run_dir):
-    spans = {}
-    for f in run_dir.glob("tasks/*/events-rank0.jsonl"):
-        rows = [json.loads(l) for l in f.read_text().splitlines()]
-        start = next(r for r in rows if r["event"] == "start")
-        end = next(r for r in rows if r["event"] == "end")
-        spans[start["task"]] = (start["time"], end["time"], start["cuda_visible_devices"])
-    return spans
 
 
 @pytest.mark.integration
@@ -27,7 +17,7 @@ def test_tasks_are_pinned_to_distinct_gpus(tmp_path):
     proc = run_cli(*TINY, *VARIANTS, f"run_root={tmp_path}", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1,2"},
                    timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    spans = _spans(run_dir_of(proc))
+    spans = task_spans(run_dir_of(proc))
     assert sorted(spans) == ["v0", "v1", "v2", "v3"]
     assert all(gpu in ("0", "1", "2") for _, _, gpu in spans.values()), spans
     for a in spans:

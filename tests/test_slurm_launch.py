@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_cli, run_dir_of
+from conftest import run_cli, run_dir_of, task_spans
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(shutil.which("sbatch") is None,
@@ -23,16 +23,6 @@ def _sacct(job_id: str) -> dict[str, str]:
     out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State,JobName", "-j", job_id],
                          capture_output=True, text=True, check=True).stdout
     return {l.split("|")[0]: l.split("|")[1] for l in out.splitlines() if l}
-
-
-def _starts_ends(run_dir):
-    out = {}
-    for f in run_dir.glob("tasks/*/events-rank0.jsonl"):
-        rows = [json.loads(l) for l in f.read_text().splitlines()]
-        s = next(r for r in rows if r["event"] == "start")
-        e = next(r for r in rows if r["event"] == "end")
-        out[s["task"]] = (s["time"], e["time"], s["cuda_visible_devices"])
-    return out
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "sbatch"])
@@ -51,7 +41,7 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
         assert set(states.values()) == {"COMPLETED"}, states
     variants = jobs[1]
     assert variants["array"] and [t["job_id"] for t in variants["tasks"]] == [f"{variants['job_id']}_{i}" for i in (0, 1)]
-    spans = _starts_ends(run_dir)
+    spans = task_spans(run_dir)
     assert spans["base"][1] <= min(spans["r8"][0], spans["r32"][0]), "a variant started before the base ended"
     for a, b in (("r8", "r32"),):
         if spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]:
