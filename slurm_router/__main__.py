@@ -75,8 +75,6 @@ def check_devices(cfg) -> None:
 
 def _tokenizer(cfg):
     from slurm_router.train.data import make_tokenizer
-    if cfg.model.kind != "hf":
-        return make_tokenizer(cfg.model)
     try:                        # a local checkpoint can be broken in many ways; each is the user's to fix
         return make_tokenizer(cfg.model)
     except UserError:
@@ -103,7 +101,7 @@ def run(overrides: list[str]) -> int:
     if cfg.launcher.kind == "sbatch":
         from slurm_router.launch.slurm import check_sbatch
         check_sbatch(cfg)
-    from slurm_router.train.data import build_corpus, make_tokenizer
+    from slurm_router.train.data import build_corpus
     corpus = build_corpus(cfg.data, _tokenizer(cfg))   # fail on bad data before any file is written
     print(f"experiment {cfg.experiment}: {len(variants)} variant(s) {', '.join(variants)}; "
           f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples")

@@ -249,13 +249,11 @@ def train(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None
                                              n_layers=getattr(model.config, "n_layer", None)
                                              or model.config.num_hidden_layers,
                                              vocab_size=tokenizer.vocab_size)
-    mem_sim = None
+    mem_sim, total = None, telemetry.total_bytes()
     if cfg.router.cpu_memory_cap_bytes and ctx.device.type == "cpu":
         mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
-    router = Router(settings, world, memory_model=mem_model)
-    total = telemetry.total_bytes()
-    if cfg.router.cpu_memory_cap_bytes and ctx.device.type == "cpu":
         total = cfg.router.cpu_memory_cap_bytes
+    router = Router(settings, world, memory_model=mem_model)
     totals = [int(row[0]) for row in _gather(ctx, [total])]
     for d, t in enumerate(totals):
         router.set_device_memory(d, t)
