@@ -95,21 +95,18 @@ def _autocast(ctx: Context):
 
 
 def _batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple: int = 1):
-    """Right-padded inputs; labels are -100 at padding so only real next-token targets count."""
+    """Right-padded inputs and labels; labels are -100 at padding so only real next-token targets count."""
     seqs = [split.sample(i) for i in ids]
     width = -(-max(len(s) for s in seqs) // pad_to_multiple) * pad_to_multiple
     inputs = np.full((len(seqs), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(seqs), width), dtype=np.int64)
+    labels = np.full((len(seqs), width), -100, dtype=np.int64)
     for r, s in enumerate(seqs):
         inputs[r, :len(s)] = s
-        mask[r, :len(s)] = 1
-    inputs_t, mask_t = torch.from_numpy(inputs), torch.from_numpy(mask)
+        labels[r, :len(s)] = s
+    inputs_t, labels_t = torch.from_numpy(inputs), torch.from_numpy(labels)
     if device.type == "cuda":      # pinned host memory: the copy overlaps with compute
-        inputs_t, mask_t = inputs_t.pin_memory(), mask_t.pin_memory()
-    inputs_t = inputs_t.to(device, non_blocking=True)
-    mask_t = mask_t.to(device, non_blocking=True)
-    labels = inputs_t.masked_fill(mask_t == 0, -100)
-    return inputs_t, mask_t, labels
+        inputs_t, labels_t = inputs_t.pin_memory(), labels_t.pin_memory()
+    return inputs_t.to(device, non_blocking=True), labels_t.to(device, non_blocking=True)
 
 
 class _Loader:
@@ -132,9 +129,9 @@ class _Loader:
         return future.result() if future is not None else self.build(ids)
 
 
-def _loss_sum(model, inputs, mask, labels, ctx: Context) -> tuple[torch.Tensor, int]:
+def _loss_sum(model, inputs, labels, ctx: Context) -> tuple[torch.Tensor, int]:
     with _autocast(ctx):
-        return token_loss_sum(model, inputs, mask, labels, ctx.cfg.train.loss_chunk_tokens)
+        return token_loss_sum(model, inputs, labels, ctx.cfg.train.loss_chunk_tokens)
 
 
 def _allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None:
@@ -181,7 +178,7 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
     while queue:
         mb = queue.pop(0)
         t0 = time.time()
-        inputs, mask, labels = loader.get(mb.sample_ids)
+        inputs, labels = loader.get(mb.sample_ids)
         if queue:
             loader.prefetch(queue[0].sample_ids)
         t_data = time.time() - t0
@@ -190,7 +187,7 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
             if mem_sim is not None:
                 mem_sim.check(mb)
             t1 = time.time()
-            loss, n_tok = _loss_sum(model, inputs, mask, labels, ctx)
+            loss, n_tok = _loss_sum(model, inputs, labels, ctx)
             loss.backward()
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)
@@ -198,7 +195,7 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
         except (torch.cuda.OutOfMemoryError, SimulatedOOM):
             if len(mb.sample_ids) <= 1:
                 raise
-            del inputs, mask, labels
+            del inputs, labels
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
             oom_count += 1

@@ -23,22 +23,26 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
 
 
-def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                    chunk_tokens: int = 0) -> tuple[torch.Tensor, int]:
-    """(sum of next-token losses over real targets, number of real targets). labels are -100 at padding."""
-    targets = labels[:, 1:]
+    """(sum of next-token losses over real targets, number of real targets). labels are -100 at padding.
+
+    Samples are right-padded, so under causal attention no real token ever attends to a pad: no attention
+    mask is passed, which keeps SDPA on its fused causal path (an explicit mask forces a slower kernel)."""
+    # targets[t] = labels[t + 1]: shifting the labels, not the logits, avoids copying the logits
+    targets = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
     n_targets = int((targets != -100).sum())
     if chunk_tokens <= 0:
-        logits = model(input_ids=inputs, attention_mask=mask).logits
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=-100, reduction="sum")
+        logits = model(input_ids=inputs).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets, ignore_index=-100,
+                               reduction="sum")
         return loss, n_targets
     lm = _lm(model)
-    hidden = lm.base_model(input_ids=inputs, attention_mask=mask).last_hidden_state[:, :-1]
+    hidden = lm.base_model(input_ids=inputs).last_hidden_state
     weight = lm.get_output_embeddings().weight
-    keep = targets.reshape(-1) != -100            # padding positions never reach the vocabulary projection
+    keep = targets != -100                         # padding positions never reach the vocabulary projection
     hidden = hidden.reshape(-1, hidden.size(-1))[keep]
-    flat_targets = targets.reshape(-1)[keep]
+    flat_targets = targets[keep]
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.size(0), chunk_tokens):
         end = start + chunk_tokens
