@@ -109,10 +109,12 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
         result = Path(run_dir) / "tasks" / t.name / "result.json"
         val = json.loads(result.read_text()).get("val_loss") if result.is_file() else per_task[t.name].get("val_loss")
         summary["base"] = {**per_task[t.name], "val_loss": val, "state": t.meta.get("state"), "task": t.name}
-    if summary["base"]["val_loss"] is None:
-        # No base stage (a local checkpoint): each variant's step-0 held-out loss is the base's.
-        starts = [v["val_loss_start"] for v in summary["variants"].values() if "val_loss_start" in v]
-        summary["base"]["val_loss"] = starts[0] if starts else None
+    # The base's held-out loss is measured where it compares: a variant's step-0 eval runs on the very eval
+    # batches the variants end on (a cached base may have been evaluated under other eval settings; a local
+    # checkpoint has no base stage at all). The base task's own figure is the fallback.
+    starts = [v["val_loss_start"] for v in summary["variants"].values() if v.get("val_loss_start") is not None]
+    if starts:
+        summary["base"]["val_loss"] = starts[0]
     summary["ab"] = abtest.compare_all(tasks)
     for row in summary["ab"]:
         if row["b"] == "base" and row["a"] in summary["variants"]:
