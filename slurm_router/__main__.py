@@ -98,6 +98,9 @@ def run(overrides: list[str]) -> int:
     if cfg.launcher.kind in ("slurm", "sbatch") and not (cfg.launcher.kind == "sbatch" and cfg.launcher.dry_run):
         from slurm_router.launch.slurm import check_slurm
         check_slurm()
+    if cfg.launcher.kind in ("slurm", "sbatch"):
+        from slurm_router.launch.slurm import check_packing
+        check_packing(cfg)
     if cfg.launcher.kind == "sbatch":
         from slurm_router.launch.slurm import check_sbatch
         check_sbatch(cfg)

@@ -2,6 +2,7 @@
 
     python -m slurm_router.job runs/lora_ab/<timestamp>/tasks/r8/task.json
     python -m slurm_router.job --run-dir RUN_DIR --stage variants      # in an sbatch array task
+    python -m slurm_router.job --run-dir RUN_DIR --stage variants --pack 4   # 4 tasks share this array task's GPUs
 
 Locally the launcher runs this as a subprocess with CUDA_VISIBLE_DEVICES pinned to the task's GPUs; under
 Slurm submitit calls run_task() in the array task, where Slurm has already set CUDA_VISIBLE_DEVICES. With
@@ -293,13 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 75 stopped on a signal after a checkpoint (requeued under Slurm on USR2), 1 a worker
     failed, 2 unusable checkpoints or bad arguments."""
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 6 and argv[0] == "--run-dir" and argv[2] == "--stage" and argv[4] == "--pack":
+        from slurm_router.launch.pack import pack_task_files, run_pack
+        return run_pack(pack_task_files(argv[1], argv[3], int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")),
+                                        int(argv[5])))
     if len(argv) == 4 and argv[0] == "--run-dir" and argv[2] == "--stage":
         task_file = stage_task_file(argv[1], argv[3], int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")))
     elif len(argv) == 1 and Path(argv[0]).is_file():
         task_file = argv[0]
     else:
-        print("usage: python -m slurm_router.job RUN_DIR/tasks/NAME/task.json | --run-dir RUN_DIR --stage NAME",
-              file=sys.stderr)
+        print("usage: python -m slurm_router.job RUN_DIR/tasks/NAME/task.json | --run-dir RUN_DIR --stage NAME "
+              "[--pack K]", file=sys.stderr)
         return 2
     from slurm_router.checkpoint import CheckpointError
     for sig in STOP_SIGNALS:
@@ -329,9 +334,11 @@ def _after_stop(task_file: str, stopped: TaskStopped) -> int:
     decision = decide(spec, stopped.signum)
     where = f"checkpoint at step {stopped.step}" if stopped.step is not None else "no checkpoint yet"
     if decision.requeue:
-        requeue_self(spec, decision, stopped.step or 0)
+        from slurm_router.launch.pack import EXIT_REQUEUE, PACKED_ENV
+        packed = bool(os.environ.get(PACKED_ENV))       # the pack runner requeues the allocation, once
+        requeue_self(spec, decision, stopped.step or 0, scontrol=not packed)
         print(f"{spec.name}: {decision.detail}; {where}; requeued", flush=True)
-        return EXIT_STOPPED
+        return EXIT_REQUEUE if packed else EXIT_STOPPED
     if decision.reason == "timeout":
         task_event(spec, "end", exit_state="failed", error=decision.detail, step=stopped.step)
         print(f"error: {spec.name}: {decision.detail}", file=sys.stderr)

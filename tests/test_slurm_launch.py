@@ -92,3 +92,32 @@ def test_srun_workers_one_gpu_each(tmp_path, launcher):
     assert starts[0][2] == starts[1][2] == 2
     summary = json.loads((run_dir_of(proc) / "report" / "summary.json").read_text())
     assert summary["variants"]["main"]["devices"] == 2
+
+
+@pytest.mark.parametrize("launcher", ["sbatch", "slurm"])
+def test_variant_packing_in_one_allocation(tmp_path, launcher):
+    """resources.tasks_per_gpu=2: 3 variants become 2 array tasks; the first runs two variants side by side on
+    the one GPU Slurm gave it, and every variant completes."""
+    variants = [f"+variants.v{i}.train.lr={1e-3 * (i + 1)}" for i in range(3)]
+    proc = run_cli("base.enabled=false", "train.steps=6", "train.eval_batches=1", "data.max_documents=40",
+                   *variants, f"launcher={launcher}", "resources.tasks_per_gpu=2", "launcher.wait=true",
+                   "launcher.timeout_min=10", f"run_root={tmp_path}", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_dir = run_dir_of(proc)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    job = manifest["jobs"][0]
+    ids = {n: manifest["tasks"][n]["job_id"] for n in ("v0", "v1", "v2")}
+    assert ids["v0"] == ids["v1"] == f"{job['job_id']}_0" and ids["v2"] == f"{job['job_id']}_1", ids
+    assert set(_sacct(job["job_id"]).values()) == {"COMPLETED"}
+    spans = task_spans(run_dir)
+    assert spans["v0"][2] == spans["v1"][2], "packed tasks must share their array task's GPU"
+    assert spans["v0"][0] < spans["v1"][1] and spans["v1"][0] < spans["v0"][1], "packed tasks ran one after another"
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert all(summary["variants"][v]["steps"] == 6 for v in ("v0", "v1", "v2"))
+
+
+def test_pack_by_memory_needs_local(tmp_path):
+    proc = run_cli("base.enabled=false", "launcher=slurm", "resources.tasks_per_gpu=0", f"run_root={tmp_path}",
+                   cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "works with launcher=local only" in proc.stderr
+    assert not any(tmp_path.rglob("manifest.json"))

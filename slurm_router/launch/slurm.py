@@ -76,6 +76,7 @@ def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[s
     """One submitit map_array per stage; returns the job ids (array masters) in stage order."""
     import submitit
     from slurm_router.job import TaskRunner, write_report_job
+    from slurm_router.launch.pack import PackRunner
     job_ids: list[str] = []
     last = None
     for stage in stages:
@@ -86,9 +87,14 @@ def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[s
         # both Slurm launchers), so submitit's own count must never be the one that stops a requeue.
         ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm", slurm_max_num_timeout=10_000)
         ex.update_parameters(**_submitit_params(cfg, devices, stage.name, f"afterok:{last}" if last else None))
+        files = [str(t.task_dir / "task.json") for t in stage.tasks]
+        per_pack = tasks_per_pack(cfg)
         with _captured_stderr() as err:
             try:
-                jobs = ex.map_array(TaskRunner(), [str(t.task_dir / "task.json") for t in stage.tasks])
+                if per_pack > 1:        # K tasks share one array task's GPUs
+                    jobs = ex.map_array(PackRunner(), [files[i:i + per_pack] for i in range(0, len(files), per_pack)])
+                else:
+                    jobs = ex.map_array(TaskRunner(), files)
             except Exception as e:          # submitit wraps sbatch's refusal in several exception types
                 failure = e
             else:
@@ -97,7 +103,8 @@ def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[s
             raise _sbatch_error(failure, err["text"]) from None
         last = jobs[0].job_id.split("_")[0]      # submitit submits a 1-task stage as a plain job, not an array
         job_ids.append(last)
-        _record(manifest, stage, last, [(j.job_id, str(j.paths.stdout), str(j.paths.stderr)) for j in jobs])
+        packs = [jobs[t.index // per_pack] for t in stage.tasks]
+        _record(manifest, stage, last, [(j.job_id, str(j.paths.stdout), str(j.paths.stderr)) for j in packs])
     ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm")
     ex.update_parameters(name=f"{cfg.experiment}-report", timeout_min=30, cpus_per_task=1,
                          slurm_additional_parameters={"dependency": f"afterany:{last}"} if last else {},
@@ -119,7 +126,22 @@ def _sbatch_spec(cfg, run_dir: str, stage: str, n_tasks: int, devices: int, afte
         ntasks=devices if lc.srun_workers else 1,
         extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
         python=sys.executable,
-        task_argv=("-m", "slurm_router.job", "--run-dir", run_dir, "--stage", stage))
+        task_argv=("-m", "slurm_router.job", "--run-dir", run_dir, "--stage", stage)
+        + (("--pack", str(tasks_per_pack(cfg))) if tasks_per_pack(cfg) > 1 else ()))
+
+
+def tasks_per_pack(cfg) -> int:
+    """Tasks per array task under Slurm (resources.tasks_per_gpu); checked by check_packing."""
+    return max(1, int(cfg.resources.tasks_per_gpu))
+
+
+def check_packing(cfg) -> None:
+    if cfg.resources.tasks_per_gpu == 0:
+        raise UserError("resources.tasks_per_gpu=0 (pack by predicted memory) works with launcher=local only: "
+                        "the GPU's memory is unknown at submit time; set resources.tasks_per_gpu=N")
+    if cfg.resources.tasks_per_gpu > 1 and cfg.launcher.srun_workers:
+        raise UserError("resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
+                        "a packed array task runs its tasks side by side on the same GPUs")
 
 
 def check_sbatch(cfg) -> None:
@@ -141,7 +163,8 @@ def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str
         if stage.cached:
             continue
         devices = max(t.devices for t in stage.tasks)
-        spec = _sbatch_spec(cfg, str(run_dir), stage.name, len(stage.tasks), devices, last)
+        per_pack = tasks_per_pack(cfg)
+        spec = _sbatch_spec(cfg, str(run_dir), stage.name, -(-len(stage.tasks) // per_pack), devices, last)
         name = "submit.sbatch" if stage is stages[-1] else f"submit-{stage.name}.sbatch"
         try:
             script = write_sbatch(spec, run_dir / name)
@@ -155,8 +178,9 @@ def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str
         except RuntimeError as e:
             raise _sbatch_error(e) from None
         job_ids.append(last)
-        _record(manifest, stage, last, [(f"{last}_{t.index}", f"{run_dir}/logs/{last}_{t.index}.out",
-                                         f"{run_dir}/logs/{last}_{t.index}.err") for t in stage.tasks])
+        arrays = [t.index // per_pack for t in stage.tasks]
+        _record(manifest, stage, last, [(f"{last}_{a}", f"{run_dir}/logs/{last}_{a}.out",
+                                         f"{run_dir}/logs/{last}_{a}.err") for a in arrays])
     if job_ids:
         # argv, not a shell line: only --wrap is shell, and every word of it is shlex-quoted.
         logs = str(run_dir / "logs").replace("%", "%%")          # Slurm expands %j etc. in --output
@@ -174,7 +198,8 @@ def _record(manifest, stage: Stage, job_id: str, tasks_jobs: list[tuple[str, str
     """tasks_jobs: (task job id, stdout path, stderr path) per task of the stage, in order."""
     tasks = []
     for t, (task_job_id, out, err) in zip(stage.tasks, tasks_jobs):
-        tasks.append({"variant": t.name, "array_index": t.index, "job_id": task_job_id, "log_path": out,
+        array_index = int(task_job_id.split("_")[1]) if "_" in task_job_id else None   # packed: shared
+        tasks.append({"variant": t.name, "array_index": array_index, "job_id": task_job_id, "log_path": out,
                       "err_path": err})
         manifest.data["tasks"][t.name].update(state="submitted", job_id=task_job_id, log_path=out)
     array = any("_" in j for j, _, _ in tasks_jobs)
