@@ -271,12 +271,6 @@ def _attempt_now(spec) -> int:
     return current_attempt(spec.task_dir)
 
 
-def stage_task_file(run_dir: str, stage: str, index: int) -> str:
-    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-    names = next(s["tasks"] for s in manifest["stages"] if s["name"] == stage)
-    return str(Path(run_dir) / "tasks" / names[index] / "task.json")
-
-
 def write_report_job(run_dir: str) -> dict:
     """The last job of a Slurm run: the report, once every stage has ended (afterany)."""
     from slurm_router.analysis.report import write_report
@@ -294,12 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 75 stopped on a signal after a checkpoint (requeued under Slurm on USR2), 1 a worker
     failed, 2 unusable checkpoints or bad arguments."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 6 and argv[0] == "--run-dir" and argv[2] == "--stage" and argv[4] == "--pack":
+    if len(argv) in (4, 6) and argv[0] == "--run-dir" and argv[2] == "--stage" and argv[4:5] in ([], ["--pack"]):
         from slurm_router.launch.pack import pack_task_files, run_pack
-        return run_pack(pack_task_files(argv[1], argv[3], int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")),
-                                        int(argv[5])))
-    if len(argv) == 4 and argv[0] == "--run-dir" and argv[2] == "--stage":
-        task_file = stage_task_file(argv[1], argv[3], int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")))
+        per_pack = int(argv[5]) if len(argv) == 6 else 1
+        files = pack_task_files(argv[1], argv[3], int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")), per_pack)
+        if per_pack > 1:
+            return run_pack(files)
+        task_file = files[0]
     elif len(argv) == 1 and Path(argv[0]).is_file():
         task_file = argv[0]
     else:

@@ -14,9 +14,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from slurm_router.config import UserError
+from slurm_router.job import RESULT_FILE
 from slurm_router.plan import Stage, TaskSpec
-
-RESULT_FILE = "result.json"
 
 
 def _load_run(arg: str) -> tuple[Path, object, dict]:
