@@ -24,7 +24,10 @@ from slurm_router.analysis.load import Task
 
 WARMUP_FRACTION = 0.1
 # Dense bf16 peak FLOP/s from the vendors' data sheets (SXM parts); matched as substrings of the device name.
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets. Matched in this order against the device
+# name the worker records (torch.cuda.get_device_name), so the more specific names come first.
+PEAK_FLOPS = {"H200": 989e12, "H100 PCIE": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
+              "L40S": 362e12, "A10G": 70e12, "L4": 121e12, "V100": 125e12}
 GIB = 2**30
 
 
@@ -203,8 +206,8 @@ def memory(task: Task) -> dict:
 
 
 def device_peak(start: dict, peak_tflops: float | None = None) -> tuple[str | None, float | None, str]:
-    """(device name, peak FLOP/s, how it was found). The events name no GPU model unless the worker adds
-    `device_name` to its start row, so the model is otherwise inferred from the memory size, and says so."""
+    """(device name, peak FLOP/s, how it was found): from the `device_name` the worker records in its start
+    row; events written before that field existed get a model inferred from the memory size, and say so."""
     if peak_tflops:
         return "given", peak_tflops * 1e12, "--peak-tflops"
     name = start.get("device_name") or start.get("gpu_name")

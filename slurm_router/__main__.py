@@ -18,7 +18,8 @@ from slurm_router.config import UserError
 USAGE = """usage: python -m slurm_router [+experiment=NAME] [group=option ...] [key=value ...]
   groups: model data router launcher experiment (see conf/); e.g. +experiment=lora_ab router=round_robin
   values: train.steps=20 train.lr=1e-3 resources.devices_per_task=2 data=text_dir data.path=/my/texts
-  resume: resume=RUN_DIR continues that run's unfinished tasks from their checkpoints (no other arguments)"""
+  resume: resume=RUN_DIR continues that run's unfinished tasks from their checkpoints with the run's own
+          launcher (a Slurm run is submitted again); resume=RUN_DIR launcher=local continues them here"""
 
 
 def compose(overrides: list[str]):
@@ -88,9 +89,11 @@ def _tokenizer(cfg):
 def run(overrides: list[str]) -> int:
     resume = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "resume"]
     if resume:
-        if len(overrides) > 1:
-            raise UserError("resume=RUN_DIR takes no other arguments: the run continues with its own config.yaml")
-        return resume_run(resume[0].split("=", 1)[1])
+        others = [o for o in overrides if o not in resume]
+        if len(resume) > 1 or others not in ([], ["launcher=local"]):
+            raise UserError("resume=RUN_DIR takes no other arguments but launcher=local: the run continues with "
+                            "its own config.yaml")
+        return resume_run(resume[0].split("=", 1)[1], here=bool(others))
     cfg = compose(overrides)
     from slurm_router.config import validate
     variants = validate(cfg)
@@ -126,17 +129,33 @@ def run(overrides: list[str]) -> int:
     return run_local(stages, cfg, run_dir, manifest)
 
 
-def resume_run(arg: str) -> int:
-    """resume=RUN_DIR: the unfinished tasks of that run, here, each from its newest valid checkpoint."""
+def resume_run(arg: str, here: bool = False) -> int:
+    """resume=RUN_DIR: the unfinished tasks of that run, each from its newest valid checkpoint, with the run's
+    own launcher (a Slurm run is submitted again), or here with launcher=local."""
     if not arg:
         raise UserError("resume= needs a run directory: resume=runs/<experiment>/<timestamp>")
-    from slurm_router.resume import plan_resume
+    from slurm_router.resume import plan_resume, renew_timeout_budget
     from slurm_router.rundir import Manifest
     run_dir, cfg, _, stages = plan_resume(arg)
     manifest = Manifest.load(run_dir)
-    if cfg.get("launcher", {}).get("kind", "local") != "local":
-        print(f"resume: the run used launcher={cfg.launcher.kind}; its unfinished tasks continue here (local)")
-    manifest.set(state="running", resumed=manifest.data.get("resumed", 0) + 1)
+    kind = "local" if here else cfg.get("launcher", {}).get("kind", "local")
+    todo = [t for s in stages for t in s.tasks]
+    if not todo:
+        print(f"resume: every task of {run_dir} has completed; nothing to do\nrun_dir: {run_dir}")
+        return 0
+    if kind in ("slurm", "sbatch"):
+        from slurm_router.launch.slurm import check_slurm
+        from slurm_router.slurm_status import live_tasks
+        check_slurm()
+        live = live_tasks(manifest.data)
+        if live:
+            raise UserError(f"resume={arg}: {len(live)} task(s) of this run are still in Slurm "
+                            f"({', '.join(f'{t.variant} {t.job_id} {t.state}' for t in live[:3])}): wait for them "
+                            f"(python -m slurm_router.status {run_dir} --wait) or cancel them (--cancel) first")
+    renew_timeout_budget(todo)        # the user chose to go on: launcher.max_requeues counts afresh
+    manifest.set(state="running", resumed=manifest.data.get("resumed", 0) + 1, launcher=kind)
+    if kind in ("slurm", "sbatch"):
+        return submit_to_slurm(cfg, stages, run_dir, manifest)
     return run_local(stages, cfg, run_dir, manifest)
 
 

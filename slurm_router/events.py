@@ -9,7 +9,9 @@ Every row carries the identity fields (run_id, task, variant, stage, attempt, de
            (global token-weighted), n_tokens, n_samples, t_step_s, lr, busy_s (this device),
            busy_s_all (every device), planned_cost (every device), speed (router's estimate, every device)
   eval     held-out loss: step, val_loss, val_tokens, batch_loss_sums, batch_tokens (per eval batch)
-  start / end / checkpoint_saved / checkpoint_loaded / requeue: task-level rows (end has exit_state)
+  start    world, device_type, device_name (the GPU model, for MFU), n_params, n_trainable_params,
+           mem_total_bytes, mem_budget_bytes, pid, cuda_visible_devices, resume_from
+  end / checkpoint_saved / checkpoint_loaded / requeue: task-level rows (end has exit_state)
 A crash leaves at most one partial last line, which readers skip. Units are in the names (_s, _bytes).
 """
 from __future__ import annotations

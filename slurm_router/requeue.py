@@ -45,6 +45,15 @@ def next_attempt(task_dir: Path) -> int:
     return attempt
 
 
+def reset_timeouts(task_dir: Path) -> None:
+    """Start launcher.max_requeues over (resume=): earlier time-limit hits no longer count."""
+    data = _load(task_dir)
+    if data.get("timeouts"):
+        data["timeouts_before_resume"] = int(data.get("timeouts_before_resume", 0)) + int(data["timeouts"])
+        data["timeouts"] = 0
+        _save(task_dir, data)
+
+
 def repair_torn_tail(path: Path) -> None:
     """Drop a torn last line (a worker killed mid-write). Readers skip it only while it is the last line: a new
     attempt appending after it would leave garbage mid-file."""

@@ -1,7 +1,9 @@
-"""resume=RUN_DIR: continue the unfinished tasks of a run, here (the local launcher), each from its newest
-valid checkpoint. Completed tasks are skipped; a base stage finished by another run is taken from the cache.
+"""resume=RUN_DIR: continue the unfinished tasks of a run, each from its newest valid checkpoint, with the
+launcher the run used (a Slurm run's unfinished tasks are submitted again, into the same run dir), or here
+with launcher=local. Completed tasks are skipped; a base stage finished by another run is taken from the cache.
 
     python -m slurm_router resume=runs/lora_ab/2024-01-01_12-00-00
+    python -m slurm_router resume=runs/lora_ab/2024-01-01_12-00-00 launcher=local
 """
 from __future__ import annotations
 
@@ -78,3 +80,11 @@ def plan_resume(arg: str) -> tuple[Path, object, dict, list[Stage]]:
         stages.append(Stage(s["name"], todo, cached=not todo, depends_on=list(s.get("depends_on", []))))
     print(f"resume {run_dir}: {', '.join(notes)}")
     return run_dir, cfg, manifest, stages
+
+
+def renew_timeout_budget(specs: list[TaskSpec]) -> None:
+    """A resume is the user's decision to go on: each task gets launcher.max_requeues time-limit requeues
+    afresh (its attempt count and requeue history stay)."""
+    from slurm_router.requeue import reset_timeouts
+    for spec in specs:
+        reset_timeouts(spec.task_dir)

@@ -34,6 +34,7 @@ LOCAL_STATES = {"pending": "PENDING", "running": "RUNNING", "completed": "COMPLE
                 "cached": "CACHED", "failed": "FAILED", "interrupted": "CANCELLED", "cancelled": "CANCELLED",
                 "oom": "OUT_OF_MEMORY", "timeout": "TIMEOUT"}
 TAIL_LINES = 20
+UNKNOWN_GRACE_S = 600.0     # a wait gives up on a task Slurm has had no record of for this long
 
 SQUEUE_FIELDS = ("JobArrayID", "State", "TimeUsed", "RestartCnt", "NodeList", "Reason")
 # 22.05's sacct has no Restarts field: requeues are counted from the REQUEUED rows that -D shows.
@@ -182,11 +183,16 @@ def task_job_id(job: dict, task: dict) -> str:
 
 def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, SlurmRow]) -> list[TaskStatus]:
     """One TaskStatus per submitted task (squeue decides the state when it has the task; sacct adds history),
-    plus the manifest's cached tasks, which were never submitted."""
+    plus the manifest's cached tasks, which were never submitted. A task submitted again (resume=) is the
+    job that submitted it last."""
     out = [t for t in local_status(manifest) if t.state == "CACHED"]
-    for job in manifest.get("jobs", []):
+    jobs = manifest.get("jobs", [])
+    latest = {str(task.get("variant")): id(task) for job in jobs for task in job.get("tasks", [])}
+    for job in jobs:
         tasks = job.get("tasks", [])
         for task in tasks:
+            if latest[str(task.get("variant"))] != id(task):
+                continue
             key = task_job_id(job, task)
             live, hist = squeue.get(key), sacct.get(key)
             if len(tasks) == 1 and not (live or hist):
@@ -293,10 +299,39 @@ def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskSta
                 ["sacct", "-X", "-D", "-n", "--parsable2", "-j", ids, "--format=" + ",".join(SACCT_FIELDS)]
             )
         tasks = merge_status(manifest, parse_squeue(squeue_text), parse_sacct(sacct_text))
+        for t in tasks:
+            if t.state == "UNKNOWN":
+                _state_from_run_dir(manifest, t)
     for t in tasks:
         if t.state in FAILED_STATES:
             t.out_tail, t.err_tail = tail(t.log_path), tail(t.err_path)
     return tasks
+
+
+def _state_from_run_dir(manifest: dict, t: TaskStatus) -> None:
+    """Slurm knows nothing of the task (purged from squeue after MinJobAge, and no accounting): its own files
+    still tell how it ended, if it did: result.json, or the `end` row of its events."""
+    task_dir = ((manifest.get("tasks") or {}).get(t.variant) or {}).get("task_dir")
+    if not task_dir:
+        return
+    if (Path(task_dir) / "result.json").is_file():
+        t.state, t.reason = "COMPLETED", "from the run dir: Slurm has no record of the job"
+        return
+    for line in reversed(tail(str(Path(task_dir) / "events-rank0.jsonl"), 5)):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("event") == "end" and row.get("exit_state") == "failed":
+            t.state, t.reason = "FAILED", "from the run dir: Slurm has no record of the job"
+        return
+
+
+def live_tasks(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
+    """Tasks of a Slurm run that Slurm still holds (pending, running, requeued, suspended...)."""
+    if manifest.get("launcher") == "local" or not job_ids(manifest):
+        return []
+    return [t for t in collect_status(manifest, runner) if not t.terminal and t.state != "UNKNOWN"]
 
 
 def cancel_run(manifest: dict, runner: Runner = run_command) -> list[str]:
@@ -313,14 +348,28 @@ def wait_for_run(
     poll_s: float = 5.0,
     timeout_s: float | None = None,
     on_poll: Callable[[list[TaskStatus]], None] | None = None,
+    unknown_grace_s: float = UNKNOWN_GRACE_S,
 ) -> list[TaskStatus]:
-    """Poll until every task is terminal (or timeout_s passes); returns the last statuses."""
+    """Poll until every task is terminal (or timeout_s passes); returns the last statuses. A task Slurm has
+    had no record of for unknown_grace_s (and whose run dir says nothing) counts as ended, as UNKNOWN: a
+    wait must not outlive a job that squeue has forgotten on a cluster without accounting."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    unknown_since: dict[str, float] = {}
     while True:
         tasks = collect_status(manifest, runner)
+        now = time.monotonic()
+        for t in tasks:
+            if t.state == "UNKNOWN":
+                unknown_since.setdefault(t.job_id, now)
+            else:
+                unknown_since.pop(t.job_id, None)
         if on_poll:
             on_poll(tasks)
-        if all(t.terminal for t in tasks) or (deadline is not None and time.monotonic() >= deadline):
+        lost = {j for j, since in unknown_since.items() if now - since >= unknown_grace_s}
+        if all(t.terminal or t.job_id in lost for t in tasks) or (deadline is not None and now >= deadline):
+            for t in tasks:
+                if t.job_id in lost:
+                    t.reason = f"no record in squeue, sacct or the run dir for {unknown_grace_s:.0f} s"
             return tasks
         time.sleep(poll_s)
 
@@ -339,7 +388,7 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
     header = f"run {manifest.get('run_id', '?')} ({manifest.get('experiment', '?')}, launcher={manifest.get('launcher', '?')}): {_summary(tasks)}"
     columns = ("stage", "variant", "job", "state", "elapsed", "requeues", "exit", "node", "log")
     rows = [
-        (t.stage, t.variant, t.job_id, t.state + (f" ({t.reason})" if t.reason and not t.terminal else ""),
+        (t.stage, t.variant, t.job_id, t.state + (f" ({t.reason})" if t.reason else ""),
          format_duration(t.elapsed_s), str(t.requeues), t.exit_code or "-", t.node or "-", t.log_path or "-")
         for t in tasks
     ]

@@ -69,6 +69,14 @@ class Context:
     device: torch.device
 
 
+def _device_name(device: torch.device) -> str:
+    """The GPU model (for MFU in the report), or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def _setup(spec: TaskSpec, rank: int, world: int, master: str) -> Context:
     cfg = OmegaConf.create(spec.config)
     if torch.cuda.is_available():
@@ -265,7 +273,8 @@ def train(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None
                  n_trainable_params=n_trainable, global_batch_size=spec.global_batch_size, lr=spec.lr,
                  n_train_samples=len(corpus.train), n_val_samples=len(corpus.val), mem_total_bytes=telemetry.total_bytes(),
                  mem_budget_bytes=[d.mem_budget_bytes for d in router.device_states()], torch=torch.__version__, pid=os.getpid(),
-                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), resume_from=resume)
+                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), resume_from=resume,
+                 device_name=_device_name(ctx.device))
     ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
     first_step, train_losses = 0, []
     if resume:

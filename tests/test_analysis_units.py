@@ -120,5 +120,7 @@ def test_mfu_uses_6n_for_full_training_4n_plus_2n_trainable_for_lora_and_names_t
     t.start.update(n_trainable_params=1e6, device_name="NVIDIA A100-SXM4-80GB")
     lora = mfu(t, tokens_per_s=100_000)
     assert lora["mfu"] == pytest.approx(100_000 * (4 * 100e6 + 2 * 1e6) / (2 * 312e12)) and "LoRA" in lora["text"]
+    t.start.update(n_trainable_params=100e6, device_name="NVIDIA H100 PCIe")     # not the SXM part's peak
+    assert mfu(t, tokens_per_s=100_000)["mfu"] == pytest.approx(100_000 * 6 * 100e6 / (2 * 756e12))
     t.start.update(device_type="cpu")
     assert mfu(t, tokens_per_s=100_000)["text"] == "n/a (CPU)"

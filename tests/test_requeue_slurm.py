@@ -162,3 +162,44 @@ def test_submitit_usr2_checkpoints_and_requeues(tmp_path, base_cache):
     _assert_resumed_exactly(run_dir, "r8", "preempted")
     saved = [r for r in _rows(run_dir, "r8") if r["event"] == "checkpoint_saved" and r["reason"] == "signal"]
     assert saved and saved[0]["attempt"] == 0
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "sbatch"])
+def test_resume_resubmits_only_the_unfinished_task(tmp_path, base_cache, launcher):
+    """A cancelled task (no requeue: an operator's scancel) is submitted again by resume=RUN_DIR, alone, into
+    the same run dir; it continues from its checkpoint and ends with the uninterrupted copy's losses. While the
+    run's jobs are still in Slurm, resume refuses (one line, exit 2) rather than run a task twice."""
+    run_dir = _submit(tmp_path, base_cache, f"launcher={launcher}")
+    jobs = _task_jobs(run_dir)
+    early = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
+    assert early.returncode == 2 and "still in Slurm" in early.stderr, early.stdout + early.stderr
+    assert len(early.stderr.strip().splitlines()) == 1, early.stderr
+
+    _wait(lambda: _at_step(run_dir, "r32", 3), [], "r32 at step 3")
+    subprocess.run(["scancel", jobs["r32"]], check=True)
+    _wait(lambda: _sacct_state(jobs["r32"]).startswith("CANCELLED") and _sacct_state(jobs["r8"]) == "COMPLETED",
+          [], "r32 cancelled and r8 completed")
+    assert not (run_dir / "tasks" / "r32" / "result.json").exists()
+
+    proc = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "r8 completed" in proc.stdout and "r32 from step" in proc.stdout, proc.stdout
+    assert run_dir_of(proc) == run_dir
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    again = manifest["jobs"][-1]
+    assert [t["variant"] for t in again["tasks"]] == ["r32"] and manifest["resumed"] == 1
+    if launcher == "sbatch":                # only r32's array index, so the index still names the same task
+        assert "#SBATCH --array=1\n" in (run_dir / "submit-resume1.sbatch").read_text()
+        assert again["tasks"][0]["job_id"] == f"{again['job_id']}_1"
+
+    status = run_cli(str(run_dir), "--wait", "--poll-s", "1", "--json", module="slurm_router.status", timeout=TIMEOUT_S)
+    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
+    states = {t["variant"]: (t["job_id"], t["state"]) for t in json.loads(status.stdout)["tasks"]}
+    assert states == {"r8": (jobs["r8"], "COMPLETED"), "r32": (again["tasks"][0]["job_id"], "COMPLETED")}
+    assert json.loads((run_dir / "tasks" / "r8" / "attempts.json").read_text())["attempts"] == 1, "r8 ran again"
+    loaded = [r for r in _rows(run_dir, "r32") if r["event"] == "checkpoint_loaded"]
+    assert loaded and loaded[-1]["attempt"] >= 1, "the resubmitted task did not continue from its checkpoint"
+    assert _losses(run_dir, "r32") == _losses(run_dir, "r8"), "resumed losses differ from the uninterrupted run"
+    summary = run_dir / "report" / "summary.json"
+    _wait(lambda: summary.is_file() and json.loads(summary.read_text())["variants"].get("r32", {}).get("val_loss"),
+          [], "the resubmitted report job", timeout=120)

@@ -78,6 +78,11 @@ def test_directives_minimal_and_srun_mode():
     assert not any("gpu" in line for line in sbatch_directives(cpu))
 
 
+def test_array_indices_for_a_resume():
+    spec = SbatchSpec(job_name="j", run_dir="/r", array_size=4, array_parallelism=2, array_indices=(3, 1))
+    assert "#SBATCH --array=1,3%2" in sbatch_directives(spec)
+
+
 def test_percent_in_run_dir_is_literal_for_slurm():
     spec = SbatchSpec(job_name="j", run_dir="/r/100%done", array_size=1)
     assert "#SBATCH --output=/r/100%%done/logs/%A_%a.out" in sbatch_directives(spec)
@@ -97,6 +102,8 @@ def test_percent_in_run_dir_is_literal_for_slurm():
         ({"timeout_min": 0}, "timeout_min"),
         ({"mem_gb": -1.0}, "mem_gb"),
         ({"array_parallelism": 0}, "array_parallelism"),
+        ({"array_indices": (1,)}, "array_indices"),
+        ({"array_indices": ()}, "array_indices"),
         ({"dependency_job_id": "1; rm -rf /"}, "dependency_job_id"),
         ({"extra_sbatch": (("wrap --x", "y"),)}, "extra_sbatch"),
         ({"env": (("BAD-NAME", "x"),)}, "env name"),

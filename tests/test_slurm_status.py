@@ -166,6 +166,41 @@ def test_wait_polls_until_terminal():
     assert len(polls) == 3 and [t.state for t in tasks] == ["COMPLETED", "OUT_OF_MEMORY"]
 
 
+def test_resubmitted_task_is_the_latest_job():
+    """resume= submits unfinished tasks again: each task is the job that submitted it last, and appears once."""
+    manifest = manifest_for("15", 2)
+    manifest["jobs"].append({"stage": "variants", "job_id": "20", "array": True,
+                             "tasks": [{"variant": "v1", "array_index": 1, "job_id": "20_1"}]})
+    squeue = st.parse_squeue("20_1|RUNNING|0:05|0|vm|None|\n")
+    sacct = st.parse_sacct("15_0|15_0|COMPLETED|0:0|00:00:09|vm|t|t\n15_1|15_1|TIMEOUT|0:0|00:10:00|vm|t|t\n")
+    tasks = st.merge_status(manifest, squeue, sacct)
+    assert [(t.variant, t.job_id, t.state) for t in tasks] == [("v0", "15_0", "COMPLETED"), ("v1", "20_1", "RUNNING")]
+    assert [t.variant for t in st.live_tasks(manifest, lambda argv: "20_1|RUNNING|0:05|0|vm|None|\n"
+                                             if argv[0] == "squeue" else "")] == ["v1"]
+
+
+def test_forgotten_job_state_comes_from_the_run_dir(tmp_path):
+    """No squeue row (aged out) and no accounting: the task's own files say how it ended."""
+    manifest = manifest_for("15", 3, tmp_path)
+    for i in range(3):
+        (tmp_path / f"v{i}").mkdir()
+        manifest["tasks"][f"v{i}"] = {"task_dir": str(tmp_path / f"v{i}")}
+    (tmp_path / "v0" / "result.json").write_text("{}")
+    (tmp_path / "v1" / "events-rank0.jsonl").write_text(json.dumps({"event": "end", "exit_state": "failed"}) + "\n")
+    tasks = st.collect_status(manifest, runner=lambda argv: "")
+    assert [t.state for t in tasks] == ["COMPLETED", "FAILED", "UNKNOWN"]
+    assert "run dir" in tasks[0].reason
+
+
+def test_wait_gives_up_on_a_task_slurm_has_forgotten():
+    """A wait ends once a task has had no record anywhere for the grace period, instead of polling forever."""
+    outputs = iter(["15_0|RUNNING|0:01|0|vm|None|\n"] + ["15_0|COMPLETED|0:02|0|vm|None|\n"] * 100)
+    tasks = st.wait_for_run(manifest_for("15", 2), lambda argv: next(outputs) if argv[0] == "squeue" else "",
+                            poll_s=0.01, unknown_grace_s=0.05)
+    assert [t.state for t in tasks] == ["COMPLETED", "UNKNOWN"]
+    assert "no record" in tasks[1].reason
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "slurm_router.status", *args], capture_output=True, text=True,
                           cwd=Path(__file__).parents[1])

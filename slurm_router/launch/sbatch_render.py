@@ -44,6 +44,7 @@ class SbatchSpec:
     run_dir: str  # absolute; logs go to run_dir/logs/%A_%a.{out,err}
     array_size: int
     array_parallelism: int | None = None  # at most this many tasks at once (%P); None: no cap
+    array_indices: tuple[int, ...] | None = None  # only these of 0..array_size-1 (resume=); None: all
     gpus_per_task: int = 1
     cpus_per_task: int = 1
     mem_gb: float | None = None  # per node; None: the partition default
@@ -109,6 +110,10 @@ def _validate(spec: SbatchSpec) -> None:
         not isinstance(spec.array_parallelism, int) or spec.array_parallelism < 1
     ):
         raise ValueError(f"array_parallelism={spec.array_parallelism!r} must be an integer >= 1 or None")
+    if spec.array_indices is not None and (not spec.array_indices or any(
+        not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < spec.array_size for i in spec.array_indices
+    )):
+        raise ValueError(f"array_indices={spec.array_indices!r} must be integers in 0..{spec.array_size - 1}")
     if spec.mem_gb is not None and not (isinstance(spec.mem_gb, (int, float)) and spec.mem_gb > 0):
         raise ValueError(f"mem_gb={spec.mem_gb!r} must be a number > 0 or None")
     for name in ("partition", "account", "qos", "constraint"):
@@ -137,6 +142,8 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
     _validate(spec)
     logs = _slurm_filename(str(Path(spec.run_dir) / "logs"))
     array = f"0-{spec.array_size - 1}"
+    if spec.array_indices is not None:
+        array = ",".join(str(i) for i in sorted(set(spec.array_indices)))
     if spec.array_parallelism is not None:
         array += f"%{spec.array_parallelism}"
     lines = [_directive("job-name", spec.job_name), _directive("array", array)]

@@ -103,7 +103,7 @@ def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[s
             raise _sbatch_error(failure, err["text"]) from None
         last = jobs[0].job_id.split("_")[0]      # submitit submits a 1-task stage as a plain job, not an array
         job_ids.append(last)
-        packs = [jobs[t.index // per_pack] for t in stage.tasks]
+        packs = [jobs[i // per_pack] for i in range(len(stage.tasks))]
         _record(manifest, stage, last, [(j.job_id, str(j.paths.stdout), str(j.paths.stderr)) for j in packs])
     ex = submitit.AutoExecutor(folder=run_dir / "logs" / "%j", cluster="slurm")
     ex.update_parameters(name=f"{cfg.experiment}-report", timeout_min=30, cpus_per_task=1,
@@ -114,12 +114,13 @@ def submit_submitit(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[s
     return job_ids
 
 
-def _sbatch_spec(cfg, run_dir: str, stage: str, n_tasks: int, devices: int, after: str | None):
+def _sbatch_spec(cfg, run_dir: str, stage: str, n_tasks: int, devices: int, after: str | None,
+                 indices: tuple[int, ...] | None = None):
     from slurm_router.launch.sbatch_render import SbatchSpec, safe_job_name
     lc = cfg.launcher
     return SbatchSpec(
         job_name=safe_job_name(f"{cfg.experiment}-{stage}"), run_dir=run_dir,
-        array_size=n_tasks, array_parallelism=lc.array_parallelism,
+        array_size=n_tasks, array_parallelism=lc.array_parallelism, array_indices=indices,
         gpus_per_task=1 if lc.srun_workers else devices, cpus_per_task=lc.cpus_per_task, mem_gb=lc.mem_gb,
         timeout_min=lc.timeout_min, partition=lc.partition, account=lc.account, qos=lc.qos,
         constraint=lc.constraint, signal_delay_s=lc.signal_delay_s, requeue=True, dependency_job_id=after,
@@ -155,17 +156,23 @@ def check_sbatch(cfg) -> None:
 
 
 def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str]:
-    """Render RUN_DIR/submit.sbatch (submit-<stage>.sbatch for earlier stages) and sbatch them in order."""
+    """Render RUN_DIR/submit.sbatch (submit-<stage>.sbatch for earlier stages) and sbatch them in order.
+    A resumed run (stages holding only unfinished tasks) submits just their array indices, to
+    submit[-<stage>]-resume<N>.sbatch: an array index always means the same task (pack_task_files)."""
     from slurm_router.launch.sbatch_render import safe_job_name, submit_sbatch as sbatch, write_sbatch
     lc = cfg.launcher
     job_ids, last = [], None
+    suffix = f"-resume{manifest.data['resumed']}" if manifest.data.get("resumed") else ""
     for stage in stages:
         if stage.cached:
             continue
         devices = max(t.devices for t in stage.tasks)
         per_pack = tasks_per_pack(cfg)
-        spec = _sbatch_spec(cfg, str(run_dir), stage.name, -(-len(stage.tasks) // per_pack), devices, last)
-        name = "submit.sbatch" if stage is stages[-1] else f"submit-{stage.name}.sbatch"
+        n_arrays = -(-len(_stage_task_names(manifest, stage.name)) // per_pack)
+        indices = tuple(sorted({t.index // per_pack for t in stage.tasks}))
+        spec = _sbatch_spec(cfg, str(run_dir), stage.name, n_arrays, devices, last,
+                            indices if len(indices) < n_arrays else None)
+        name = f"submit{suffix}.sbatch" if stage is stages[-1] else f"submit-{stage.name}{suffix}.sbatch"
         try:
             script = write_sbatch(spec, run_dir / name)
         except ValueError as e:
@@ -192,6 +199,10 @@ def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str
         if report.returncode == 0:
             manifest.set(report_job_id=report.stdout.strip().split(";")[0])
     return job_ids
+
+
+def _stage_task_names(manifest, stage: str) -> list[str]:
+    return next(s["tasks"] for s in manifest.data["stages"] if s["name"] == stage)
 
 
 def _record(manifest, stage: Stage, job_id: str, tasks_jobs: list[tuple[str, str, str]]) -> None:
