@@ -216,3 +216,24 @@ def test_same_plan_in_other_processes():
                            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout
             for seed in (1, 2, 3)}
     assert len(outs) == 1 and "MicroBatch" in outs.pop()
+
+
+def test_fast_microbatch_builder_matches_the_plain_one():
+    """The plan's hot loop (build_microbatches) builds exactly what build_microbatch builds."""
+    from slurm_router.router.packing import build_microbatch, build_microbatches, sample_costs
+    rng = random.Random(3)
+    lengths = lognormal_lengths(200, seed=5)
+    costs = sample_costs(lengths, RouterSettings(cost="tokens_attention"))
+    ids = [1000 + i for i in range(200)]
+    order = sorted(range(200), key=lambda p: -lengths[p])
+    groups, i = [], 0
+    while i < len(order):
+        k = rng.choice([1, 1, 2, 3, 7])
+        groups.append(order[i:i + k])
+        i += k
+    mm = MemoryModel(10**8, 10**5, 10.0)
+    for model in (mm, None):
+        fast = build_microbatches(groups, ids, lengths, costs, model)
+        assert fast == tuple(build_microbatch(g, ids, lengths, costs, model) for g in groups)
+        assert all(type(mb).__name__ == "MicroBatch" and mb.max_len == max(lengths[p] for p in g)
+                   for mb, g in zip(fast, groups))

@@ -5,6 +5,7 @@ MicroBatch is built. Positions keep every tie-break well defined even if a calle
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 from .memory_model import MemoryModel
@@ -35,6 +36,30 @@ def build_microbatch(positions: list[int], sample_ids: Sequence[int], lengths: S
     mem = memory_model.predict(padded, n, max_len) if memory_model is not None else None
     return MicroBatch(tuple(map(sample_ids.__getitem__, positions)), sum(map(lengths.__getitem__, positions)),
                       padded, sum(map(costs.__getitem__, positions)), mem)
+
+
+def build_microbatches(groups: list[list[int]], sample_ids: Sequence[int], lengths: Sequence[int],
+                       costs: Sequence[float], memory_model: MemoryModel | None) -> tuple[MicroBatch, ...]:
+    """build_microbatch over groups that each come longest first (pack_by_length's), with the memory model's
+    coefficients read once: a big plan's hot loop builds hundreds of micro-batches. Same values as
+    build_microbatch (tests check); tuple.__new__ skips NamedTuple's Python-level __new__."""
+    if memory_model is None:
+        return tuple([build_microbatch(g, sample_ids, lengths, costs, None) for g in groups])
+    (f, a, b), scale, ceil = memory_model.coef, memory_model.scale, math.ceil
+    new, mb_type, out = tuple.__new__, MicroBatch, []
+    for g in groups:
+        p = g[0]
+        max_len = lengths[p]
+        if len(g) == 1:
+            out.append(new(mb_type, ((sample_ids[p],), max_len, max_len, costs[p],
+                                     ceil(scale * (f + a * max_len + b * max_len * max_len)))))
+            continue
+        n = len(g)
+        g = sorted(g)
+        padded = max_len * n
+        out.append(new(mb_type, (tuple([sample_ids[q] for q in g]), sum([lengths[q] for q in g]), padded,
+                                 sum([costs[q] for q in g]), ceil(scale * (f + a * padded + b * n * max_len * max_len)))))
+    return tuple(out)
 
 
 def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_model: MemoryModel | None):
@@ -103,7 +128,7 @@ def pack_by_length(positions: Sequence[int], sample_ids: Sequence[int], lengths:
             if group_cap < 1:
                 oversize.append(p)
                 group_cap = 1   # alone, never dropped
-    return tuple([build_microbatch(g, sample_ids, lengths, costs, memory_model) for g in groups])
+    return build_microbatches(groups, sample_ids, lengths, costs, memory_model)
 
 
 def pack_in_order(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int],

