@@ -237,3 +237,24 @@ def test_fast_microbatch_builder_matches_the_plain_one():
         assert fast == tuple(build_microbatch(g, ids, lengths, costs, model) for g in groups)
         assert all(type(mb).__name__ == "MicroBatch" and mb.max_len == max(lengths[p] for p in g)
                    for mb, g in zip(fast, groups))
+
+
+def test_integer_lpt_is_the_same_lpt():
+    """Whole-number costs take a faster heap; the assignment (ties included) must not change."""
+    from slurm_router.router import partition as part
+    rng = random.Random(11)
+    for n_dev in (1, 3, 8, 64):
+        costs = [float(rng.choice([8, 64, 64, 100, 512])) for _ in range(300)]
+        order = sorted(range(300), key=costs.__getitem__, reverse=True)
+        start = [float(rng.randrange(0, 50)) for _ in range(n_dev)]
+        fast_loads, fast_bins = list(start), [[] for _ in range(n_dev)]
+        part._lpt_integer(order, costs, fast_loads, fast_bins)
+        h = [(start[d], d) for d in range(n_dev)]
+        slow_loads, slow_bins = list(start), [[] for _ in range(n_dev)]
+        for p in order:                         # the textbook tuple-heap LPT
+            d = min(h)[1]
+            h.remove(min(h))
+            slow_loads[d] += costs[p]
+            slow_bins[d].append(p)
+            h.append((slow_loads[d], d))
+        assert fast_bins == slow_bins and fast_loads == slow_loads

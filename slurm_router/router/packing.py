@@ -6,6 +6,7 @@ MicroBatch is built. Positions keep every tie-break well defined even if a calle
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Mapping, Sequence
 
 from .memory_model import MemoryModel
@@ -55,10 +56,10 @@ def build_microbatches(groups: list[list[int]], sample_ids: Sequence[int], lengt
                                      ceil(scale * (f + a * max_len + b * max_len * max_len)))))
             continue
         n = len(g)
-        g = sorted(g)
+        get = itemgetter(*sorted(g))          # n >= 2: a getter returns a tuple, in C
         padded = max_len * n
-        out.append(new(mb_type, (tuple([sample_ids[q] for q in g]), sum([lengths[q] for q in g]), padded,
-                                 sum([costs[q] for q in g]), ceil(scale * (f + a * padded + b * n * max_len * max_len)))))
+        out.append(new(mb_type, (get(sample_ids), sum(get(lengths)), padded, sum(get(costs)),
+                                 ceil(scale * (f + a * padded + b * n * max_len * max_len)))))
     return tuple(out)
 
 
