@@ -3,11 +3,13 @@ slurm_router job on one device, then (c) the job with its speed switches on; and
 
     python benchmarks/throughput.py                 # GPU if present (GPT-2-small shape), else CPU (small shape)
     python benchmarks/throughput.py --quick         # fewer steps (smoke)
+    python benchmarks/throughput.py --repeats 5     # each configuration 5 times, interleaved (default 3)
 
 Writes benchmarks/results/throughput-<device>.md and .json. Tokens/s leave the warm-up steps out (the job's
 report drops the first 10% of steps; the bare loop times only the steps after WARMUP). MFU uses 4N FLOPs per
 token for LoRA (forward 2N + backward through activations 2N; frozen weights get no weight gradient) over
-the device's dense bf16 peak.
+the device's dense bf16 peak. The configurations run interleaved (a b c d, a b c d, ...) so that a noisy
+machine slows them alike; the table gives the median over the repeats and the range beside it.
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}     # dense bf16
 
 
 def shapes(device: str) -> dict:
@@ -91,9 +92,18 @@ def job(s: dict, tmp: Path, extra: list[str]) -> dict:
     return {"tokens_per_s": v["tokens_per_s"], "peak_mem_bytes": max(p for p in peaks if p) if any(peaks) else None}
 
 
+def _median_row(runs: list[dict]) -> dict:
+    speeds = sorted(r["tokens_per_s"] for r in runs)
+    mid = speeds[len(speeds) // 2] if len(speeds) % 2 else (speeds[len(speeds) // 2 - 1] + speeds[len(speeds) // 2]) / 2
+    peaks = [r["peak_mem_bytes"] for r in runs if r.get("peak_mem_bytes")]
+    return {**runs[0], "tokens_per_s": mid, "tokens_per_s_min": speeds[0], "tokens_per_s_max": speeds[-1],
+            "tokens_per_s_runs": [r["tokens_per_s"] for r in runs], "peak_mem_bytes": max(peaks) if peaks else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, interleaved")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     s = shapes(device)
@@ -102,29 +112,38 @@ def main() -> None:
     if device == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
-    peak = next((v for k, v in PEAK_TFLOPS.items() if gpu and k in gpu), None)
+    from slurm_router.analysis.metrics import device_peak
+    peak = device_peak({"device_name": gpu})[1] if gpu else None       # FLOP/s, dense bf16
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"throughput-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     chunk = "train.loss_chunk_tokens=4096"
-    rows = {"a: bare loop": bare_loop(s, device),
-            "b: slurm_router job (defaults)": job(s, tmp, []),
-            "c: job + chunked loss": job(s, tmp, [chunk]),
-            "d: job + chunked loss + compile": job(s, tmp, [chunk, "train.compile=true", "train.pad_to_multiple=64"])}
+    configs = {"a: bare loop": lambda: bare_loop(s, device),
+               "b: slurm_router job (defaults)": lambda: job(s, tmp, []),
+               "c: job + chunked loss": lambda: job(s, tmp, [chunk]),
+               "d: job + chunked loss + compile": lambda: job(s, tmp, [chunk, "train.compile=true",
+                                                                        "train.pad_to_multiple=64"])}
     if device == "cuda":
-        rows["e: bare loop + compile"] = bare_loop(s, device, compile_model=True)
+        configs["e: bare loop + compile"] = lambda: bare_loop(s, device, compile_model=True)
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    for _ in range(max(1, args.repeats)):
+        for name, run in configs.items():
+            runs[name].append(run())
+    rows = {name: _median_row(rs) for name, rs in runs.items()}
     base = rows["a: bare loop"]["tokens_per_s"]
     n_params = rows["a: bare loop"]["n_params"]
     lines = [f"# Throughput ({device}{': ' + gpu if gpu else ''})", "",
              f"Date {datetime.date.today()}, {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
              f"python {platform.python_version()}. Model: GPT-2 shape n_layer={s['n_layer']} n_embd={s['n_embd']} "
              f"vocab={s['vocab']} ({n_params / 1e6:.1f}M params), LoRA r16 on c_attn and c_proj, batch "
-             f"{s['batch']} x {s['seq']} tokens, {s['steps']} timed steps after {s['warmup']} warm-up. "
-             "Command: `python benchmarks/throughput.py`.", "",
+             f"{s['batch']} x {s['seq']} tokens, {s['steps']} timed steps after {s['warmup']} warm-up; "
+             f"{args.repeats} interleaved runs of each, median (min-max). "
+             f"Command: `python benchmarks/throughput.py --repeats {args.repeats}`.", "",
              "| run | tokens/s | ratio to bare loop | MFU (4N/token) | peak memory GiB |", "|---|---:|---:|---:|---:|"]
     for name, r in rows.items():
-        mfu = f"{100 * r['tokens_per_s'] * 4 * n_params / (peak * 1e12):.1f}%" if peak else "n/a"
+        mfu = f"{100 * r['tokens_per_s'] * 4 * n_params / peak:.1f}%" if peak else "n/a"
         mem = f"{r['peak_mem_bytes'] / 2**30:.1f}" if r.get("peak_mem_bytes") and device == "cuda" else "n/a"
-        lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f} | {mfu} | {mem} |")
+        spread = f"{r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f}"
+        lines.append(f"| {name} | {r['tokens_per_s']:,.0f} ({spread}) | {r['tokens_per_s'] / base:.2f} | {mfu} | {mem} |")
     out = REPO / "benchmarks" / "results" / f"throughput-{device}"
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps({"device": device, "gpu": gpu, "shapes": s, "rows": rows}, indent=1))

@@ -145,8 +145,9 @@ def resume_run(arg: str, here: bool = False) -> int:
         return 0
     if kind in ("slurm", "sbatch"):
         from slurm_router.launch.slurm import check_slurm
-        from slurm_router.slurm_status import live_tasks
         check_slurm()
+    if manifest.data.get("launcher") in ("slurm", "sbatch"):     # never run a task twice at once
+        from slurm_router.slurm_status import live_tasks
         live = live_tasks(manifest.data)
         if live:
             raise UserError(f"resume={arg}: {len(live)} task(s) of this run are still in Slurm "

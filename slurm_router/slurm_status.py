@@ -57,17 +57,13 @@ class SlurmRow:
     reason: str | None = None
 
 
-@dataclass
-class TaskStatus:
+@dataclass(kw_only=True)
+class TaskStatus(SlurmRow):
+    """One task of a run: what Slurm (or the local launcher) says of it, plus where it sits in the run."""
+
     stage: str
     variant: str
     job_id: str  # the task's Slurm id: 123_4 for array task 4, 123 for a plain job
-    state: str
-    elapsed_s: int | None = None
-    requeues: int = 0
-    exit_code: str | None = None
-    node: str | None = None
-    reason: str | None = None
     log_path: str | None = None
     err_path: str | None = None
     out_tail: list[str] = field(default_factory=list)

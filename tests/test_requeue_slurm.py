@@ -169,12 +169,14 @@ def test_submitit_usr2_checkpoints_and_requeues(tmp_path, base_cache):
 def test_resume_resubmits_only_the_unfinished_task(tmp_path, base_cache, launcher):
     """A cancelled task (no requeue: an operator's scancel) is submitted again by resume=RUN_DIR, alone, into
     the same run dir; it continues from its checkpoint and ends with the uninterrupted copy's losses. While the
-    run's jobs are still in Slurm, resume refuses (one line, exit 2) rather than run a task twice."""
+    run's jobs are still in Slurm, resume refuses (one line, exit 2), here or on Slurm, rather than run a task
+    twice at once."""
     run_dir = _submit(tmp_path, base_cache, f"launcher={launcher}")
     jobs = _task_jobs(run_dir)
-    early = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
-    assert early.returncode == 2 and "still in Slurm" in early.stderr, early.stdout + early.stderr
-    assert len(early.stderr.strip().splitlines()) == 1, early.stderr
+    for here in ([], ["launcher=local"]):
+        early = run_cli(f"resume={run_dir}", *here, cwd=tmp_path, timeout=120)
+        assert early.returncode == 2 and "still in Slurm" in early.stderr, early.stdout + early.stderr
+        assert len(early.stderr.strip().splitlines()) == 1, early.stderr
 
     _wait(lambda: _at_step(run_dir, "r32", 3), [], "r32 at step 3")
     subprocess.run(["scancel", jobs["r32"]], check=True)
