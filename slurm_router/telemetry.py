@@ -18,16 +18,24 @@ class Telemetry:
             try:
                 import pynvml
                 pynvml.nvmlInit()
-                self._nvml = pynvml.nvmlDeviceGetHandleByIndex(self._physical_index(device.index or 0))
+                physical = self._physical_index(device.index or 0)
+                self._nvml = (pynvml.nvmlDeviceGetHandleByUUID(physical) if isinstance(physical, str)
+                              else pynvml.nvmlDeviceGetHandleByIndex(physical))
                 self._pynvml = pynvml
             except Exception:                   # telemetry is best effort: no NVML, still train
                 self._nvml = None
 
     @staticmethod
-    def _physical_index(local: int) -> int:
+    def _physical_index(local: int) -> int | str:
+        """NVML's index (or UUID: some clusters list GPU-... or MIG-... ids) of this process's cuda:local."""
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        ids = [v for v in visible.split(",") if v.strip()]
-        return int(ids[local]) if local < len(ids) and ids[local].strip().isdigit() else local
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if local < len(ids):
+            if ids[local].isdigit():
+                return int(ids[local])
+            if ids[local].startswith(("GPU-", "MIG-")):
+                return ids[local]
+        return local
 
     def reset_peak(self) -> None:
         if self.device.type == "cuda":

@@ -25,7 +25,7 @@ from slurm_router.plan import TaskSpec
 from slurm_router.router import MemoryModel, MicroBatch, Router, RouterSettings
 from slurm_router.telemetry import Telemetry
 from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, make_tokenizer
-from slurm_router.train.loss import token_loss_sum
+from slurm_router.train.loss import target_positions, token_loss_sum
 from slurm_router.train.model import build_model, compile_backbone, count_parameters, trainable_parameters
 from slurm_router.train.optim import lr_at, make_optimizer
 from slurm_router.train import state as train_state
@@ -103,7 +103,8 @@ def _autocast(ctx: Context):
 
 
 def _batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple: int = 1):
-    """Right-padded inputs and labels; labels are -100 at padding so only real next-token targets count."""
+    """Right-padded inputs and labels (-100 at padding so only real next-token targets count), the number of
+    real targets and their flat positions: everything the loss needs, built on the host."""
     seqs = [split.sample(i) for i in ids]
     width = -(-max(len(s) for s in seqs) // pad_to_multiple) * pad_to_multiple
     inputs = np.full((len(seqs), width), pad_id, dtype=np.int64)
@@ -111,10 +112,12 @@ def _batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multipl
     for r, s in enumerate(seqs):
         inputs[r, :len(s)] = s
         labels[r, :len(s)] = s
-    inputs_t, labels_t = torch.from_numpy(inputs), torch.from_numpy(labels)
+    n_targets, index = target_positions([len(s) for s in seqs], width)
+    tensors = [torch.from_numpy(inputs), torch.from_numpy(labels), index]
     if device.type == "cuda":      # pinned host memory: the copy overlaps with compute
-        inputs_t, labels_t = inputs_t.pin_memory(), labels_t.pin_memory()
-    return inputs_t.to(device, non_blocking=True), labels_t.to(device, non_blocking=True)
+        tensors = [t.pin_memory() for t in tensors]
+    inputs_t, labels_t, index_t = (t.to(device, non_blocking=True) for t in tensors)
+    return inputs_t, labels_t, n_targets, index_t
 
 
 class _Loader:
@@ -137,9 +140,9 @@ class _Loader:
         return future.result() if future is not None else self.build(ids)
 
 
-def _loss_sum(model, inputs, labels, ctx: Context) -> tuple[torch.Tensor, int]:
+def _loss_sum(model, inputs, labels, n_targets, target_index, ctx: Context) -> tuple[torch.Tensor, int]:
     with _autocast(ctx):
-        return token_loss_sum(model, inputs, labels, ctx.cfg.train.loss_chunk_tokens)
+        return token_loss_sum(model, inputs, labels, ctx.cfg.train.loss_chunk_tokens, n_targets, target_index)
 
 
 def _allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None:
@@ -174,19 +177,43 @@ def evaluate(model, val, batches, ctx: Context, pad_id: int) -> tuple[float, lis
     return sum(loss_sums) / max(1, sum(tokens)), loss_sums, tokens
 
 
+class _ComputeTimer:
+    """Forward+backward time of one micro-batch. On a GPU, CUDA events read once the step's work is done, so
+    the host never waits between micro-batches (it queues the next one while this one runs); on CPU, the
+    wall clock around the (synchronous) computation."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.time()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.time()
+
+    def seconds(self) -> float:
+        """After torch.cuda.synchronize (GPU)."""
+        return self.begin.elapsed_time(self.end) / 1000.0 if self.cuda else self.t1 - self.t0
+
+
 def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetry, mem_sim, router, events,
                       step, lr, slowdown):
-    """Forward/backward every micro-batch of this device; on OOM halve and retry (no sample lost or repeated)."""
+    """Forward/backward every micro-batch of this device; on OOM halve and retry (no sample lost or repeated).
+    Losses and timings are read once, after the last micro-batch: one host-device sync a step, not one each."""
     queue = list(mbs)
     loader = _Loader(lambda ids: _batch_tensors(split, ids, pad_id, ctx.device, ctx.cfg.train.pad_to_multiple),
                      ctx.cfg.train.prefetch)
-    done, loss_sum, oom_count, oom_mb, peak = [], 0.0, 0, (0, 0), 0
-    compute_total = 0.0
-    micro = 0
+    done, ran, oom_count, oom_mb, peak = [], [], 0, (0, 0), 0
     while queue:
         mb = queue.pop(0)
         t0 = time.time()
-        inputs, labels = loader.get(mb.sample_ids)
+        batch = loader.get(mb.sample_ids)
         if queue:
             loader.prefetch(queue[0].sample_ids)
         t_data = time.time() - t0
@@ -194,16 +221,14 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
         try:
             if mem_sim is not None:
                 mem_sim.check(mb)
-            t1 = time.time()
-            loss, n_tok = _loss_sum(model, inputs, labels, ctx)
+            timer = _ComputeTimer(ctx.device)
+            loss, n_tok = _loss_sum(model, *batch, ctx)
             loss.backward()
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            t_compute = time.time() - t1
+            timer.stop()
         except (torch.cuda.OutOfMemoryError, SimulatedOOM):
             if len(mb.sample_ids) <= 1:
                 raise
-            del inputs, labels
+            del batch
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
             oom_count += 1
@@ -211,20 +236,27 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
             lengths = {i: int(split.lengths[i]) for i in mb.sample_ids}
             queue[:0] = list(router.split_for_oom(mb, lengths))
             continue
+        # the allocator's peak is known on the host as soon as the work is queued: no sync needed
+        mb_peak = mem_sim.peak_bytes(mb) if mem_sim is not None else telemetry.peak_bytes()
+        peak = max(peak, mb_peak)
+        ran.append((mb, t0, t_data, timer, loss.detach(), n_tok, mb_peak, oom_count))
+        done.append(mb)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    loss_sum, compute_total = 0.0, 0.0
+    for micro, (mb, t0, t_data, timer, loss, n_tok, mb_peak, ooms) in enumerate(ran):
+        t_compute = timer.seconds()
         if slowdown != 1.0:      # testing aid: make this device look slower, in proportion to its work
             time.sleep(t_compute * (slowdown - 1.0))
             t_compute *= slowdown
         compute_total += t_compute
-        mb_peak = mem_sim.peak_bytes(mb) if mem_sim is not None else telemetry.peak_bytes()
-        peak = max(peak, mb_peak)
-        loss_sum += float(loss.detach())
-        events.write("micro", step=step, micro=micro, sample_ids=mb.sample_ids, n_samples=len(mb.sample_ids), n_tokens=mb.n_tokens,
-                     n_pad_tokens=mb.n_padded_tokens - mb.n_tokens, cost=mb.cost, t_start=t0, t_data_s=t_data,
-                     t_compute_s=t_compute, mem_peak_bytes=mb_peak,
-                     mem_predicted_bytes=mb.predicted_mem_bytes, loss=float(loss.detach()) / max(1, n_tok), lr=lr,
-                     oom_retries=oom_count)
-        done.append(mb)
-        micro += 1
+        loss = float(loss)
+        loss_sum += loss
+        events.write("micro", step=step, micro=micro, sample_ids=mb.sample_ids, n_samples=len(mb.sample_ids),
+                     n_tokens=mb.n_tokens, n_pad_tokens=mb.n_padded_tokens - mb.n_tokens, cost=mb.cost, t_start=t0,
+                     t_data_s=t_data, t_compute_s=t_compute, mem_peak_bytes=mb_peak,
+                     mem_predicted_bytes=mb.predicted_mem_bytes, loss=loss / max(1, n_tok), lr=lr,
+                     oom_retries=ooms)
     return done, loss_sum, compute_total, peak, oom_count, oom_mb
 
 

@@ -8,6 +8,7 @@ The sum is the same as the plain loss up to float reduction order.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -23,15 +24,19 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
 
 
-def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                   chunk_tokens: int = 0) -> tuple[torch.Tensor, int]:
+def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = 0,
+                   n_targets: int | None = None, target_index: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, int]:
     """(sum of next-token losses over real targets, number of real targets). labels are -100 at padding.
 
     Samples are right-padded, so under causal attention no real token ever attends to a pad: no attention
-    mask is passed, which keeps SDPA on its fused causal path (an explicit mask forces a slower kernel)."""
+    mask is passed, which keeps SDPA on its fused causal path (an explicit mask forces a slower kernel).
+    n_targets and target_index (flat positions of the real targets, for the chunked loss) come from the host
+    when the caller knows them (target_positions): found on the GPU they would make the host wait for it."""
     # targets[t] = labels[t + 1]: shifting the labels, not the logits, avoids copying the logits
     targets = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
-    n_targets = int((targets != -100).sum())
+    if n_targets is None:
+        n_targets = int((targets != -100).sum())
     if chunk_tokens <= 0:
         logits = model(input_ids=inputs).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets, ignore_index=-100,
@@ -40,12 +45,21 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.T
     lm = _lm(model)
     hidden = lm.base_model(input_ids=inputs).last_hidden_state
     weight = lm.get_output_embeddings().weight
-    keep = targets != -100                         # padding positions never reach the vocabulary projection
-    hidden = hidden.reshape(-1, hidden.size(-1))[keep]
-    flat_targets = targets[keep]
+    if target_index is None:                       # padding positions never reach the vocabulary projection
+        target_index = (targets != -100).nonzero().squeeze(1)
+    hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, target_index)
+    flat_targets = targets.index_select(0, target_index)
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.size(0), chunk_tokens):
         end = start + chunk_tokens
         total = total + checkpoint(_chunk_loss, hidden[start:end], weight, flat_targets[start:end],
                                    use_reentrant=False)
     return total, n_targets
+
+
+def target_positions(lengths: list[int], width: int) -> tuple[int, torch.Tensor]:
+    """(number of real targets, their flat positions) in a right-padded batch of these sample lengths."""
+    per_row = np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)      # targets t = 0 .. n-2 of each row
+    offsets = np.arange(int(per_row.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    index = np.repeat(np.arange(len(per_row), dtype=np.int64) * width, per_row) + offsets
+    return int(per_row.sum()), torch.from_numpy(index)
