@@ -202,8 +202,22 @@ class _ComputeTimer:
         return self.begin.elapsed_time(self.end) / 1000.0 if self.cuda else self.t1 - self.t0
 
 
-def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetry, mem_sim, router, events,
-                      step, lr, slowdown):
+def _accumulate(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+    """loss.backward(), all or nothing: the micro-batch's gradients are computed apart and added only once
+    all exist, so an out-of-memory error halfway through a backward leaves no partial gradient behind for
+    the retried halves to add again (backward() accumulates layer by layer as it goes)."""
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    for p, g in zip(params, grads):
+        if g is None:
+            continue
+        if p.grad is None:      # in the parameter's own layout, as backward() would leave it (fused AdamW)
+            p.grad = g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
+        else:
+            p.grad.add_(g)
+
+
+def _run_microbatches(model, params, mbs: list[MicroBatch], split, ctx, pad_id, telemetry, mem_sim, router,
+                      events, step, lr, slowdown):
     """Forward/backward every micro-batch of this device; on OOM halve and retry (no sample lost or repeated).
     Losses and timings are read once, after the last micro-batch: one host-device sync a step, not one each."""
     queue = list(mbs)
@@ -223,7 +237,7 @@ def _run_microbatches(model, mbs: list[MicroBatch], split, ctx, pad_id, telemetr
                 mem_sim.check(mb)
             timer = _ComputeTimer(ctx.device)
             loss, n_tok = _loss_sum(model, *batch, ctx)
-            loss.backward()
+            _accumulate(loss, params)
             timer.stop()
         except (torch.cuda.OutOfMemoryError, SimulatedOOM):
             if len(mb.sample_ids) <= 1:
@@ -330,7 +344,7 @@ def train(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None
         assignment = router.plan(ids, lengths)
         mine = list(assignment.per_device[rank])
         done, loss_sum, compute_s, peak, oom_count, oom_mb = _run_microbatches(
-            model, mine, corpus.train, ctx, tokenizer.pad_id, telemetry, mem_sim, router, events, step, lr,
+            model, params, mine, corpus.train, ctx, tokenizer.pad_id, telemetry, mem_sim, router, events, step, lr,
             slowdown)
         busy_s = time.time() - t_step0
         total_tokens = sum(L - 1 for L in lengths)
