@@ -111,6 +111,13 @@ class Decision:
     detail: str
 
 
+def slurm_job_ref() -> str | None:
+    """This job as scontrol and squeue must name it: JOB_TASK inside an array. The bare SLURM_JOB_ID of one
+    array task can equal the array's own id, and `scontrol requeue <array id>` requeues every task of it."""
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{index}" if array and index else os.environ.get("SLURM_JOB_ID")
+
+
 def time_left_s(job_id: str) -> float | None:
     """Seconds left before the job's time limit (squeue %L), None when unknown or unlimited."""
     try:
@@ -133,7 +140,7 @@ def decide(spec, signum: int) -> Decision:
     if signum != signal.SIGUSR2 or not job:
         return Decision(False, "interrupted", f"stopped by {name}")
     launcher = spec.config.get("launcher") or {}
-    left = time_left_s(job)
+    left = time_left_s(slurm_job_ref())
     near_limit = left is not None and left <= int(launcher.get("signal_delay_s", 120)) + TIMEOUT_MARGIN_S
     data = _load(spec.task_dir)
     if not near_limit:
@@ -163,4 +170,5 @@ def requeue_self(spec, decision: Decision, step: int, scontrol: bool = True) -> 
     task_event(spec, "requeue", reason=decision.reason, detail=decision.detail, step=step, job_id=job,
                time_requested=time.time())
     if scontrol:
-        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, text=True, timeout=60)
+        subprocess.run(["scontrol", "requeue", slurm_job_ref()], check=True, capture_output=True, text=True,
+                       timeout=60)

@@ -156,3 +156,16 @@ def test_a_torn_last_event_line_is_dropped_before_appending(tmp_path):
     assert p.read_bytes() == b'{"event":"step"}\n'
     repair_torn_tail(p)
     assert p.read_bytes() == b'{"event":"step"}\n'
+
+
+def test_requeue_names_the_array_task_not_the_array(monkeypatch):
+    """Slurm may give one array task the array's own id: `scontrol requeue <that id>` would requeue every task
+    of the array (found on the real cluster: a time-out of one variant killed its sibling mid-checkpoint)."""
+    from slurm_router.requeue import slurm_job_ref
+    monkeypatch.setenv("SLURM_JOB_ID", "467")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "467")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    assert slurm_job_ref() == "467_1"
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID")
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
+    assert slurm_job_ref() == "467"

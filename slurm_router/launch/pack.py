@@ -88,7 +88,8 @@ def run_pack(task_files: list[str]) -> int:
     outcome = _outcome(codes)
     print(f"pack of {len(task_files)} task(s): exit codes {codes}: {outcome}", flush=True)
     if outcome == "requeue":
-        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=60)
+        from slurm_router.requeue import slurm_job_ref      # JOB_TASK: never the whole array
+        subprocess.run(["scontrol", "requeue", slurm_job_ref()], check=True, timeout=60)
         return EXIT_STOPPED
     return {"completed": 0, "stopped": EXIT_STOPPED, "failed": 1}[outcome]
 
