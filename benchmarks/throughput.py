@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -93,11 +94,11 @@ def job(s: dict, tmp: Path, extra: list[str]) -> dict:
 
 
 def _median_row(runs: list[dict]) -> dict:
-    speeds = sorted(r["tokens_per_s"] for r in runs)
-    mid = speeds[len(speeds) // 2] if len(speeds) % 2 else (speeds[len(speeds) // 2 - 1] + speeds[len(speeds) // 2]) / 2
+    speeds = [r["tokens_per_s"] for r in runs]
     peaks = [r["peak_mem_bytes"] for r in runs if r.get("peak_mem_bytes")]
-    return {**runs[0], "tokens_per_s": mid, "tokens_per_s_min": speeds[0], "tokens_per_s_max": speeds[-1],
-            "tokens_per_s_runs": [r["tokens_per_s"] for r in runs], "peak_mem_bytes": max(peaks) if peaks else None}
+    return {**runs[0], "tokens_per_s": statistics.median(speeds), "tokens_per_s_min": min(speeds),
+            "tokens_per_s_max": max(speeds), "tokens_per_s_runs": speeds,
+            "peak_mem_bytes": max(peaks) if peaks else None}
 
 
 def main() -> None:

@@ -65,6 +65,10 @@ class Manifest:
     def save(self) -> None:
         atomic_write_text(self.path, json.dumps(self.data, indent=1))
 
+    def stage_tasks(self, stage: str) -> list[str]:
+        """The task names of a stage, in array-index order (index i of the stage's array is task i)."""
+        return next(s["tasks"] for s in self.data["stages"] if s["name"] == stage)
+
     def set_task(self, name: str, **fields) -> None:
         self.data["tasks"][name].update(fields)
         self.save()

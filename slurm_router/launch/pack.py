@@ -10,7 +10,6 @@ ones return at once (their result is on disk), the others resume from their newe
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -28,8 +27,8 @@ PACKED_ENV = "SLURM_ROUTER_PACKED"
 
 def pack_task_files(run_dir: str, stage: str, index: int, per_pack: int) -> list[str]:
     """The task files array task `index` runs: the stage's tasks index*K .. index*K + K - 1 (K=1: one task)."""
-    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-    names = next(s["tasks"] for s in manifest["stages"] if s["name"] == stage)
+    from slurm_router.rundir import Manifest
+    names = Manifest.load(run_dir).stage_tasks(stage)
     return [str(Path(run_dir) / "tasks" / n / "task.json") for n in names[index * per_pack:(index + 1) * per_pack]]
 
 

@@ -168,7 +168,7 @@ def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str
             continue
         devices = max(t.devices for t in stage.tasks)
         per_pack = tasks_per_pack(cfg)
-        n_arrays = -(-len(_stage_task_names(manifest, stage.name)) // per_pack)
+        n_arrays = -(-len(manifest.stage_tasks(stage.name)) // per_pack)
         indices = tuple(sorted({t.index // per_pack for t in stage.tasks}))
         spec = _sbatch_spec(cfg, str(run_dir), stage.name, n_arrays, devices, last,
                             indices if len(indices) < n_arrays else None)
@@ -199,10 +199,6 @@ def submit_sbatch(stages: list[Stage], cfg, run_dir: Path, manifest) -> list[str
         if report.returncode == 0:
             manifest.set(report_job_id=report.stdout.strip().split(";")[0])
     return job_ids
-
-
-def _stage_task_names(manifest, stage: str) -> list[str]:
-    return next(s["tasks"] for s in manifest.data["stages"] if s["name"] == stage)
 
 
 def _record(manifest, stage: Stage, job_id: str, tasks_jobs: list[tuple[str, str, str]]) -> None:
