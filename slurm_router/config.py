@@ -65,7 +65,7 @@ class RouterConfig:
     attention_weight: float = 0.0           # cost(n) = n + attention_weight * n^2 / attention_ref_len
     attention_ref_len: int = 4608           # 6 x hidden size makes cost proportional to FLOPs (GPT-2 small: 4608)
     microbatch_overhead_tokens: int = 16    # a new micro-batch must save this much padding to be worth its launch
-    memory_headroom: float = 0.85
+    memory_headroom: float = 0.85           # budget = this x device memory; above 1 over-commits (OOM-path testing aid)
     max_tokens_per_microbatch: Optional[int] = None
     affinity_boundaries: List[int] = field(default_factory=list)
     speed_ema: float = 0.3
@@ -167,7 +167,7 @@ RANGES = {
     "data.max_len": (2, 1 << 20, True), "data.val_fraction": (0, 1, False), "data.max_documents": (1, None, True),
     "data.n_samples": (1, 1 << 26, True), "data.mean_len": (1, 1 << 20, True), "data.sigma": (0, 10, True),
     "data.min_len": (2, 1 << 20, True),
-    "router.attention_weight": (0, None, True), "router.memory_headroom": (0, 1, False),
+    "router.attention_weight": (0, None, True), "router.memory_headroom": (0, 4, False),
     "router.attention_ref_len": (1, None, True), "router.microbatch_overhead_tokens": (0, None, True),
     "router.max_tokens_per_microbatch": (1, None, True), "router.speed_ema": (0, 1, False),
     "router.cpu_memory_cap_bytes": (1, None, True),

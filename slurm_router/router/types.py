@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 
 POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
 COST_NAMES = ("tokens", "tokens_attention")
+# Above 1 the router plans more than the device holds: a testing aid that forces real out-of-memory errors.
+MAX_HEADROOM = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +116,8 @@ class RouterSettings:
             raise ValueError(f"router.attention_weight={self.attention_weight} must be >= 0")
         if self.attention_ref_len <= 0:
             raise ValueError(f"router.attention_ref_len={self.attention_ref_len} must be > 0")
-        if not 0 < self.memory_headroom <= 1:
-            raise ValueError(f"router.memory_headroom={self.memory_headroom} must be in (0, 1]")
+        if not 0 < self.memory_headroom <= MAX_HEADROOM:
+            raise ValueError(f"router.memory_headroom={self.memory_headroom} must be in (0, {MAX_HEADROOM}]")
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
             raise ValueError(f"router.max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be >= 1 or null")
         if not 0 < self.speed_ema <= 1:
