@@ -16,7 +16,7 @@ import statistics
 
 from router_common import GIB, gpt2_small_memory
 from slurm_router.router import MemoryModel, Router, RouterSettings
-from slurm_router.router.workloads import lognormal_lengths, sample_batches
+from workloads import lognormal_lengths, sample_batches
 
 TRUE_SCALE = 1.3
 TRUE_EXTRA_LEN2 = 0.5         # the true attention term is 1.5x the seed's

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what it needs, brings up the single-node Slurm test
-# cluster (root + apt), then runs every test. Usage: bash scripts/test.sh [pytest args]
+# cluster (root + apt), then runs every test, with whichever python3 is first on the PATH (the system's, or
+# your active venv/conda env's).
+#   bash scripts/test.sh [pytest args]
+#   bash scripts/test.sh --venv DIR [pytest args]     # in a fresh venv at DIR (created if missing), as a new user
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--venv" ]; then
+  venv=${2:?usage: test.sh --venv DIR [pytest args]}; shift 2
+  [ -x "$venv/bin/python3" ] || python3 -m venv "$venv"
+  # shellcheck disable=SC1091
+  source "$venv/bin/activate"
+fi
 
 # torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build onto a CPU machine.
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.13.0"

@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+# Test and benchmark workloads (sample-length distributions) live beside the benchmarks, not in the package.
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600,

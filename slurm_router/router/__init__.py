@@ -1,6 +1,6 @@
 """Pure routing core: which device computes which samples of a global batch, in how many micro-batches.
 
-No torch here (policies are pure functions over lengths and device state); see DESIGN.md, "The router".
+No torch here (policies are pure functions over lengths and device state); see docs/ARCHITECTURE.md, "The router".
 """
 from .memory_model import MemoryModel
 from .packing import sample_costs, split_for_oom

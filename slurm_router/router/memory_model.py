@@ -62,9 +62,6 @@ class MemoryModel:
         n = len(mb.sample_ids)
         return self.predict(mb.n_padded_tokens, n, mb.n_padded_tokens // n if n else 0)
 
-    def fits(self, mb: Any, budget_bytes: int | None) -> bool:
-        return budget_bytes is None or self.predict_mb(mb) <= budget_bytes
-
     def sample_bytes(self, length: int) -> float:
         """Bytes one sample adds on top of the fixed term (least_loaded's 'what it has been given')."""
         _, a, b = self.coef
