@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import shutil
 
-from slurm_router.analysis.load import Task
+from slurm_router.analysis.load import Task, of_kind
+from slurm_router.events import StartRow
 from slurm_router.slurm_status import (LOCAL_STATES, SACCT_FIELDS, merge_status, normalize_state, parse_duration,
                                        parse_sacct, run_command)
 
@@ -80,7 +81,7 @@ def _event_facts(task: Task) -> dict:
         out["devices_used"] = int((used > 0).sum()) if used is not None else None
     if len(ds) and "mem_peak_bytes" in ds:
         out["device_mem_peak_bytes"] = float(ds["mem_peak_bytes"].max())
-    starts = ev[ev["event"] == "start"] if task.has_events else ev
+    starts = of_kind(ev, StartRow)
     if len(starts) and "mem_total_bytes" in starts:
         out["device_mem_total_bytes"] = float(starts["mem_total_bytes"].max())
     if len(ds) and "util" in ds and ds["util"].notna().any():

@@ -18,13 +18,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from slurm_router.events import read_events
+from slurm_router.events import (EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of,
+                                  read_events)
 
-# Fields the report cannot do without, per event kind (anything else is optional).
+# Fields the report cannot do without, per event kind (anything else is optional); names checked against the
+# schema (slurm_router/events.py) when this module loads.
 REQUIRED = {
-    "step": ("step", "device", "loss", "n_tokens", "t_step_s", "busy_s_all"),
-    "micro": ("step", "device", "n_tokens", "n_pad_tokens"),
-    "eval": ("step", "device", "val_loss"),
+    StepRow.KIND: fields_of(StepRow, "step", "device", "loss", "n_tokens", "t_step_s", "busy_s_all"),
+    MicroRow.KIND: fields_of(MicroRow, "step", "device", "n_tokens", "n_pad_tokens"),
+    EvalRow.KIND: fields_of(EvalRow, "step", "device", "val_loss"),
 }
 
 
@@ -99,7 +101,7 @@ def read_rows(path: Path) -> list[dict]:
 
 def _check(df: pd.DataFrame, path_hint: str) -> None:
     for kind, fields in REQUIRED.items():
-        rows = df[df["event"] == kind]
+        rows = df[df[EVENT] == kind]
         if rows.empty:
             continue
         missing = [f for f in fields if f not in rows or rows[f].isna().any()]
@@ -107,9 +109,19 @@ def _check(df: pd.DataFrame, path_hint: str) -> None:
             raise ReportError(f"{path_hint}: '{kind}' rows without {', '.join(missing)}: not events written by "
                               "slurm_router; remove the file to report on the rest")
         numeric = [f for f in fields if f != "busy_s_all" and not pd.api.types.is_numeric_dtype(rows[f])]
-        if numeric or (kind == "step" and not rows["busy_s_all"].map(_number_list).all()):
+        if numeric or (kind == StepRow.KIND and not rows["busy_s_all"].map(_number_list).all()):
             raise ReportError(f"{path_hint}: '{kind}' rows with non-numeric {', '.join(numeric) or 'busy_s_all'}"
                               ": the events are damaged")
+
+
+def of_kind(df: pd.DataFrame, kind: type[Row], device: int | None = None) -> pd.DataFrame:
+    """The rows of one event kind (of one device), as written."""
+    if df.empty or EVENT not in df:
+        return df
+    keep = df[EVENT] == kind.KIND
+    if device is not None:
+        keep &= df["device"] == device
+    return df[keep]
 
 
 def _last_attempt(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -135,22 +147,22 @@ def load_task(run_dir: Path, name: str, meta: dict) -> Task:
     ev["attempt"] = ev["attempt"].astype(int)
     task.events = ev
     rank0 = int(ev["device"].min())
-    steps = ev[ev["event"] == "step"]
+    steps = of_kind(ev, StepRow)
     if len(steps):
         task.dev_steps = _last_attempt(steps, ["step", "device"]).sort_values(["step", "device"])
         task.steps = task.dev_steps[task.dev_steps["device"] == rank0].reset_index(drop=True)
-    micro = ev[ev["event"] == "micro"]
+    micro = of_kind(ev, MicroRow)
     if len(micro):
         last = micro.groupby(["step", "device"])["attempt"].transform("max")
         task.micro = micro[micro["attempt"] == last].sort_values(["step", "device", "time"]).reset_index(drop=True)
-    evals = ev[(ev["event"] == "eval") & (ev["device"] == rank0)]
+    evals = of_kind(ev, EvalRow, device=rank0)
     if len(evals):
         task.evals = _last_attempt(evals, ["step"]).sort_values("step").reset_index(drop=True)
     last_attempt = ev[ev["attempt"] == ev["attempt"].max()]
-    starts = last_attempt[(last_attempt["event"] == "start") & (last_attempt["device"] == rank0)]
+    starts = of_kind(last_attempt, StartRow, device=rank0)
     if len(starts):
         task.start = {k: v for k, v in starts.iloc[-1].items() if not _isna(v)}
-    task.ended = bool((last_attempt["event"] == "end").any())
+    task.ended = bool((last_attempt[EVENT] == EndRow.KIND).any())
     return task
 
 

@@ -20,7 +20,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from slurm_router.analysis.load import Task
+from slurm_router.analysis.load import Task, of_kind
+from slurm_router.events import StartRow
 
 WARMUP_FRACTION = 0.1
 # Dense bf16 peak FLOP/s from the vendors' data sheets (SXM parts); matched as substrings of the device name.
@@ -160,7 +161,7 @@ def device_table(task: Task) -> pd.DataFrame:
 
 def device_total_bytes(task: Task, device: int) -> float | None:
     ev = task.events
-    starts = ev[(ev["event"] == "start") & (ev["device"] == device)] if task.has_events else ev
+    starts = of_kind(ev, StartRow, device=device)
     if len(starts) and "mem_total_bytes" in starts and starts["mem_total_bytes"].notna().any():
         return float(starts["mem_total_bytes"].dropna().iloc[-1])
     return None

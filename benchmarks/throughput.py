@@ -82,7 +82,8 @@ def job(s: dict, tmp: Path, extra: list[str]) -> dict:
             "model.lora.alpha=32", f"train.global_batch_size={s['batch']}", f"train.steps={steps}",
             "train.eval_batches=1", "train.eval_batch_size=2", "train.lr=1e-4", f"run_root={tmp}",
             "launcher.cpu_slots=1", *extra]
-    env = {**os.environ, "SLURM_ROUTER_THREADS": str(os.cpu_count())}
+    from slurm_router.cpu import THREADS_ENV
+    env = {**os.environ, THREADS_ENV: str(os.cpu_count())}
     out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp)
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])

@@ -7,11 +7,8 @@
 """
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import sys
-import warnings
 
 from slurm_router.config import UserError
 
@@ -29,14 +26,14 @@ def compose(overrides: list[str]):
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    from slurm_router.config import conf_dir, explain, register_schema
+    from slurm_router.config import EXPERIMENT_HINT, check_launcher_keys, conf_dir, explain, register_schema
     register_schema()
     # variants.<name>.* is free-form (each variant is a set of overrides): let users add keys there without
     # Hydra's '+' prefix; the merged variant is still checked against the schema.
     overrides = [f"++{o}" if o.startswith("variants.") else o for o in overrides]
     try:
         with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
-            return hydra_compose(config_name="config", overrides=overrides)
+            cfg = hydra_compose(config_name="config", overrides=overrides)
     except MissingConfigException as e:
         raise _missing_option(e) from None
     except (HydraException, OmegaConfBaseException) as e:
@@ -44,7 +41,11 @@ def compose(overrides: list[str]):
         if isinstance(cause, OmegaConfBaseException):
             raise explain(cause) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Could not override 'experiment'" in first:         # experiment=NAME: Hydra takes it for the group
+            raise UserError(f"experiment=...: {EXPERIMENT_HINT}") from None
         raise UserError(f"{first} (see: python -m slurm_router --help)") from None
+    check_launcher_keys(cfg)
+    return cfg
 
 
 def _missing_option(e) -> UserError:
@@ -56,22 +57,6 @@ def _missing_option(e) -> UserError:
         return UserError(f"{group}={option}: no such {group} in conf/{group}/; choose one of: "
                          f"{', '.join(options) or '(none)'}")
     return UserError(text.strip().splitlines()[0])
-
-
-def check_devices(cfg) -> None:
-    from slurm_router.launch.local import detect_gpus
-    import os
-    if cfg.launcher.kind != "local":
-        return
-    gpus = detect_gpus()
-    need = max([cfg.resources.devices_per_task] + [int(v.get("resources", {}).get("devices_per_task", 0) or 0)
-                                                     for v in cfg.variants.values() if v])
-    if gpus and need > len(gpus):
-        raise UserError(f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "
-                        f"ask for at most {len(gpus)}, or use launcher=slurm")
-    if not gpus and need > (os.cpu_count() or 1):
-        warnings.warn(f"resources.devices_per_task={need} CPU worker processes on {os.cpu_count()} cores: "
-                      "they will share cores (fine for tests, slow for training)", stacklevel=1)
 
 
 def _tokenizer(cfg):
@@ -96,37 +81,22 @@ def run(overrides: list[str]) -> int:
         return resume_run(resume[0].split("=", 1)[1], here=bool(others))
     cfg = compose(overrides)
     from slurm_router.config import validate
+    from slurm_router.launch.registry import launcher_class
     variants = validate(cfg)
-    check_devices(cfg)
-    if cfg.launcher.kind in ("slurm", "sbatch") and not (cfg.launcher.kind == "sbatch" and cfg.launcher.dry_run):
-        from slurm_router.launch.slurm import check_slurm
-        check_slurm()
-    if cfg.launcher.kind in ("slurm", "sbatch"):
-        from slurm_router.launch.slurm import check_packing
-        check_packing(cfg)
-    if cfg.launcher.kind == "sbatch":
-        from slurm_router.launch.slurm import check_sbatch
-        check_sbatch(cfg)
+    launcher = launcher_class(cfg.launcher.kind)
+    launcher.check(cfg)
     from slurm_router.train.data import build_corpus
     corpus = build_corpus(cfg.data, _tokenizer(cfg))   # fail on bad data before any file is written
     print(f"experiment {cfg.experiment}: {len(variants)} variant(s) {', '.join(variants)}; "
           f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples")
 
-    from slurm_router.plan import base_cache_dir, base_hash, make_plan
+    from slurm_router.launch.base import launch
+    from slurm_router.plan import make_plan
     from slurm_router.rundir import create_run_dir, new_run_dir
     run_id, run_dir = new_run_dir(cfg)
     stages = make_plan(cfg, variants, run_id, str(run_dir))
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
-    for stage in stages:
-        if stage.cached:
-            cache = base_cache_dir(cfg) / base_hash(cfg)
-            shutil.copy(cache / "meta.json", stage.tasks[0].task_dir / "result.json")
-            print(f"base stage: reusing the cached base model {cache}")
-
-    if cfg.launcher.kind in ("slurm", "sbatch"):
-        return submit_to_slurm(cfg, stages, run_dir, manifest)
-
-    return run_local(stages, cfg, run_dir, manifest)
+    return launch(launcher(cfg, manifest), stages)
 
 
 def resume_run(arg: str, here: bool = False) -> int:
@@ -134,87 +104,30 @@ def resume_run(arg: str, here: bool = False) -> int:
     own launcher (a Slurm run is submitted again), or here with launcher=local."""
     if not arg:
         raise UserError("resume= needs a run directory: resume=runs/<experiment>/<timestamp>")
+    from slurm_router.launch.base import launch
+    from slurm_router.launch.registry import launcher_class
     from slurm_router.resume import plan_resume, renew_timeout_budget
-    from slurm_router.rundir import Manifest
-    run_dir, cfg, _, stages = plan_resume(arg)
-    manifest = Manifest.load(run_dir)
+    manifest, cfg, stages = plan_resume(arg)
+    run_dir = manifest.layout.root
     kind = "local" if here else cfg.get("launcher", {}).get("kind", "local")
-    todo = [t for s in stages for t in s.tasks]
+    todo = [t for s in stages if not s.cached for t in s.tasks]
     if not todo:
         print(f"resume: every task of {run_dir} has completed; nothing to do\nrun_dir: {run_dir}")
         return 0
-    if kind in ("slurm", "sbatch"):
-        from slurm_router.launch.slurm import check_slurm
-        check_slurm()
-    if manifest.data.get("launcher") in ("slurm", "sbatch"):     # never run a task twice at once
-        from slurm_router.slurm_status import live_tasks
-        live = live_tasks(manifest.data)
-        if live:
-            raise UserError(f"resume={arg}: {len(live)} task(s) of this run are still in Slurm "
-                            f"({', '.join(f'{t.variant} {t.job_id} {t.state}' for t in live[:3])}): wait for them "
-                            f"(python -m slurm_router.status {run_dir} --wait) or cancel them (--cancel) first")
+    launcher = launcher_class(kind)(cfg, manifest)
+    launcher.check_resume()
+    # never run a task twice at once: whatever launched the run before must hold none of its tasks now
+    launcher_class(manifest.data.get("launcher", "local"))(cfg, manifest).refuse_live_tasks()
     renew_timeout_budget(todo)        # the user chose to go on: launcher.max_requeues counts afresh
     manifest.set(state="running", resumed=manifest.data.get("resumed", 0) + 1, launcher=kind)
-    if kind in ("slurm", "sbatch"):
-        return submit_to_slurm(cfg, stages, run_dir, manifest)
-    return run_local(stages, cfg, run_dir, manifest)
-
-
-def run_local(stages, cfg, run_dir, manifest) -> int:
-    from slurm_router.launch.local import run_stages
-    try:
-        states = run_stages(stages, cfg, run_dir, manifest)
-    except KeyboardInterrupt:
-        manifest.set(state="interrupted")
-        print(f"\ninterrupted: running tasks saved a checkpoint at their last step\n"
-              f"continue with: python -m slurm_router resume={run_dir}\nrun_dir: {run_dir}")
-        return 130
-    ok = all(s in ("completed", "cached") for s in states.values())
-    manifest.set(state="completed" if ok else "failed")
-
-    from slurm_router.analysis.report import print_table, write_report
-    try:
-        summary = write_report(run_dir)
-        print_table(summary)
-    except Exception as e:                 # a failed run still prints where its files are
-        print(f"report: not written ({e})", file=sys.stderr)
-    if not ok:
-        failed = [n for n, s in states.items() if s not in ("completed", "cached")]
-        print(f"failed tasks: {', '.join(failed)}; logs in {run_dir / 'logs'}", file=sys.stderr)
-    print(f"run_dir: {run_dir}")
-    return 0 if ok else 1
-
-
-def submit_to_slurm(cfg, stages, run_dir, manifest) -> int:
-    from slurm_router.launch import slurm
-    submit = slurm.submit_submitit if cfg.launcher.kind == "slurm" else slurm.submit_sbatch
-    try:
-        job_ids = submit(stages, cfg, run_dir, manifest)
-    except UserError:
-        manifest.set(state="failed")
-        raise
-    if not job_ids:                      # launcher.dry_run: rendered only
-        manifest.set(state="rendered")
-        print(f"run_dir: {run_dir}")
-        return 0
-    manifest.set(state="submitted", job_ids=job_ids)
-    print(f"submitted {len(job_ids)} array job(s): {' '.join(job_ids)} "
-          f"(python -m slurm_router.status {run_dir} [--wait])")
-    if not cfg.launcher.wait:
-        print(f"run_dir: {run_dir}")
-        return 0
-    from slurm_router.slurm_status import wait_for_run
-    tasks = wait_for_run(manifest.data, poll_s=2.0)
-    from slurm_router.slurm_status import SUCCESS_STATES
-    ok = all(t.state in SUCCESS_STATES for t in tasks)
-    manifest.set(state="completed" if ok else "failed")
-    from slurm_router.analysis.report import print_table, write_report
-    print_table(write_report(run_dir))
-    print(f"run_dir: {run_dir}")
-    return 0 if ok else 1
+    return launch(launcher, stages)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C must always reach us: a process started in the background by a non-interactive shell inherits
+    # SIGINT ignored, and Python then installs no handler (the Ctrl-C race of issue 11).
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip().splitlines()[0])

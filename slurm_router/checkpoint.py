@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from slurm_router.layout import BASE_META, CHECKPOINT_GLOB, SIDECAR_GLOB, checkpoint_file, checkpoint_step
+
 
 def atomic_write_bytes(path: str | os.PathLike, write) -> None:
     """Call write(fileobj) into a temp file beside `path`, fsync, then rename over `path`."""
@@ -35,22 +37,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def save_base(state: dict, weights_path: str, meta: dict) -> None:
     """The base stage's weights and its held-out loss, into the shared cache. Meta last: it marks completeness."""
     atomic_write_bytes(weights_path, lambda f: torch.save(state, f))
-    atomic_write_text(Path(weights_path).with_name("meta.json"), json.dumps(meta, indent=1))
+    atomic_write_text(Path(weights_path).with_name(BASE_META), json.dumps(meta, indent=1))
 
 
-# ---- training checkpoints: RUN_DIR/tasks/<name>/checkpoints/step-NNNNNNNN.pt + .json -------------------------
+# ---- training checkpoints: TaskPaths.checkpoints / step-NNNNNNNN.pt + .json (names: slurm_router.layout) -----
 # The .json sidecar (step, size, sha256) is written after the data file: a checkpoint without its sidecar was
 # cut short and is never loaded. A sidecar whose hash does not match its file means the file was damaged later.
-
-CKPT_GLOB = "step-*.json"
-
 
 class CheckpointError(Exception):
     """Checkpoints exist but none can be loaded: one line saying which and what to do."""
 
 
-def checkpoint_path(ckpt_dir: str | os.PathLike, step: int) -> Path:
-    return Path(ckpt_dir) / f"step-{step:08d}.pt"
+checkpoint_path = checkpoint_file          # checkpoints/step-NNNNNNNN.pt (the name is layout's)
 
 
 class _HashingWriter:
@@ -92,19 +90,25 @@ def prune_checkpoints(ckpt_dir: str | os.PathLike, keep: int) -> None:
         if i >= keep:
             checkpoint_path(ckpt_dir, step).unlink(missing_ok=True)
             sidecar.unlink(missing_ok=True)
-    for tmp in ckpt_dir.glob(".step-*.tmp"):
-        if time.time() - tmp.stat().st_mtime > 60:     # not a save in progress
-            tmp.unlink(missing_ok=True)
+    for name in (CHECKPOINT_GLOB, SIDECAR_GLOB):
+        for tmp in ckpt_dir.glob(f".{name}.*.tmp"):      # atomic_write_bytes' temp files
+            if time.time() - tmp.stat().st_mtime > 60:     # not a save in progress
+                tmp.unlink(missing_ok=True)
 
 
-def _sidecars(ckpt_dir: Path) -> list[tuple[int, Path]]:
+def _steps(ckpt_dir: Path, pattern: str) -> list[tuple[int, Path]]:
+    """(step, file) of every file matching `pattern` whose name holds a step, newest first."""
     out = []
-    for p in ckpt_dir.glob(CKPT_GLOB):
+    for p in ckpt_dir.glob(pattern):
         try:
-            out.append((int(p.stem.split("-", 1)[1]), p))
+            out.append((checkpoint_step(p), p))
         except ValueError:
             continue
     return sorted(out, reverse=True)
+
+
+def _sidecars(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    return _steps(ckpt_dir, SIDECAR_GLOB)
 
 
 def verify_checkpoint(path: str | os.PathLike) -> str | None:
@@ -140,12 +144,8 @@ def latest_valid_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path | None, l
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return None, []
-    steps = {s for s, _ in _sidecars(ckpt_dir)}
-    for p in ckpt_dir.glob("step-*.pt"):         # a data file without a sidecar counts as a (damaged) candidate
-        try:
-            steps.add(int(p.stem.split("-", 1)[1]))
-        except ValueError:
-            continue
+    # a data file without a sidecar counts as a (damaged) candidate
+    steps = {s for s, _ in _sidecars(ckpt_dir) + _steps(ckpt_dir, CHECKPOINT_GLOB)}
     warnings = []
     for step in sorted(steps, reverse=True):
         path = checkpoint_path(ckpt_dir, step)

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from slurm_router.router.types import RouterSettings
 
 
 class UserError(Exception):
@@ -60,15 +62,16 @@ class DataConfig:
 
 @dataclass
 class RouterConfig:
-    policy: str = "balanced"                # round_robin | least_loaded | affinity | balanced
-    cost: str = "tokens"                    # tokens | tokens_attention
-    attention_weight: float = 0.0           # cost(n) = n + attention_weight * n^2 / attention_ref_len
-    attention_ref_len: int = 4608           # 6 x hidden size makes cost proportional to FLOPs (GPT-2 small: 4608)
-    microbatch_overhead_tokens: int = 16    # a new micro-batch must save this much padding to be worth its launch
-    memory_headroom: float = 0.85           # budget = this x device memory; above 1 over-commits (OOM-path testing aid)
-    max_tokens_per_microbatch: Optional[int] = None
+    """The router's knobs; their defaults (and meanings) live once, in router.types.RouterSettings."""
+    policy: str = RouterSettings.policy                     # round_robin | least_loaded | affinity | balanced
+    cost: str = RouterSettings.cost                         # tokens | tokens_attention
+    attention_weight: float = RouterSettings.attention_weight
+    attention_ref_len: int = RouterSettings.attention_ref_len
+    microbatch_overhead_tokens: int = RouterSettings.microbatch_overhead_tokens
+    memory_headroom: float = RouterSettings.memory_headroom  # above 1 over-commits (OOM-path testing aid)
+    max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch
     affinity_boundaries: List[int] = field(default_factory=list)
-    speed_ema: float = 0.3
+    speed_ema: float = RouterSettings.speed_ema
     # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
     device_slowdown: List[float] = field(default_factory=list)
     # Testing aid: a memory cap (bytes) per CPU worker; a micro-batch predicted above it raises a simulated OOM.
@@ -77,8 +80,20 @@ class RouterConfig:
 
 @dataclass
 class LauncherConfig:
-    kind: str = "local"                     # local | slurm | sbatch
-    cpu_slots: Optional[int] = None         # local without GPUs: CPU worker slots (default: the core count)
+    """What every launcher has. One schema per launcher below, registered in the `launcher` group: a key that
+    the chosen launcher does not have is an error naming the launchers that have it (launcher_key_error)."""
+    kind: str = MISSING                     # each schema's own default; the registry in slurm_router.launch.registry
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
+    kind: str = "local"
+    cpu_slots: Optional[int] = None         # without GPUs: CPU worker slots (default: the core count)
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """Shared by both Slurm launchers (submitit and sbatch)."""
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -89,10 +104,38 @@ class LauncherConfig:
     array_parallelism: int = 64
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     srun_workers: bool = False              # run a task's D workers as D srun tasks, one GPU each
-    wait: bool = False
-    dry_run: bool = False
-    max_requeues: int = 3
-    signal_delay_s: int = 120
+    wait: bool = False                      # return once every task AND the report job have ended
+    max_requeues: int = 3                   # time-limit requeues per task (slurm_router.requeue)
+    signal_delay_s: int = 120               # USR2 this long before the time limit: checkpoint, then requeue
+
+
+@dataclass
+class SubmititLauncherConfig(SlurmLauncherConfig):
+    kind: str = "slurm"
+
+
+@dataclass
+class SbatchLauncherConfig(SlurmLauncherConfig):
+    kind: str = "sbatch"
+    dry_run: bool = False                   # render RUN_DIR/submit*.sbatch, submit nothing
+
+
+# OmegaConf 2.3 cannot hold typing.Literal fields, so `kind` is a str whose allowed values are these schemas'
+# own defaults (CHOICES["launcher.kind"]); no other code spells the kinds out.
+LAUNCHER_SCHEMAS: tuple[type[LauncherConfig], ...] = (LocalLauncherConfig, SubmititLauncherConfig,
+                                                        SbatchLauncherConfig)
+
+
+def launcher_schema(kind: str) -> type[LauncherConfig]:
+    return next(s for s in LAUNCHER_SCHEMAS if s.kind == kind)
+
+
+def launcher_setting(launcher: dict | DictConfig | None, key: str) -> Any:
+    """A launcher value from a task's resolved config, or its schema default (the one place defaults live)."""
+    launcher = launcher or {}
+    if key in launcher:
+        return launcher[key]
+    return next(getattr(s, key) for s in LAUNCHER_SCHEMAS if hasattr(s, key))
 
 
 @dataclass
@@ -138,11 +181,10 @@ class Config:
     experiment: str = "default"
     seed: int = 0
     run_root: str = "runs"
-    resume: Optional[str] = None            # a run dir: continue its unfinished tasks (resume=RUN_DIR, nothing else)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    launcher: Any = MISSING                 # one of LAUNCHER_SCHEMAS, picked by the launcher group (conf/launcher/)
     train: TrainConfig = field(default_factory=TrainConfig)
     base: BaseStageConfig = field(default_factory=BaseStageConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
@@ -155,7 +197,7 @@ CHOICES = {
     "data.length_dist": ("lognormal", "uniform", "fixed"),
     "router.policy": ("round_robin", "least_loaded", "affinity", "balanced"),
     "router.cost": ("tokens", "tokens_attention"),
-    "launcher.kind": ("local", "slurm", "sbatch"),
+    "launcher.kind": tuple(s.kind for s in LAUNCHER_SCHEMAS),
     "train.precision": ("auto", "fp32", "bf16"),
 }
 # key -> (low, high, low_inclusive); None = unbounded
@@ -189,7 +231,11 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 
 def register_schema() -> None:
-    ConfigStore.instance().store(name="schema", node=Config)
+    """The root schema, and each launcher's as launcher/<kind>_schema (conf/launcher/<kind>.yaml extends it)."""
+    store = ConfigStore.instance()
+    store.store(name="schema", node=Config)
+    for schema in LAUNCHER_SCHEMAS:
+        store.store(group="launcher", name=f"{schema.kind}_schema", node=schema)
 
 
 def conf_dir() -> str:
@@ -205,18 +251,56 @@ def valid_keys(path: str) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
+def launcher_key_error(key: str, kind: str, where: str = "") -> UserError:
+    """launcher.<name> that launcher=<kind> does not have: say which launchers have it, or which keys it has."""
+    name = key.split(".", 1)[1].split(".")[0]
+    have = [f"launcher={s.kind}" for s in LAUNCHER_SCHEMAS if name in {f.name for f in dataclasses.fields(s)}]
+    if have:
+        return UserError(f"{where}launcher.{name} does not apply to launcher={kind}: it is an option of "
+                         f"{', '.join(have)} only; choose one of those or drop launcher.{name}")
+    keys = sorted(f.name for f in dataclasses.fields(launcher_schema(kind)))
+    return UserError(f"{where}unknown key 'launcher.{name}': valid keys for launcher={kind} are {', '.join(keys)}")
+
+
+def check_launcher_keys(cfg: DictConfig) -> None:
+    """Keys added under launcher with '+' pass Hydra (the group's node is not closed): refuse them here."""
+    kind = cfg.launcher.kind
+    allowed = {f.name for f in dataclasses.fields(launcher_schema(kind))} if kind in CHOICES["launcher.kind"] else set()
+    extra = [k for k in cfg.launcher if k not in allowed]
+    if allowed and extra:
+        raise launcher_key_error(f"launcher.{extra[0]}", kind)
+
+
 def explain(error: Exception, where: str = "") -> UserError:
     """One line for an OmegaConf/Hydra error about a key: unknown keys list the valid ones."""
     key = getattr(error, "full_key", None) or ""
     msg = str(error).splitlines()[0] if str(error) else type(error).__name__
     if isinstance(error, ConfigKeyError) or "not in struct" in msg or re.search(r"Key '.*' not in", msg):
+        kind = getattr(getattr(error, "object_type", None), "kind", None)
+        if key.startswith("launcher.") and kind in CHOICES["launcher.kind"]:
+            return launcher_key_error(key, kind, where)
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         keys = valid_keys(parent)
         under = f"under {parent}" if parent else "at the top level"
         return UserError(f"{where}unknown key '{key}': valid keys {under} are {', '.join(keys)}")
+    if isinstance(error, ValidationError) and key and re.search(r"'dict'|'\{\}'", msg):
+        return _not_a_group(key, msg, where)
     if isinstance(error, ValidationError) and key:
         return UserError(f"{where}{key}: {msg}")
     return UserError(f"{where}{msg}")
+
+
+EXPERIMENT_HINT = ("experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: pick one "
+                   "with +experiment=NAME (its options live under train., data., model., ...)")
+
+
+def _not_a_group(key: str, msg: str, where: str = "") -> UserError:
+    """`experiment.seeds=2`, `train.lr.x=1`: a dotted key under a plain value (the user guessed where it lives)."""
+    if key == "experiment":
+        return UserError(f"{where}experiment has no keys under it: {EXPERIMENT_HINT}")
+    kinds = {"Float": "a number", "Integer": "a whole number", "Boolean": "true or false", "string": "a string"}
+    what = next((v for k, v in kinds.items() if k in msg), "a single value")
+    return UserError(f"{where}{key} is {what} and has no keys under it: set {key}=VALUE")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:

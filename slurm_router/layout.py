@@ -105,6 +105,11 @@ class RunLayout:
     def report(self) -> Path:
         return self.root / "report"
 
+    @property
+    def summary(self) -> Path:
+        """report/summary.json: the report's machine-readable result."""
+        return self.report / "summary.json"
+
     def task(self, name: str) -> TaskPaths:
         return TaskPaths(self.tasks / str(name))
 

@@ -12,28 +12,30 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_router.checkpoint import atomic_write_text
+from slurm_router.config import launcher_setting
 from slurm_router.events import EventWriter
-
-ATTEMPTS_FILE = "attempts.json"
+from slurm_router.layout import TaskPaths
+from slurm_router.lifecycle import TaskOutcome
 # USR2 within signal_delay_s + this margin of the time limit counts as the time limit's warning.
 TIMEOUT_MARGIN_S = 60
 
 
 def _load(task_dir: Path) -> dict:
     try:
-        data = json.loads((Path(task_dir) / ATTEMPTS_FILE).read_text())
+        data = json.loads(TaskPaths(Path(task_dir)).attempts.read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
 def _save(task_dir: Path, data: dict) -> None:
-    atomic_write_text(Path(task_dir) / ATTEMPTS_FILE, json.dumps(data, indent=1))
+    atomic_write_text(TaskPaths(Path(task_dir)).attempts, json.dumps(data, indent=1))
 
 
 def next_attempt(task_dir: Path) -> int:
@@ -81,9 +83,10 @@ def current_attempt(task_dir: Path) -> int:
 def task_event(spec, event: str, **fields) -> None:
     """A task-level row from the job process (requeue, a failure's end) in rank 0's events file, after the
     workers have exited (one writer at a time)."""
-    repair_torn_tail(spec.task_dir / "events-rank0.jsonl")
+    events = TaskPaths(spec.task_dir).events(0)
+    repair_torn_tail(events)
     policy = (spec.config.get("router") or {}).get("policy")
-    writer = EventWriter(spec.task_dir / "events-rank0.jsonl", run_id=spec.run_id, task=spec.name,
+    writer = EventWriter(events, run_id=spec.run_id, task=spec.name,
                          variant=spec.variant, stage=spec.stage, attempt=spec.attempt, device=0, policy=policy)
     writer.write(event, **fields)
     writer.close()
@@ -141,13 +144,13 @@ def decide(spec, signum: int) -> Decision:
         return Decision(False, "interrupted", f"stopped by {name}")
     launcher = spec.config.get("launcher") or {}
     left = time_left_s(slurm_job_ref())
-    near_limit = left is not None and left <= int(launcher.get("signal_delay_s", 120)) + TIMEOUT_MARGIN_S
+    near_limit = left is not None and left <= int(launcher_setting(launcher, "signal_delay_s")) + TIMEOUT_MARGIN_S
     data = _load(spec.task_dir)
     if not near_limit:
         data["preemptions"] = int(data.get("preemptions", 0)) + 1
         _save(spec.task_dir, data)
         return Decision(True, "preempted", f"{name} with {left if left is not None else '?'} s left: a preemption")
-    limit = int(launcher.get("max_requeues", 3))
+    limit = int(launcher_setting(launcher, "max_requeues"))
     timeouts = int(data.get("timeouts", 0)) + 1
     data["timeouts"] = timeouts
     _save(spec.task_dir, data)
@@ -172,3 +175,33 @@ def requeue_self(spec, decision: Decision, step: int, scontrol: bool = True) -> 
     if scontrol:
         subprocess.run(["scontrol", "requeue", slurm_job_ref()], check=True, capture_output=True, text=True,
                        timeout=60)
+
+
+REQUEUERS = ("scontrol", "submitit", "pack")
+
+
+def after_stop(spec, signum: int, step: int | None, requeue_by: str) -> TaskOutcome:
+    """The one after-stop policy, for every stop path (a job process, submitit's checkpoint hook, a packed
+    task, srun workers): decide, log the verdict in the task's events, requeue or end the attempt, say so.
+
+    requeue_by: who puts the allocation back in the queue when the verdict is a requeue: "scontrol" (this
+    process, now: STOPPED), "submitit" (its checkpoint() after this returns: REQUEUE) or "pack" (the pack
+    runner, once for all its tasks: REQUEUE). Otherwise STOPPED (interrupted: resume= continues) or FAILED
+    (the time limit hit more often than launcher.max_requeues allows)."""
+    if requeue_by not in REQUEUERS:
+        raise ValueError(f"requeue_by={requeue_by!r}, expected one of {REQUEUERS}")
+    spec.attempt = current_attempt(spec.task_dir)
+    decision = decide(spec, signum)
+    where = f"checkpoint at step {step}" if step is not None else "no checkpoint yet"
+    if decision.requeue:
+        requeue_self(spec, decision, step or 0, scontrol=requeue_by == "scontrol")
+        print(f"{spec.name}: {decision.detail}; {where}; requeued", flush=True)
+        return TaskOutcome.STOPPED if requeue_by == "scontrol" else TaskOutcome.REQUEUE
+    if decision.reason == "timeout":
+        task_event(spec, "end", exit_state="failed", error=decision.detail, step=step)
+        print(f"error: {spec.name}: {decision.detail}", file=sys.stderr, flush=True)
+        return TaskOutcome.FAILED
+    task_event(spec, "end", exit_state="interrupted", detail=decision.detail, step=step)
+    print(f"{spec.name}: {decision.detail}; {where}; continue with: python -m slurm_router resume={spec.run_dir}",
+          flush=True)
+    return TaskOutcome.STOPPED

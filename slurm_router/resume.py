@@ -7,79 +7,68 @@ with launcher=local. Completed tasks are skipped; a base stage finished by anoth
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from slurm_router.config import UserError
-from slurm_router.job import RESULT_FILE
+from slurm_router.launch.base import cached_base
+from slurm_router.layout import checkpoint_step
 from slurm_router.plan import Stage, TaskSpec
+from slurm_router.rundir import Manifest
 
 
-def _load_run(arg: str) -> tuple[Path, object, dict]:
-    run_dir = Path(os.path.expanduser(arg)).resolve()
-    if not run_dir.is_dir():
-        raise UserError(f"resume={arg}: no such directory: give a run directory printed as run_dir: by a run")
+def _load_run(arg: str) -> tuple[Manifest, object]:
+    """The run's validated manifest (NotARunDir: one line) and its own config.yaml."""
+    manifest = Manifest.load(Path(arg).expanduser().resolve())
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        stages = manifest["stages"]
-        if not isinstance(stages, list):
-            raise TypeError
-    except FileNotFoundError:
-        raise UserError(f"resume={arg}: no manifest.json there: not a run directory made by python -m slurm_router")\
-            from None
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"resume={arg}: manifest.json is damaged (not a slurm_router manifest)") from None
-    try:
-        cfg = OmegaConf.load(run_dir / "config.yaml")
+        cfg = OmegaConf.load(manifest.layout.config)
     except Exception:                           # missing, unreadable or not YAML: same advice
         raise UserError(f"resume={arg}: config.yaml is missing or damaged") from None
-    return run_dir, cfg, manifest
+    return manifest, cfg
 
 
-def _task(run_dir: Path, name: str) -> TaskSpec:
-    path = run_dir / "tasks" / str(name) / "task.json"
+def _task(manifest: Manifest, name: str) -> TaskSpec:
+    path = manifest.layout.task(name).task_file
     try:
         spec = TaskSpec.load(path)
     except (OSError, ValueError, TypeError):
         raise UserError(f"resume: {path} is missing or damaged") from None
-    if Path(spec.run_dir).resolve() != run_dir:
+    if Path(spec.run_dir).resolve() != manifest.layout.root:
         raise UserError(f"resume: {path} belongs to {spec.run_dir}: a run directory cannot be moved and resumed")
     return spec
 
 
-def plan_resume(arg: str) -> tuple[Path, object, dict, list[Stage]]:
-    """(run dir, config, manifest, stages holding only the unfinished tasks). Raises UserError (one line) for
-    a run dir that is not one, or a task whose checkpoints are all damaged."""
+def plan_resume(arg: str) -> tuple[Manifest, object, list[Stage]]:
+    """(manifest, config, stages holding only the unfinished tasks). Raises UserError (one line) for a run dir
+    that is not one, or a task whose checkpoints are all damaged."""
     from slurm_router.checkpoint import CheckpointError, latest_valid_checkpoint
-    run_dir, cfg, manifest = _load_run(arg)
+    manifest, cfg = _load_run(arg)
     stages, notes = [], []
-    for s in manifest["stages"]:
-        todo = []
-        for name in s.get("tasks", []):
-            spec = _task(run_dir, name)
-            done = spec.task_dir / RESULT_FILE
-            cache = Path(spec.save_weights).with_name("meta.json") if spec.save_weights else None
-            if not done.is_file() and cache is not None and cache.is_file() and Path(spec.save_weights).is_file():
-                shutil.copy(cache, done)         # another run has trained this base since: reuse it
-            if done.is_file():
+    for s in manifest.data["stages"]:
+        todo, reuse = [], []
+        for name in s["tasks"]:
+            spec = _task(manifest, name)
+            paths = manifest.layout.task(name)
+            if paths.result.is_file():
                 notes.append(f"{name} completed")
                 continue
+            if cached_base(spec):               # another run has trained this base since: submit_stages reuses it
+                notes.append(f"{name} from the base cache")
+                reuse.append(spec)
+                continue
             try:
-                path, warnings = latest_valid_checkpoint(spec.task_dir / "checkpoints")
+                path, warnings = latest_valid_checkpoint(paths.checkpoints)
             except CheckpointError as e:
                 raise UserError(f"resume: task {name}: {e}") from None
             for w in warnings:
                 print(f"warning: {name}: {w}", file=sys.stderr)
-            notes.append(f"{name} from {'step ' + path.stem.split('-')[1].lstrip('0') if path else 'step 0'}")
+            notes.append(f"{name} from step {checkpoint_step(path) if path else 0}")
             todo.append(spec)
-        stages.append(Stage(s["name"], todo, cached=not todo, depends_on=list(s.get("depends_on", []))))
-    print(f"resume {run_dir}: {', '.join(notes)}")
-    return run_dir, cfg, manifest, stages
+        stages.append(Stage(s["name"], todo or reuse, cached=not todo, depends_on=list(s.get("depends_on", []))))
+    print(f"resume {manifest.layout.root}: {', '.join(notes)}")
+    return manifest, cfg, stages
 
 
 def renew_timeout_budget(specs: list[TaskSpec]) -> None:

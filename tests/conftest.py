@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_router.events import EVENT, EndRow, StepRow
+
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 # Test and benchmark workloads (sample-length distributions) live beside the benchmarks, not in the package.
@@ -29,7 +31,7 @@ def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
 
 def step_losses(task_dir: Path) -> list[float]:
     rows = [json.loads(l) for l in (task_dir / "events-rank0.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in sorted((r for r in rows if r["event"] == "step"), key=lambda r: r["step"])]
+    return [r["loss"] for r in sorted((r for r in rows if r[EVENT] == StepRow.KIND), key=lambda r: r["step"])]
 
 
 def task_spans(run_dir: Path) -> dict[str, tuple[float, float, str]]:
@@ -38,7 +40,7 @@ def task_spans(run_dir: Path) -> dict[str, tuple[float, float, str]]:
     for f in run_dir.glob("tasks/*/events-rank0.jsonl"):
         rows = [json.loads(line) for line in f.read_text().splitlines()]
         start = next(r for r in rows if r["event"] == "start")
-        end = next(r for r in rows if r["event"] == "end")
+        end = next(r for r in rows if r[EVENT] == EndRow.KIND)
         spans[start["task"]] = (start["time"], end["time"], start["cuda_visible_devices"])
     return spans
 

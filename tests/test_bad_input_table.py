@@ -69,9 +69,9 @@ CASES = [
     (["router.memory_headroom=0"], "router.memory_headroom=0.0 is out of range"),
     (["router.device_slowdown=[1,-1]"], "must be all > 0"),
     (["router.affinity_boundaries=[64,32]"], "strictly increasing"),
-    (["launcher.timeout_min=0"], "launcher.timeout_min=0 is out of range"),
-    (["launcher.max_requeues=-1"], "launcher.max_requeues=-1 is out of range"),
-    (["launcher.signal_delay_s=99999"], "launcher.signal_delay_s=99999 is out of range"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.timeout_min=0"], "launcher.timeout_min=0 is out of range"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.max_requeues=-1"], "launcher.max_requeues=-1 is out of range"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.signal_delay_s=99999"], "launcher.signal_delay_s=99999 is out of range"),
     (["seed=-1"], "seed=-1 is out of range"),
     (["resources.devices_per_task=100000"], "resources.devices_per_task=100000 is out of range"),
     # unknown options and keys, wrong shapes
@@ -83,6 +83,18 @@ CASES = [
     (["+variants.x.variants.y.train.lr=1"], "a variant cannot declare variants"),
     (["+variants.base.train.lr=1"], "'base' is the name of the base stage"),
     (["launcher=sbatch", "launcher.dry_run=true", "+launcher.additional_parameters.bad_key=1"], "extra_sbatch key"),
+    # an option of another launcher, or of none; a dotted key under a plain value
+    (["launcher=slurm", "launcher.dry_run=true"], "launcher.dry_run does not apply to launcher=slurm: it is an "
+                                                  "option of launcher=sbatch only"),
+    (["launcher.partition=gpu"], "launcher.partition does not apply to launcher=local: it is an option of "
+                                 "launcher=slurm, launcher=sbatch only"),
+    (["+launcher.partition=gpu"], "launcher.partition does not apply to launcher=local"),
+    (["launcher=slurm", "launcher.cpu_slots=2"], "it is an option of launcher=local only"),
+    (["launcher=sbatch", "launcher.nope=1"], "unknown key 'launcher.nope': valid keys for launcher=sbatch are"),
+    (["experiment.seeds=2"], "experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: "
+                             "pick one with +experiment=NAME"),
+    (["experiment=lora_ab"], "pick one with +experiment=NAME"),
+    (["train.lr.x=1"], "train.lr is a number and has no keys under it: set train.lr=VALUE"),
     # hostile names: never run by a shell, never a path outside the run dir
     (["+variants.$(touch pwned).train.lr=1"], "+variants."),
     (["+variants.../escape.train.lr=1"], "+variants."),
@@ -104,7 +116,7 @@ CASES = [
     (["resume=/nonexistent/run"], "no such directory"),
     (["resume="], "resume= needs a run directory"),
     (["resume={not_a_run}"], "no manifest.json there"),
-    (["resume={broken_run}"], "manifest.json is damaged"),
+    (["resume={broken_run}"], "the manifest is damaged"),
     (["resume={no_config_run}"], "config.yaml is missing or damaged"),
     (["resume={broken_run}", "train.steps=3"], "takes no other arguments"),
 ]

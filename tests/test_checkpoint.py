@@ -3,6 +3,7 @@ fallback to an older checkpoint, exact state round trips, the requeue rule (time
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from slurm_router.checkpoint import (CheckpointError, checkpoint_path, latest_valid_checkpoint, load_checkpoint,
                                      save_checkpoint, verify_checkpoint)
+from slurm_router.layout import TaskPaths
 from slurm_router.plan import TaskSpec
 
 
@@ -131,7 +133,7 @@ def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monke
     decisions = [requeue.decide(spec, signal.SIGUSR2) for _ in range(3)]
     assert [d.requeue for d in decisions] == [True, True, False] and {d.reason for d in decisions} == {"timeout"}
     assert "launcher.max_requeues=2" in decisions[-1].detail
-    data = json.loads((spec.task_dir / requeue.ATTEMPTS_FILE).read_text())
+    data = json.loads(TaskPaths(spec.task_dir).attempts.read_text())
     assert data["timeouts"] == 3 and data["preemptions"] == 5
 
 
@@ -169,3 +171,89 @@ def test_requeue_names_the_array_task_not_the_array(monkeypatch):
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID")
     monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
     assert slurm_job_ref() == "467"
+
+
+class _Children:
+    def __init__(self):
+        self.got = []
+
+    def forward(self, signum):
+        self.got.append(signum)
+
+
+def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
+    """The Ctrl-C race: a signal that lands while the workers are being spawned (blocked, delivered as soon as
+    the mask is restored) must be forwarded to them, not only remembered."""
+    from slurm_router.supervisor import TaskSupervisor
+    old = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    try:
+        sup = TaskSupervisor().install()
+        children = _Children()
+
+        def spawn():
+            # arrives mid-spawn: held back if this thread is the only one; handled at once, while the children
+            # are not known yet, if another thread (pytest's, torch's) takes it: forwarded either way
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+            return children
+
+        assert sup.start(spawn) is children
+        assert sup.signum == signal.SIGUSR2 and set(children.got) == {signal.SIGUSR2}
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def test_a_stop_before_the_start_stops_the_task_or_reaches_a_pack():
+    from slurm_router.supervisor import TaskStopped, TaskSupervisor
+    sup = TaskSupervisor()
+    sup.on_signal(signal.SIGTERM)
+    with pytest.raises(TaskStopped):
+        sup.start(lambda: pytest.fail("a stopped task spawns nothing"))
+    pack = sup.start(_Children, stop_early=False)       # a pack's children each ask the after-stop policy
+    assert pack.got == [signal.SIGTERM]
+
+
+def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
+    from slurm_router import requeue
+    from slurm_router.lifecycle import TaskOutcome
+    spec = _spec(tmp_path)
+    spec.task_dir.mkdir(parents=True)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert requeue.after_stop(spec, signal.SIGINT, 4, "scontrol") is TaskOutcome.STOPPED     # a local Ctrl-C
+    monkeypatch.setenv("SLURM_JOB_ID", "123")
+    monkeypatch.setattr(requeue, "time_left_s", lambda job: 3000.0)                   # a preemption
+    calls = []
+    monkeypatch.setattr(requeue.subprocess, "run", lambda *a, **k: calls.append(a[0]))
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.REQUEUE and not calls
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "submitit") is TaskOutcome.REQUEUE and not calls
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "scontrol") is TaskOutcome.STOPPED
+    assert calls == [["scontrol", "requeue", "123"]]
+    monkeypatch.setattr(requeue, "time_left_s", lambda job: 10.0)                     # the time limit, over budget
+    spec.config["launcher"] = {"max_requeues": 0}
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.FAILED
+    rows = [json.loads(line) for line in TaskPaths(spec.task_dir).events(0).read_text().splitlines()]
+    assert [(r["event"], r.get("exit_state")) for r in rows] == [("end", "interrupted")] + [("requeue", None)] * 3 + [
+        ("end", "failed")]
+
+
+def test_a_job_process_spawned_with_stop_signals_blocked_never_dies_of_an_early_one(tmp_path):
+    """A TERM the instant the job process exists (still starting its interpreter) is a clean stop before the
+    first step, exit 75 and an `end` row, when the spawner blocks the stop signals across the spawn, as the
+    supervisor does for its children (the local launcher should too: without it that TERM kills the process)."""
+    import subprocess
+    import sys
+    from slurm_router.supervisor import stop_signals_blocked
+    spec = _spec(tmp_path)
+    paths = TaskPaths(spec.task_dir)
+    paths.dir.mkdir(parents=True)
+    paths.task_file.write_text(spec.to_json())
+    with stop_signals_blocked():
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.job", str(paths.task_file)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    rows = [json.loads(line) for line in paths.events(0).read_text().splitlines()]
+    assert rows[-1]["event"] == "end" and rows[-1]["exit_state"] == "interrupted", rows
+    assert "no checkpoint yet" in out and "Traceback" not in out

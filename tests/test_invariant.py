@@ -3,11 +3,10 @@
 The loss curve of 1 device with round_robin equals that of several devices with any policy, heterogeneous
 speeds and micro-batch splitting, up to float reduction order. Real multi-process workers (gloo).
 """
-import json
-
 import pytest
 
 from conftest import run_cli, run_dir_of, step_losses
+from slurm_router.events import MicroRow, read_events
 
 COMMON = ["base.enabled=false", "train.steps=6", "train.global_batch_size=12", "train.warmup_steps=0",
           "train.lr=1e-2", "train.eval_batches=1", "train.eval_batch_size=4", "data.max_documents=40",
@@ -25,7 +24,7 @@ def _losses(tmp_path, *args) -> list[float]:
 def _micro_rows(tmp_path) -> list[dict]:
     rows = []
     for f in (tmp_path / "runs").rglob("events-rank*.jsonl"):
-        rows += [r for r in map(json.loads, f.read_text().splitlines()) if r["event"] == "micro"]
+        rows += [r for r in read_events(f) if r["event"] == MicroRow.KIND]
     return rows
 
 

@@ -34,20 +34,47 @@ def last_attempt_losses(task_dir: Path) -> dict[int, float]:
     return out
 
 
+def _default_sigint() -> None:
+    # A launcher started from a non-interactive shell's background job (`pytest ... &` in a script) inherits
+    # SIGINT *ignored*, and Python then installs no KeyboardInterrupt handler: the launcher would sleep
+    # through the test's SIGINT and finish every step (the one failure seen of the Ctrl-C test). A user's
+    # terminal never does that to a foreground command; the launcher itself should restore the default too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "slurm_router", *COMMON, *args, f"run_root={tmp_path}"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
 
 
-def _wait_for_step(tmp_path: Path, step: int, rank: int = 0, timeout: float = 120) -> Path:
+def _task_dirs(tmp_path: Path):
+    return tmp_path.glob("default/*/tasks/main")
+
+
+def _wait_for(tmp_path: Path, ready, what: str, timeout: float = 600) -> Path:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for task_dir in tmp_path.glob("default/*/tasks/main"):
-            if any(r["event"] == "step" and r["step"] >= step for r in _rows(task_dir, rank)):
+        for task_dir in _task_dirs(tmp_path):
+            if ready(task_dir):
                 return task_dir
-        time.sleep(0.1)
-    raise AssertionError(f"no step {step} within {timeout} s")
+        time.sleep(0.02)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+def _wait_for_step(tmp_path: Path, step: int, rank: int = 0, timeout: float = 600) -> Path:
+    return _wait_for(tmp_path, lambda d: any(r["event"] == "step" and r["step"] >= step for r in _rows(d, rank)),
+                     f"step {step}", timeout)
+
+
+def _task_running(task_dir: Path) -> bool:
+    """The launcher has started the task's job process (the manifest says so right after the start)."""
+    try:
+        manifest = json.loads((task_dir.parents[1] / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest.get("tasks", {}).get("main", {}).get("state") == "running"
 
 
 class Reference:
@@ -58,7 +85,7 @@ class Reference:
 
     def losses(self) -> dict[int, float]:
         if self._losses is None:
-            out, err = self.proc.communicate(timeout=300)
+            out, err = self.proc.communicate(timeout=900)
             assert self.proc.returncode == 0, out[-2000:] + err[-2000:]
             self._losses = last_attempt_losses(run_dir_of(subprocess.CompletedProcess([], 0, out, err))
                                                / "tasks" / "main")
@@ -74,33 +101,67 @@ def reference(tmp_path_factory):
         ref.proc.kill()
 
 
-def test_ctrl_c_checkpoints_and_resume_is_bitwise_exact(tmp_path, reference):
-    proc = _start(tmp_path)
-    task_dir = _wait_for_step(tmp_path, 3)
+# Where a Ctrl-C lands: (extra overrides, when to send it, the first step the signal checkpoint may hold).
+# before_first_step: the job process has just been started (still importing: no worker yet);
+# mid_step: a step is running; during_checkpoint: checkpoint_every=1 and the signal right after a step row,
+# while that step's checkpoint is being saved.
+CTRL_C_POINTS = {
+    "before_first_step": ([], _task_running, None),
+    "mid_step": ([], lambda d: any(r["event"] == "step" and r["step"] >= 3 for r in _rows(d)), 4),
+    "during_checkpoint": (["train.checkpoint_every=1"],
+                          lambda d: any(r["event"] == "step" and r["step"] >= 2 for r in _rows(d)), 4),
+}
+
+
+def ctrl_c_at(point: str, tmp_path: Path, reference_losses) -> None:
+    """SIGINT to the launcher at `point`: exit 130, an interrupted manifest, a signal checkpoint (or, before the
+    first step, none), one `end` row; resume= finishes bitwise like the uninterrupted run."""
+    extra, ready, min_step = CTRL_C_POINTS[point]
+    proc = _start(tmp_path, *extra)
+    task_dir = _wait_for(tmp_path, ready, point)
     proc.send_signal(signal.SIGINT)                 # what Ctrl-C sends the launcher
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=300)    # the step in flight ends first (slow on a loaded machine)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     run_dir = task_dir.parents[1]
+    log = (run_dir / "logs" / "main.log").read_text()
     assert proc.returncode == 130, out + err
-    assert f"resume={run_dir}" in out and "Traceback" not in out + err
+    assert f"resume={run_dir}" in out and "Traceback" not in out + err + log, out + err + log
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["state"] == "interrupted" and manifest["tasks"]["main"]["state"] == "interrupted"
+    code = manifest["tasks"]["main"].get("exit_code")
+    assert code == 75, f"task exit code {code}: {log[-500:]}"     # stopped cleanly, never killed by the TERM
     rows = _rows(task_dir)
     saved = [r for r in rows if r["event"] == "checkpoint_saved"]
-    assert saved[-1]["reason"] == "signal" and saved[-1]["step"] >= 4
-    assert rows[-1]["event"] == "end" and rows[-1]["exit_state"] == "interrupted"
+    if min_step is None:
+        assert not saved and not [r for r in rows if r["event"] == "step"], rows
+        assert not list((task_dir / "checkpoints").glob("step-*.pt"))
+    else:
+        assert saved[-1]["reason"] == "signal" and saved[-1]["step"] >= min_step, saved
+    assert rows[-1]["event"] == "end" and rows[-1]["exit_state"] == "interrupted", rows[-1]
 
     resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert f"main from step {saved[-1]['step']}" in resumed.stdout
     rows = _rows(task_dir)
     loaded = [r for r in rows if r["event"] == "checkpoint_loaded"]
-    assert len(loaded) == 1 and loaded[0]["attempt"] == 1 and loaded[0]["step"] == saved[-1]["step"]
-    assert f"resuming from {saved[-1]['path']}" in (run_dir / "logs" / "main.log").read_text()
-    assert {r["attempt"] for r in rows if r["event"] == "step" and r["step"] >= saved[-1]["step"]} >= {1}
-    assert last_attempt_losses(task_dir) == reference.losses(), "an interrupted and resumed run must match bitwise"
+    if min_step is None:
+        assert not loaded and "resuming from" not in (run_dir / "logs" / "main.log").read_text()
+    else:
+        assert f"main from step {saved[-1]['step']}" in resumed.stdout
+        assert len(loaded) == 1 and loaded[0]["attempt"] == 1 and loaded[0]["step"] == saved[-1]["step"]
+        assert f"resuming from {saved[-1]['path']}" in (run_dir / "logs" / "main.log").read_text()
+        assert {r["attempt"] for r in rows if r["event"] == "step" and r["step"] >= saved[-1]["step"]} >= {1}
+    assert last_attempt_losses(task_dir) == reference_losses(), "an interrupted and resumed run must match bitwise"
     assert json.loads((run_dir / "manifest.json").read_text())["state"] == "completed"
     again = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)       # nothing left: skips, says so
     assert again.returncode == 0 and "main completed" in again.stdout
+
+
+@pytest.mark.parametrize("point", list(CTRL_C_POINTS))
+def test_ctrl_c_checkpoints_and_resume_is_bitwise_exact(point, tmp_path, reference):
+    ctrl_c_at(point, tmp_path, reference.losses)
 
 
 def test_a_killed_worker_stops_the_task_fast_and_resume_falls_back_past_a_damaged_checkpoint(tmp_path, reference):

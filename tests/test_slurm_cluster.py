@@ -16,6 +16,7 @@ import pytest
 
 from slurm_router import slurm_status as st
 from slurm_router.launch.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch
+from slurm_router.rundir import Manifest
 
 pytestmark = [
     pytest.mark.slurm,
@@ -78,7 +79,8 @@ def _manifest(run_dir: Path, job_id: str, n: int, launcher: str = "sbatch") -> N
     tasks = [{"variant": f"v{i}", "array_index": i, "log_path": str(logs / f"{job_id}_{i}.out"),
               "err_path": str(logs / f"{job_id}_{i}.err")} for i in range(n)]
     manifest = {"run_id": "t", "experiment": "test", "run_dir": str(run_dir), "launcher": launcher,
-                "jobs": [{"stage": "variants", "job_id": job_id, "array": True, "tasks": tasks}], "tasks": {}}
+                "jobs": [{"stage": "variants", "job_id": job_id, "array": True, "tasks": tasks}], "tasks": {},
+                "stages": [{"name": "variants", "tasks": [t["variant"] for t in tasks]}]}   # Manifest.load needs it
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -121,7 +123,7 @@ def test_status_reports_failure_with_log_tail(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED" in proc.stdout and "last 20 lines" in proc.stdout
     wait_sacct(job_id, {f"{job_id}_0", f"{job_id}_1"})  # once accounting has both, it agrees
-    tasks = {t.variant: t for t in st.collect_status(st.load_manifest(run_dir))}
+    tasks = {t.variant: t for t in st.collect_status(Manifest.load(run_dir).data)}
     assert tasks["v0"].state == "COMPLETED" and tasks["v1"].state == "FAILED" and tasks["v1"].exit_code == "3:0"
     assert any('"task": "1"' in line for line in tasks["v1"].out_tail)
 

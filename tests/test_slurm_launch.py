@@ -49,6 +49,11 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
     assert all(spans[t][2] in ("0", "1", "2", "3") for t in spans), spans
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert set(summary["variants"]) == {"r8", "r32"} and summary["base"]["val_loss"] > 0
+    # launcher.wait=true waits for the whole run, the report job included (squeue first: sacct lags)
+    from slurm_router.slurm_status import TERMINAL_STATES, query_slurm
+    squeue, sacct = query_slurm(manifest["report_job_id"])
+    report_row = squeue.get(manifest["report_job_id"]) or sacct.get(manifest["report_job_id"])
+    assert report_row is not None and report_row.state in TERMINAL_STATES, report_row
     if launcher == "sbatch":
         assert (run_dir / "submit.sbatch").is_file() and (run_dir / "submit-base.sbatch").is_file()
     status = run_cli(str(run_dir), "--json", module="slurm_router.status", timeout=60)

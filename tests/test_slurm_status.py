@@ -219,6 +219,7 @@ def test_cli_bad_run_dir(tmp_path):
 
 def test_cli_local_run_json_and_table(tmp_path):
     manifest = {"run_id": "r", "experiment": "e", "launcher": "local", "jobs": [],
+                "stages": [{"name": "variants", "tasks": ["a", "b"]}],   # what Manifest.load requires
                 "tasks": {"a": {"variant": "a", "state": "completed"}, "b": {"variant": "b", "state": "failed"}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     proc = run_cli(str(tmp_path), "--json")

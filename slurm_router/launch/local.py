@@ -14,12 +14,18 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_router.config import LocalLauncherConfig, UserError
+from slurm_router.cpu import THREADS_ENV, threads_per_worker
+from slurm_router.launch.base import Launcher, RunJobs, StageJobs
 from slurm_router.launch.progress import Progress
+from slurm_router.layout import RunLayout
+from slurm_router.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState
 from slurm_router.plan import Stage, TaskSpec
-from slurm_router.train.state import EXIT_STOPPED
+from slurm_router.supervisor import stop_signals_blocked
 
 
 def detect_gpus() -> list[str]:
@@ -52,7 +58,8 @@ def device_pool(cfg) -> tuple[list[str], bool]:
         if per_gpu > 1:
             print(f"variant packing: up to {per_gpu} tasks per GPU")
         return [g for g in gpus for _ in range(per_gpu)], True
-    slots = cfg.launcher.cpu_slots or os.cpu_count() or 1
+    # resume=RUN_DIR launcher=local of a Slurm run: its config has no cpu_slots (the schema's default then)
+    slots = cfg.launcher.get("cpu_slots") or os.cpu_count() or 1
     return [f"cpu{i}" for i in range(max(slots, cfg.resources.devices_per_task))], False
 
 
@@ -85,26 +92,65 @@ def _take(free: list[str], n: int) -> list[str] | None:
     return order[:n] if len(order) >= n else None
 
 
-def run_stages(stages: list[Stage], cfg, run_dir: Path, manifest) -> dict[str, str]:
-    """Run every stage in order; returns task name -> final state (completed | failed | interrupted | skipped |
-    cached)."""
-    pool, on_gpu = device_pool(cfg)
-    states: dict[str, str] = {}
-    for stage in stages:
-        if stage.cached:
-            for t in stage.tasks:
-                states[t.name] = "cached"
-            continue
-        if any(states.get(t.name) in ("failed", "skipped", "interrupted") for s in stages if s.name in stage.depends_on
-               for t in s.tasks):
-            for t in stage.tasks:
-                states[t.name] = "skipped"
-            continue
-        states.update(_run_queue(stage.tasks, pool, on_gpu, run_dir, manifest))
-    return states
+class LocalLauncher(Launcher):
+    """Runs each stage's queue here, to the end, inside submit_stage; writes the report itself."""
+    schema = LocalLauncherConfig
+    synchronous = True
+
+    def __init__(self, cfg, manifest):
+        super().__init__(cfg, manifest)
+        self._pool: tuple[list[str], bool] | None = None
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        check_devices(cfg)
+
+    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
+        if self._pool is None:                  # GPUs are probed once per run, when the first stage starts
+            self._pool = device_pool(self.cfg)
+        pool, on_gpu = self._pool
+        # The workers of this stage that run side by side share the cores: decided once, here (slurm_router.cpu).
+        threads = threads_per_worker(min(len(pool), sum(t.devices for t in stage.tasks)))
+        return StageJobs(states=_run_queue(stage.tasks, pool, on_gpu, self.layout, self.manifest, threads))
+
+    def report_job(self, after: str | None) -> str | None:
+        from slurm_router.analysis.report import print_table, write_report
+        try:
+            print_table(write_report(self.layout.root))
+        except Exception as e:                 # a failed run still prints where its files are
+            print(f"report: not written ({e})", file=sys.stderr)
+        return None
+
+    def finish(self, run: RunJobs) -> int:
+        failed = [n for n, s in run.states.items() if not s.done]
+        if failed:
+            print(f"failed tasks: {', '.join(failed)}; logs in {self.layout.logs}", file=sys.stderr)
+        print(f"run_dir: {self.layout.root}")
+        return 0 if run.ok else 1
+
+    def interrupted(self) -> int:
+        self.manifest.set(state="interrupted")
+        print(f"\ninterrupted: running tasks saved a checkpoint at their last step\n"
+              f"continue with: python -m slurm_router resume={self.layout.root}\nrun_dir: {self.layout.root}")
+        return EXIT_INTERRUPTED
 
 
-def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, run_dir: Path, manifest) -> dict[str, str]:
+def check_devices(cfg) -> None:
+    """No more devices per task than this machine has (GPUs), or a warning when CPU workers share cores."""
+    gpus = detect_gpus()
+    need = max([cfg.resources.devices_per_task] + [int(v.get("resources", {}).get("devices_per_task", 0) or 0)
+                                                     for v in cfg.variants.values() if v])
+    if gpus and need > len(gpus):
+        raise UserError(f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "
+                        f"ask for at most {len(gpus)}, or use launcher=slurm")
+    if not gpus and need > (os.cpu_count() or 1):
+        warnings.warn(f"resources.devices_per_task={need} CPU worker processes on {os.cpu_count()} cores: "
+                      "they will share cores (fine for tests, slow for training)", stacklevel=1)
+
+
+def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: RunLayout, manifest,
+               threads: int) -> dict[str, TaskState]:
+    """Start tasks while free devices exist; record each as it starts and ends; returns the final states."""
     waiting, running, states = list(tasks), [], {}
     free = list(pool)
     progress = Progress(tasks)
@@ -114,18 +160,20 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, run_dir: Pa
                 spec = waiting.pop(0)
                 for d in devices:
                     free.remove(d)
-                running.append(_start(spec, devices, on_gpu, run_dir, len(pool)))
-                manifest.set_task(spec.name, state="running", devices=devices, log_path=str(running[-1].log))
-            for r in list(running):
-                if r.proc.poll() is not None:
-                    running.remove(r)
-                    free = sorted(free + r.devices, key=pool.index)
-                    code = r.proc.returncode
-                    state = "completed" if code == 0 else "interrupted" if code == EXIT_STOPPED else "failed"
-                    states[r.spec.name] = state
-                    manifest.set_task(r.spec.name, state=state, exit_code=r.proc.returncode,
-                                      elapsed_s=round(time.time() - r.started, 3))
-                    progress.finish(r.spec.name, state, r.log)
+                # A Ctrl-C while the job process starts waits until it is in `running` (and so is stopped
+                # below), and the job process itself starts with stop signals blocked until its handlers exist.
+                with stop_signals_blocked():
+                    running.append(_start(spec, devices, on_gpu, layout, threads))
+                manifest.set_task(spec.name, state=TaskState.RUNNING.value, devices=devices,
+                                  log_path=str(running[-1].log))
+            for r in [r for r in running if r.proc.poll() is not None]:
+                running.remove(r)
+                free = sorted(free + r.devices, key=pool.index)
+                state = TaskOutcome.from_exit_code(r.proc.returncode).state
+                states[r.spec.name] = state
+                manifest.set_task(r.spec.name, state=state.value, exit_code=r.proc.returncode,
+                                  elapsed_s=round(time.time() - r.started, 3))
+                progress.finish(r.spec.name, state, r.log)
             progress.update()
             time.sleep(0.2)
     except KeyboardInterrupt:
@@ -136,24 +184,22 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, run_dir: Pa
             r.proc.terminate()
         for r in running:
             r.proc.wait()
-            manifest.set_task(r.spec.name, state="interrupted", exit_code=r.proc.returncode)
+            # a task that was in its last step finishes instead (quicker than a checkpoint): completed
+            state = TaskOutcome.from_exit_code(r.proc.returncode).state
+            manifest.set_task(r.spec.name, state=state.value, exit_code=r.proc.returncode)
         raise
     finally:
         progress.close()
     return states
 
 
-def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, run_dir: Path, pool_size: int) -> Running:
-    task_file = spec.task_dir / "task.json"
-    log = run_dir / "logs" / f"{spec.name}.log"
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    if on_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = ""       # CPU workers: never touch a GPU by accident
-        env["SLURM_ROUTER_THREADS"] = str(max(1, (os.cpu_count() or 1) // pool_size))
+def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, threads: int) -> Running:
+    log = layout.log(spec.name)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env[THREADS_ENV] = str(threads)
+    # CPU workers: never touch a GPU by accident
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices) if on_gpu else ""
     with open(log, "ab") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.job", str(task_file)], stdout=f,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.job", str(layout.task(spec.name).task_file)],
+                                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return Running(spec, proc, devices, log)

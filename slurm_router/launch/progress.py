@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
+from slurm_router.events import EVENT, EvalRow, StepRow
+from slurm_router.layout import TaskPaths
+from slurm_router.lifecycle import TaskState
 from slurm_router.plan import TaskSpec
 
 
@@ -38,7 +40,7 @@ class _Tail:
 class Progress:
     def __init__(self, tasks: list[TaskSpec]):
         self.tasks = {t.name: t for t in tasks}
-        self.tails = {t.name: _Tail(t.task_dir / "events-rank0.jsonl") for t in tasks}
+        self.tails = {t.name: _Tail(TaskPaths(t.task_dir).events(0)) for t in tasks}
         self.state = {t.name: {"step": 0, "loss": None, "tokens": 0, "t0": None, "printed": -1} for t in tasks}
         self.live = sys.stderr.isatty()
         self._rich = None
@@ -55,13 +57,13 @@ class Progress:
         for name, tail in self.tails.items():
             st = self.state[name]
             for row in tail.rows():
-                if row.get("event") == "step":
+                if row.get(EVENT) == StepRow.KIND:
                     st["step"] = row["step"] + 1
                     st["loss"] = row["loss"]
                     st["tokens"] += row.get("n_tokens", 0)
                     st["t0"] = st["t0"] or row["time"] - row.get("t_step_s", 0)
                     st["t_last"] = row["time"]
-                elif row.get("event") == "eval":
+                elif row.get(EVENT) == EvalRow.KIND:
                     st["val_loss"] = row["val_loss"]
             self._show(name)
 
@@ -82,13 +84,13 @@ class Progress:
             st["printed"] = decile
             print(f"  {self.tasks[name].stage}/{name}: step {st['step']}/{total}  {self._info(name)}", flush=True)
 
-    def finish(self, name: str, state: str, log: Path) -> None:
+    def finish(self, name: str, state: TaskState, log: Path) -> None:
         self.update()
-        msg = f"{self.tasks[name].stage}/{name}: {state}"
-        if state != "completed":
+        msg = f"{self.tasks[name].stage}/{name}: {state.value}"
+        if state is not TaskState.COMPLETED:
             msg += f" (log: {log})"
         if self._rich is not None:
-            self._rich.update(self._ids[name], info=state)
+            self._rich.update(self._ids[name], info=state.value)
             self._rich.console.print(msg)
         else:
             print(msg, flush=True)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
+from slurm_router.config import SlurmLauncherConfig
+
 TEMPLATE_NAME = "array.sbatch"
 
 # sbatch stores `"` in job names as a backtick in accounting and `|` breaks sacct --parsable2 rows:
@@ -53,7 +55,7 @@ class SbatchSpec:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    signal_delay_s: int = 120  # USR2 this long before the time limit (submitit's checkpoint signal)
+    signal_delay_s: int = SlurmLauncherConfig.signal_delay_s  # USR2 this long before the time limit
     requeue: bool = True
     dependency_job_id: str | None = None  # afterok on this job (all its array tasks)
     ntasks: int = 1  # >1: srun starts one task per GPU set (D devices -> D tasks)
@@ -226,9 +228,16 @@ def write_sbatch(spec: SbatchSpec, path: str | Path | None = None, template_dir:
 
 def submit_sbatch(script: str | Path, *extra_args: str) -> str:
     """sbatch the script; return its job id. Raises RuntimeError with sbatch's message on failure."""
-    proc = subprocess.run(
-        ["sbatch", "--parsable", *extra_args, str(script)], capture_output=True, text=True, check=False
-    )
+    return _sbatch([*extra_args, str(script)], what=str(script))
+
+
+def submit_wrapped(argv: list[str], *options: str) -> str:
+    """sbatch --wrap one command (argv, not a shell line: every word is shlex-quoted); its job id."""
+    return _sbatch([*options, "--wrap", shlex.join(argv)], what=argv[-1])
+
+
+def _sbatch(args: list[str], what: str) -> str:
+    proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"sbatch {script} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+        raise RuntimeError(f"sbatch {what} failed (exit {proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"

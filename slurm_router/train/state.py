@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from slurm_router.lifecycle import EXIT_STOPPED  # noqa: F401  (a worker's exit code after a stop signal)
+from slurm_router.supervisor import STOP_SIGNALS
+
 FORMAT = 1
-EXIT_STOPPED = 75       # a worker's (and the job's) exit code after a stop signal: checkpointed, can resume (EX_TEMPFAIL)
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
-_requested = {"signum": 0}
 
 
 @dataclass
@@ -32,27 +32,38 @@ class Stopped:
     signum: int
 
 
-def _on_signal(signum, frame) -> None:
-    # Only a flag: a signal can land inside a collective or a backward pass; the loop acts at the step end.
-    if not _requested["signum"]:
-        _requested["signum"] = signum
+class StopFlag:
+    """This worker process's stop request: the first stop signal it got (0: none). Only a flag: a signal can
+    land inside a collective or a backward pass; the training loop acts at the step end."""
+
+    def __init__(self):
+        self.signum = 0
+
+    def on_signal(self, signum, frame=None) -> None:
+        self.signum = self.signum or signum
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.on_signal)
+        # The job process spawns workers with these signals blocked (so one during start-up waits instead of
+        # killing the worker): from here on they are welcome, and a pending one is delivered now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+_FLAG = StopFlag()          # one per worker process: signal handlers are per process
 
 
 def install_stop_handlers() -> None:
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _on_signal)
-    # The job process starts workers with these signals blocked (so one during start-up is not fatal):
-    # from here on they are welcome, and a pending one is delivered now.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    _FLAG.install()
 
 
 def stop_requested() -> int:
     """The first stop signal received (0: none)."""
-    return _requested["signum"]
+    return _FLAG.signum
 
 
 def request_stop(signum: int) -> None:
-    _on_signal(signum, None)
+    _FLAG.on_signal(signum)
 
 
 def _rng_state(device: torch.device) -> dict:

@@ -1,0 +1,178 @@
+"""One launcher interface and the one loop that drives it (docs/ARCHITECTURE.md, "Orchestration").
+
+    Launcher (local | submitit | sbatch)   check(cfg); submit_stage(stage, after) -> StageJobs; report_job(after)
+    submit_stages(launcher, stages)        the order, the cached base, the afterok chain, the manifest, the report
+
+In the spirit of Hydra's BaseSubmititLauncher and submitit's Executor: what differs between backends is small
+and lives in a Launcher; everything a run does the same way on each of them lives in submit_stages, which a
+fresh run and resume= (with only the unfinished tasks) both call. The local launcher is synchronous: its
+submit_stage runs the stage's queue to the end and returns the tasks' final states; the Slurm launchers
+return as soon as the stage's array job is queued, and the next stage waits on it with afterok.
+"""
+from __future__ import annotations
+
+import shutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from slurm_router.config import UserError
+from slurm_router.layout import BASE_META, RunLayout
+from slurm_router.lifecycle import TaskState
+from slurm_router.plan import Stage, TaskSpec
+
+
+@dataclass(frozen=True)
+class TaskJob:
+    """Where Slurm runs one task: its job id (JOB_INDEX for an array task; packed tasks share one) and logs."""
+    job_id: str
+    log_path: str
+    err_path: str
+
+    @property
+    def array_index(self) -> int | None:
+        return int(self.job_id.split("_")[1]) if "_" in self.job_id else None
+
+
+@dataclass
+class StageJobs:
+    """What submit_stage did with one stage."""
+    job_id: str | None = None                       # the stage's job (afterok target); None: nothing queued
+    tasks: dict[str, TaskJob] = field(default_factory=dict)         # Slurm: task name -> its job
+    states: dict[str, TaskState] = field(default_factory=dict)      # synchronous: task name -> final state
+
+
+@dataclass
+class RunJobs:
+    """What submit_stages did with a whole run."""
+    job_ids: list[str] = field(default_factory=list)                # one per submitted stage, in order
+    states: dict[str, TaskState] = field(default_factory=dict)      # synchronous launchers' final states
+    report_job_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(s.done for s in self.states.values())
+
+
+class Launcher(ABC):
+    """One backend. Instances are made after the run directory exists; check() runs before anything is written."""
+    schema: ClassVar[type]                  # its config dataclass (slurm_router.config); schema.kind names it
+    synchronous: ClassVar[bool] = False     # submit_stage returns only once the stage's tasks have ended
+
+    def __init__(self, cfg, manifest):
+        self.cfg, self.manifest = cfg, manifest
+        self.layout: RunLayout = manifest.layout
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """Every check this launcher needs, before any file is written. Raises UserError (one line)."""
+
+    def check_resume(self) -> None:
+        """resume= with this launcher: what must hold before the run's unfinished tasks start again."""
+
+    def refuse_live_tasks(self) -> None:
+        """resume= of a run this launcher ran: refuse (UserError) while any of its tasks still runs."""
+
+    @abstractmethod
+    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
+        """Run or queue one stage's tasks; `after` is the previous stage's job id (Slurm: afterok)."""
+
+    @abstractmethod
+    def report_job(self, after: str | None) -> str | None:
+        """Write the report (synchronous) or queue the job that writes it once `after` has ended; its id."""
+
+    @abstractmethod
+    def finish(self, run: RunJobs) -> int:
+        """After submit_stages: tell the user (and wait, if asked); the command's exit code."""
+
+    def interrupted(self) -> int:
+        """Ctrl-C while submit_stages ran (only a synchronous launcher is still running tasks then)."""
+        raise KeyboardInterrupt
+
+
+def launch(launcher: Launcher, stages: list[Stage]) -> int:
+    """submit_stages, then the launcher's finish; the run is marked failed if a submission was refused."""
+    try:
+        run = submit_stages(launcher, stages)
+    except KeyboardInterrupt:
+        return launcher.interrupted()
+    except UserError:
+        launcher.manifest.set(state="failed")
+        raise
+    return launcher.finish(run)
+
+
+def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
+    """The one loop: stages in order; a cached base is not run (its cache meta becomes its result); each stage
+    waits on the one before (afterok); a stage after a failed one is skipped; the manifest records every task's
+    job or state; the report job comes last. resume= passes stages holding only the unfinished tasks."""
+    manifest, run, after = launcher.manifest, RunJobs(), None
+    for stage in stages:
+        if stage.cached:
+            _reuse_cached(stage, manifest)
+            continue
+        if _blocked(stage, stages, run.states):
+            for t in stage.tasks:
+                run.states[t.name] = TaskState.SKIPPED
+                manifest.set_task(t.name, state=TaskState.SKIPPED.value)
+            continue
+        jobs = launcher.submit_stage(stage, after=after)
+        _record(manifest, stage, jobs)
+        run.states.update(jobs.states)
+        if jobs.job_id:
+            run.job_ids.append(jobs.job_id)
+            after = jobs.job_id
+    if launcher.synchronous:
+        manifest.set(state="completed" if run.ok else "failed")
+    elif run.job_ids:
+        manifest.set(state="submitted", job_ids=run.job_ids)
+    else:                                   # launcher.dry_run: scripts rendered, nothing queued, nothing to report
+        manifest.set(state="rendered")
+        return run
+    run.report_job_id = launcher.report_job(after=after)
+    if run.report_job_id:
+        manifest.set(report_job_id=run.report_job_id)
+    return run
+
+
+def cached_base(task: TaskSpec) -> Path | None:
+    """The cache's meta.json of a base stage task whose weights an earlier run already trained, else None."""
+    if not task.save_weights:
+        return None
+    meta = Path(task.save_weights).with_name(BASE_META)
+    return meta if meta.is_file() and Path(task.save_weights).is_file() else None
+
+
+def _reuse_cached(stage: Stage, manifest) -> None:
+    """A base an earlier run trained: its cache's meta.json is this run's result for it."""
+    for t in stage.tasks:
+        meta, result = cached_base(t), RunLayout(t.run_dir).task(t.name).result
+        if meta is not None and not result.is_file():
+            shutil.copy(meta, result)
+            manifest.set_task(t.name, state=TaskState.CACHED.value)
+            print(f"base stage: reusing the cached base model {meta.parent}")
+
+
+def _blocked(stage: Stage, stages: list[Stage], states: dict[str, TaskState]) -> bool:
+    """An earlier stage this one depends on did not complete here (only synchronous launchers know yet)."""
+    return any(states.get(t.name, TaskState.COMPLETED) not in (TaskState.COMPLETED, TaskState.CACHED)
+               for s in stages if s.name in stage.depends_on for t in s.tasks)
+
+
+def _record(manifest, stage: Stage, jobs: StageJobs) -> None:
+    """The manifest's record of one stage: each task's job (Slurm) or final state (synchronous launchers)."""
+    for name, state in jobs.states.items():
+        manifest.data["tasks"][name]["state"] = state.value
+    if jobs.job_id:
+        rows = []
+        for t in stage.tasks:
+            job = jobs.tasks[t.name]
+            rows.append({"variant": t.name, "array_index": job.array_index, "job_id": job.job_id,
+                         "log_path": job.log_path, "err_path": job.err_path})
+            manifest.data["tasks"][t.name].update(state=TaskState.SUBMITTED.value, job_id=job.job_id,
+                                                  log_path=job.log_path)
+        array = any(job.array_index is not None for job in jobs.tasks.values())
+        manifest.data["jobs"].append({"stage": stage.name, "job_id": jobs.job_id, "array": array, "tasks": rows})
+    manifest.save()
+

@@ -1,0 +1,84 @@
+"""launcher=sbatch: each stage is rendered to RUN_DIR/submit[-<stage>].sbatch from sbatch_templates/ and
+submitted with sbatch; its array tasks run `python -m slurm_router.job --run-dir RUN_DIR --stage NAME`.
+launcher.dry_run=true renders the scripts and submits nothing. A resumed run submits only the unfinished
+tasks' array indices, to submit[-<stage>]-resume<N>.sbatch: an array index always means the same task."""
+from __future__ import annotations
+
+import sys
+
+from slurm_router.config import SbatchLauncherConfig, UserError
+from slurm_router.launch.base import StageJobs, TaskJob
+from slurm_router.launch.sbatch_render import SbatchSpec, safe_job_name, sbatch_directives, submit_sbatch
+from slurm_router.launch.sbatch_render import submit_wrapped, write_sbatch
+from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, check_packing, check_slurm,
+                                              sbatch_error, stage_devices, tasks_per_pack)
+from slurm_router.plan import Stage
+
+
+def sbatch_spec(cfg, run_dir: str, stage: str, n_arrays: int, devices: int, after: str | None,
+                indices: tuple[int, ...] | None = None) -> SbatchSpec:
+    lc, per_pack = cfg.launcher, tasks_per_pack(cfg)
+    return SbatchSpec(
+        job_name=safe_job_name(f"{cfg.experiment}-{stage}"), run_dir=run_dir,
+        array_size=n_arrays, array_parallelism=lc.array_parallelism, array_indices=indices,
+        gpus_per_task=1 if lc.srun_workers else devices, cpus_per_task=lc.cpus_per_task, mem_gb=lc.mem_gb,
+        timeout_min=lc.timeout_min, partition=lc.partition, account=lc.account, qos=lc.qos,
+        constraint=lc.constraint, signal_delay_s=lc.signal_delay_s, requeue=True, dependency_job_id=after,
+        ntasks=devices if lc.srun_workers else 1,
+        extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
+        python=sys.executable,
+        task_argv=("-m", "slurm_router.job", "--run-dir", run_dir, "--stage", stage)
+        + (("--pack", str(per_pack)) if per_pack > 1 else ()))
+
+
+class SbatchLauncher(SlurmLauncher):
+    schema = SbatchLauncherConfig
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """The launcher values sbatch cannot carry, found before any file is written (UserError, one line);
+        a dry run only renders, so it needs no Slurm here."""
+        if not cfg.launcher.dry_run:
+            check_slurm()
+        check_packing(cfg)
+        try:
+            sbatch_directives(sbatch_spec(cfg, "/run_dir", "check", 1, cfg.resources.devices_per_task, None))
+        except ValueError as e:
+            raise UserError(f"launcher: {e}") from None
+
+    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
+        per_pack, resumed = tasks_per_pack(self.cfg), self.manifest.data.get("resumed", 0)
+        n_arrays = -(-len(self.manifest.stage_tasks(stage.name)) // per_pack)
+        indices = tuple(sorted({t.index // per_pack for t in stage.tasks}))
+        spec = sbatch_spec(self.cfg, str(self.layout.root), stage.name, n_arrays, stage_devices(stage), after,
+                           indices if len(indices) < n_arrays else None)
+        last = stage.name == self.manifest.data["stages"][-1]["name"]
+        try:
+            script = write_sbatch(spec, self.layout.sbatch_script(stage.name, last, resumed))
+        except ValueError as e:
+            raise UserError(f"launcher: {e}") from None
+        if self.cfg.launcher.dry_run:
+            print(f"rendered {script} (launcher.dry_run=true: not submitted)")
+            return StageJobs()
+        try:
+            job_id = submit_sbatch(script)
+        except RuntimeError as e:
+            raise sbatch_error(e) from None
+        logs = self.layout.logs
+        return StageJobs(job_id=job_id, tasks={t.name: TaskJob(f"{job_id}_{t.index // per_pack}",
+                                                               str(logs / f"{job_id}_{t.index // per_pack}.out"),
+                                                               str(logs / f"{job_id}_{t.index // per_pack}.err"))
+                                               for t in stage.tasks})
+
+    def report_job(self, after: str | None) -> str | None:
+        logs = str(self.layout.logs).replace("%", "%%")          # Slurm expands %j etc. in --output
+        partition = [f"--partition={self.cfg.launcher.partition}"] if self.cfg.launcher.partition else []
+        try:
+            return submit_wrapped([sys.executable, "-m", "slurm_router.analysis", str(self.layout.root)],
+                                  f"--dependency=afterany:{after}", "--job-name",
+                                  safe_job_name(f"{self.cfg.experiment}-report"), "--output", f"{logs}/report-%j.out",
+                                  "--time", str(REPORT_TIMEOUT_MIN), *partition)
+        except RuntimeError as e:           # the tasks are queued: the report can be written later
+            print(f"warning: the report job was not submitted ({sbatch_error(e)}): "
+                  f"write it with python -m slurm_router.analysis {self.layout.root}", file=sys.stderr)
+            return None

@@ -1,0 +1,109 @@
+"""What both Slurm launchers share: the checks, the one-line rejection, packing, and the end of a run
+(print the job ids; with launcher.wait=true wait for every task AND the report job, then print the report
+that job wrote: one writer of report/ at a time).
+
+Every stage is ONE array job (one array task per variant, or per pack of resources.tasks_per_gpu variants);
+a later stage waits with --dependency=afterok; a last small job writes the report once every stage has ended
+(afterany). Both ask Slurm for USR2 launcher.signal_delay_s before the time limit and allow requeues: the task
+checkpoints at its step end and is requeued into the same run dir (slurm_router.job, slurm_router.requeue).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+
+from slurm_router.config import UserError
+from slurm_router.launch.base import Launcher, RunJobs
+from slurm_router.plan import Stage
+
+REPORT_TIMEOUT_MIN = 30         # the report job reads events and sacct: minutes at most
+
+
+def check_slurm() -> None:
+    if shutil.which("sbatch") is None:
+        raise UserError("sbatch is not on the PATH: this is not a Slurm machine; run here with launcher=local")
+
+
+def sbatch_error(e: Exception, stderr: str = "") -> UserError:
+    """sbatch's refusal (however submitit or subprocess wrapped it) as one line."""
+    text = f"{stderr}\n{e}"
+    reasons = list(dict.fromkeys(m.strip() for m in re.findall(r"sbatch: error: ([^\n]+)", text)))
+    detail = "; ".join(reasons) if reasons else str(e).strip().replace("\n", " ")[:300]
+    return UserError(f"Slurm rejected the job: {detail}")
+
+
+def tasks_per_pack(cfg) -> int:
+    """Tasks per array task under Slurm (resources.tasks_per_gpu); checked by check_packing."""
+    return max(1, int(cfg.resources.tasks_per_gpu))
+
+
+def check_packing(cfg) -> None:
+    if cfg.resources.tasks_per_gpu == 0:
+        raise UserError("resources.tasks_per_gpu=0 (pack by predicted memory) works with launcher=local only: "
+                        "the GPU's memory is unknown at submit time; set resources.tasks_per_gpu=N")
+    if cfg.resources.tasks_per_gpu > 1 and cfg.launcher.srun_workers:
+        raise UserError("resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
+                        "a packed array task runs its tasks side by side on the same GPUs")
+
+
+def stage_devices(stage: Stage) -> int:
+    """GPUs per array task: the stage's largest task (every array task asks for the same)."""
+    return max(t.devices for t in stage.tasks)
+
+
+class SlurmLauncher(Launcher):
+    """The part of launcher=slurm (submitit) and launcher=sbatch that does not depend on how they submit."""
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        check_slurm()
+        check_packing(cfg)
+
+    def check_resume(self) -> None:
+        check_slurm()
+
+    def refuse_live_tasks(self) -> None:
+        """Never run a task twice at once: a resumed Slurm run must have nothing left in Slurm."""
+        if not self.manifest.data.get("job_ids") and not self.manifest.data.get("jobs"):
+            return
+        from slurm_router.slurm_status import live_tasks
+        live = live_tasks(self.manifest.data)
+        if live:
+            run_dir = self.layout.root
+            raise UserError(f"resume={run_dir}: {len(live)} task(s) of this run are still in Slurm "
+                            f"({', '.join(f'{t.variant} {t.job_id} {t.state}' for t in live[:3])}): wait for them "
+                            f"(python -m slurm_router.status {run_dir} --wait) or cancel them (--cancel) first")
+
+    def finish(self, run: RunJobs) -> int:
+        run_dir = self.layout.root
+        if not run.job_ids:
+            print(f"run_dir: {run_dir}")
+            return 0
+        print(f"submitted {len(run.job_ids)} array job(s): {' '.join(run.job_ids)} "
+              f"(python -m slurm_router.status {run_dir} [--wait])")
+        if not self.cfg.launcher.wait:
+            print(f"run_dir: {run_dir}")
+            return 0
+        return self._wait(run)
+
+    def _wait(self, run: RunJobs) -> int:
+        """launcher.wait=true: the whole run, report job included; then print the report that job wrote (or,
+        if it did not, say so and write it here: by then nothing else writes report/)."""
+        from slurm_router.analysis.report import print_table, write_report
+        from slurm_router.slurm_status import SUCCESS_STATES, wait_for_job, wait_for_run
+        tasks = wait_for_run(self.manifest.data, poll_s=2.0)
+        ok = all(t.state in SUCCESS_STATES for t in tasks)
+        self.manifest.set(state="completed" if ok else "failed")
+        report_state = wait_for_job(run.report_job_id, poll_s=2.0) if run.report_job_id else "NOT SUBMITTED"
+        summary_file = self.layout.summary
+        if report_state == "COMPLETED" and summary_file.is_file():
+            summary = json.loads(summary_file.read_text())
+        else:
+            print(f"report job {run.report_job_id or '-'} ended {report_state}: writing the report here",
+                  file=sys.stderr)
+            summary = write_report(self.layout.root)
+        print_table(summary)
+        print(f"run_dir: {self.layout.root}")
+        return 0 if ok else 1

@@ -1,0 +1,212 @@
+"""The job side of a task's lifecycle (docs/ARCHITECTURE.md): a TaskSupervisor starts the processes that do
+the work (the D workers of one task, or the K job processes of a pack), watches them, forwards every stop
+signal to them and, after a stop, asks the one after-stop policy (requeue.after_stop) what comes next.
+
+No stop signal is ever lost (the Ctrl-C race of issue 11: a signal handled while the workers were being
+spawned was remembered but forwarded to nobody, so the workers trained to the end). The supervisor's
+handlers are installed before anything slow happens; the children are spawned with stop signals blocked
+and, once the supervisor knows them, it forwards any signal that came meanwhile (blocked in this thread it
+is handled right after; another thread of the process may take it earlier, while the children are not yet
+known: the check after the spawn covers both). The children inherit the blocked mask through fork and exec
+and unblock it once their own handlers are in place (train.state.install_stop_handlers for a worker,
+TaskSupervisor.install for a job process), so a signal during their start-up waits for them instead of
+killing them. Whoever spawns a job process should do the same (`stop_signals_blocked`).
+
+Deliberately light imports (no torch): a job process installs its handlers within milliseconds of starting.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing.connection
+import os
+import signal
+import socket
+import sys
+import time
+from contextlib import contextmanager
+
+from slurm_router.layout import TaskPaths
+from slurm_router.lifecycle import EXIT_OK, EXIT_STOPPED, TaskOutcome
+
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+# After one worker has ended normally, the others get this long to end too (rank 0 still writes results).
+WORKER_GRACE_S = 300.0
+
+
+class TaskFailed(RuntimeError):
+    """A worker died or raised: one line saying which and why."""
+
+
+class TaskStopped(Exception):
+    """The task stopped on a signal after saving a checkpoint at `step` (None: before its first step)."""
+
+    def __init__(self, step: int | None, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name if signum else 'a signal'} at step {step}")
+        self.step, self.signum = step, signum
+
+
+@contextmanager
+def stop_signals_blocked():
+    """Stop signals wait (pending, not lost) while inside; children spawned here start with them blocked."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_entry(rank: int, spec_json: str, world: int, master: str, resume: str | None = None):
+    """One worker's whole life: train, and rank 0 writes the task's result."""
+    from slurm_router.checkpoint import atomic_write_text
+    from slurm_router.plan import TaskSpec
+    from slurm_router.worker import train
+    spec = TaskSpec(**json.loads(spec_json))
+    result = train(spec, rank, world, master, resume)
+    if rank == 0 and isinstance(result, dict):
+        atomic_write_text(TaskPaths(spec.task_dir).result, json.dumps(result, indent=1))
+    return result
+
+
+def _spawned_worker(rank: int, spec_json: str, world: int, master: str, resume: str | None) -> None:
+    from slurm_router.train.state import Stopped
+    if isinstance(worker_entry(rank, spec_json, world, master, resume), Stopped):
+        sys.exit(EXIT_STOPPED)
+
+
+def _forward(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+class Workers:
+    """The D worker processes of one task (spawned; call under stop_signals_blocked)."""
+
+    def __init__(self, spec, resume: str | None):
+        import torch.multiprocessing as mp
+        master = f"127.0.0.1:{free_port()}"
+        self.ctx = mp.start_processes(_spawned_worker, args=(spec.to_json(), spec.devices, master, resume),
+                                      nprocs=spec.devices, join=False, start_method="spawn")
+        self.procs = self.ctx.processes
+
+    def alive(self) -> bool:
+        return any(p.exitcode is None for p in self.procs)
+
+    def forward(self, signum: int) -> None:
+        _forward([p.pid for p in self.procs if p.exitcode is None], signum)
+
+    def kill(self) -> None:
+        self.forward(signal.SIGKILL)
+        for p in self.procs:
+            p.join(5)
+
+    def _describe(self, rank: int) -> str:
+        p = self.procs[rank]
+        code = p.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        err = self.ctx.error_files[rank]
+        if err and os.path.exists(err):          # a Python exception: its last line says what went wrong
+            import pickle
+            with open(err, "rb") as f:
+                trace = pickle.load(f)
+            print(f"worker rank {rank}:\n{trace}", file=sys.stderr, flush=True)      # the whole story, in the log
+            how = f"raised {[l for l in trace.strip().splitlines() if l.strip()][-1].strip()}"
+        return f"worker rank {rank} (pid {p.pid}) {how}"
+
+    def wait(self, timeout: float | None = None) -> TaskOutcome:
+        """Until every worker has ended: COMPLETED or STOPPED (checkpointed). A worker that dies or raises gets
+        the others killed at once and raises TaskFailed. `timeout`: give up waiting (kill, TaskFailed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first_end = None
+        while True:
+            codes = [p.exitcode for p in self.procs]
+            outcomes = [TaskOutcome.from_exit_code(c) for c in codes if c is not None]
+            if TaskOutcome.FAILED in outcomes or TaskOutcome.REQUEUE in outcomes:   # a worker never asks that
+                what = self._describe(next(r for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_STOPPED)))
+                self.kill()
+                raise TaskFailed(what)
+            if len(outcomes) == len(codes):
+                return TaskOutcome.combine(outcomes)
+            now = time.monotonic()
+            if first_end is None and outcomes:
+                first_end = now
+            if (deadline is not None and now > deadline) or (first_end and now - first_end > WORKER_GRACE_S):
+                stuck = [r for r, c in enumerate(codes) if c is None]
+                self.kill()
+                raise TaskFailed(f"worker rank(s) {stuck} did not end in time after a stop or after their peers "
+                                 "ended; killed")
+            multiprocessing.connection.wait([p.sentinel for p in self.procs if p.exitcode is None], timeout=0.5)
+
+
+class TaskSupervisor:
+    """One job process's (or pack runner's) supervision: the first stop signal and the children it goes to.
+
+    Children are anything with forward(signum): Workers, or launch.pack.Pack."""
+
+    def __init__(self):
+        self.signum = 0
+        self.children = None
+
+    def install(self) -> "TaskSupervisor":
+        """Handle the stop signals from now on (and take any that waited, blocked, for this moment)."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        return self
+
+    def on_signal(self, signum, frame=None) -> None:
+        # Remember the first signal, pass every one on: workers stop at their next step end and checkpoint.
+        self.signum = self.signum or signum
+        if self.children is not None:
+            self.children.forward(signum)
+
+    def start(self, make_children, stop_early: bool = True):
+        """Spawn the children with stop signals blocked and know them before any signal is handled again: a
+        signal during the spawn is forwarded to them as soon as the spawn returns. A signal that came earlier
+        stops the task before it starts (TaskStopped: nothing spawned), or with stop_early=False is forwarded
+        to the new children at once (a pack: each of its job processes decides for itself)."""
+        with stop_signals_blocked():
+            if self.signum and stop_early:
+                raise TaskStopped(None, self.signum)
+            self.children = make_children()
+            if self.signum:
+                self.children.forward(self.signum)
+        return self.children
+
+    def run_workers(self, spec, resume: str | None) -> TaskOutcome:
+        """Start the task's D workers and wait for them: COMPLETED or STOPPED; TaskFailed if one died."""
+        workers = self.start(lambda: Workers(spec, resume))
+        try:
+            return workers.wait()
+        finally:
+            self.children = None
+
+    def stop_children(self, signum: int, timeout: float) -> None:
+        """A stop asked for by code (submitit's checkpoint hook): forward it and give the children `timeout` s
+        to finish their step and save."""
+        self.on_signal(signum)
+        children = self.children
+        if isinstance(children, Workers) and children.alive():
+            children.wait(timeout=timeout)
+
+
+class Supervised:
+    """Mixin for the callables submitit runs (job.TaskRunner, launch.pack.PackRunner): a TaskSupervisor on the
+    instance, made on first use and never pickled (submitit pickles the callable again to requeue it)."""
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_supervisor"}
+
+    @property
+    def supervisor(self) -> TaskSupervisor:
+        if "_supervisor" not in self.__dict__:
+            self._supervisor = TaskSupervisor()
+        return self._supervisor

@@ -1,0 +1,190 @@
+"""The one stage loop (slurm_router.launch.base.submit_stages) against fake launchers, without Slurm: stage
+order, afterok chaining, the cached base, a failed stage skipping the next, resume of only the unfinished
+tasks, the manifest records, the report job last."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from slurm_router.config import LocalLauncherConfig, SubmititLauncherConfig
+from slurm_router.launch.base import Launcher, RunJobs, StageJobs, TaskJob, submit_stages
+from slurm_router.lifecycle import TaskState
+from slurm_router.plan import Stage, TaskSpec
+from slurm_router.rundir import Manifest, create_run_dir
+
+
+class FakeSlurm(Launcher):
+    """Queues nothing: numbers its jobs and logs every call."""
+    schema = SubmititLauncherConfig
+
+    def __init__(self, cfg, manifest):
+        super().__init__(cfg, manifest)
+        self.calls: list[tuple] = []
+
+    def submit_stage(self, stage, after):
+        job_id = str(100 + len(self.calls))
+        self.calls.append(("stage", stage.name, [t.name for t in stage.tasks], after))
+        return StageJobs(job_id=job_id, tasks={t.name: TaskJob(f"{job_id}_{t.index}", f"/o/{t.name}", f"/e/{t.name}")
+                                               for t in stage.tasks})
+
+    def report_job(self, after):
+        self.calls.append(("report", after))
+        return "999"
+
+    def finish(self, run: RunJobs) -> int:
+        return 0
+
+
+class FakeLocal(FakeSlurm):
+    """Synchronous: every task of a stage ends in `outcome` (per task name), default completed."""
+    schema = LocalLauncherConfig
+    synchronous = True
+
+    def __init__(self, cfg, manifest, outcome=None):
+        super().__init__(cfg, manifest)
+        self.outcome = outcome or {}
+
+    def submit_stage(self, stage, after):
+        self.calls.append(("stage", stage.name, [t.name for t in stage.tasks], after))
+        return StageJobs(states={t.name: self.outcome.get(t.name, TaskState.COMPLETED) for t in stage.tasks})
+
+    def report_job(self, after):
+        self.calls.append(("report", after))
+        return None
+
+
+def _task(run_dir, name, stage, index, save_weights=None):
+    return TaskSpec(run_id="r", run_dir=str(run_dir), experiment="e", name=name, stage=stage, variant=name,
+                    index=index, devices=1, config={}, steps=1, lr=1e-3, global_batch_size=1, lora=stage != "base",
+                    save_weights=save_weights)
+
+
+def _run(tmp_path, cached_base=False):
+    run_dir = tmp_path / "run"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    weights = cache / "model.pt"
+    if cached_base:
+        weights.write_bytes(b"w")
+        (cache / "meta.json").write_text(json.dumps({"val_loss": 1.5}))
+    stages = [Stage("base", [_task(run_dir, "base", "base", 0, str(weights))], cached=cached_base),
+              Stage("variants", [_task(run_dir, f"v{i}", "variants", i) for i in range(3)], depends_on=["base"])]
+    cfg = OmegaConf.create({"experiment": "e", "launcher": {"kind": "slurm"}})
+    manifest = create_run_dir(cfg, "r", run_dir, stages, "slurm")
+    return cfg, manifest, stages
+
+
+def test_stages_in_order_chained_afterok_report_last_and_recorded(tmp_path):
+    cfg, manifest, stages = _run(tmp_path)
+    launcher = FakeSlurm(cfg, manifest)
+    run = submit_stages(launcher, stages)
+    assert launcher.calls == [("stage", "base", ["base"], None), ("stage", "variants", ["v0", "v1", "v2"], "100"),
+                              ("report", "101")]
+    assert run.job_ids == ["100", "101"] and run.report_job_id == "999"
+    data = Manifest.load(manifest.layout.root).data
+    assert [j["stage"] for j in data["jobs"]] == ["base", "variants"]
+    assert [t["job_id"] for t in data["jobs"][1]["tasks"]] == ["101_0", "101_1", "101_2"]
+    assert all(t["state"] == "submitted" for t in data["tasks"].values())
+    assert data["tasks"]["v1"]["log_path"] == "/o/v1"
+    assert (data["state"], data["job_ids"], data["report_job_id"]) == ("submitted", ["100", "101"], "999")
+
+
+def test_cached_base_is_not_submitted_and_its_cache_meta_is_the_result(tmp_path):
+    cfg, manifest, stages = _run(tmp_path, cached_base=True)
+    launcher = FakeSlurm(cfg, manifest)
+    submit_stages(launcher, stages)
+    assert launcher.calls == [("stage", "variants", ["v0", "v1", "v2"], None), ("report", "100")]
+    result = manifest.layout.task("base").result
+    assert json.loads(result.read_text()) == {"val_loss": 1.5}
+    assert Manifest.load(manifest.layout.root).data["tasks"]["base"]["state"] == "cached"
+
+
+def test_a_failed_stage_skips_the_next_and_records_skipped(tmp_path):
+    cfg, manifest, stages = _run(tmp_path)
+    launcher = FakeLocal(cfg, manifest, outcome={"base": TaskState.FAILED})
+    run = submit_stages(launcher, stages)
+    assert launcher.calls == [("stage", "base", ["base"], None), ("report", None)]
+    data = Manifest.load(manifest.layout.root).data
+    assert {n: t["state"] for n, t in data["tasks"].items()} == {
+        "base": "failed", "v0": "skipped", "v1": "skipped", "v2": "skipped"}
+    assert data["state"] == "failed" and not run.ok
+
+
+def test_synchronous_launcher_records_final_states(tmp_path):
+    cfg, manifest, stages = _run(tmp_path)
+    launcher = FakeLocal(cfg, manifest, outcome={"v1": TaskState.INTERRUPTED})
+    run = submit_stages(launcher, stages)
+    data = Manifest.load(manifest.layout.root).data
+    assert data["tasks"]["v1"]["state"] == "interrupted" and data["tasks"]["v0"]["state"] == "completed"
+    assert data["state"] == "failed" and data["jobs"] == [] and run.job_ids == []
+
+
+def test_resume_submits_only_the_unfinished_tasks(tmp_path):
+    """The base completed and v1 completed in the first run: resume's stages hold v0 and v2 only."""
+    from slurm_router.resume import plan_resume
+    cfg, manifest, stages = _run(tmp_path)
+    manifest.layout.config.write_text(OmegaConf.to_yaml(cfg))
+    for name in ("base", "v1"):
+        manifest.layout.task(name).result.write_text("{}")
+    manifest, cfg, stages = plan_resume(str(manifest.layout.root))
+    assert [(s.name, s.cached, [t.name for t in s.tasks]) for s in stages] == [
+        ("base", True, []), ("variants", False, ["v0", "v2"])]
+    launcher = FakeSlurm(cfg, manifest)
+    submit_stages(launcher, stages)
+    assert launcher.calls == [("stage", "variants", ["v0", "v2"], None), ("report", "100")]
+    data = Manifest.load(manifest.layout.root).data
+    assert [t["job_id"] for t in data["jobs"][0]["tasks"]] == ["100_0", "100_2"]
+
+
+def test_the_registry_is_the_one_place_kinds_are_named():
+    from slurm_router.config import CHOICES
+    from slurm_router.launch.registry import LAUNCHERS, launcher_class
+    assert tuple(LAUNCHERS) == CHOICES["launcher.kind"] == ("local", "slurm", "sbatch")
+    assert all(cls.schema.kind == kind for kind, cls in LAUNCHERS.items())
+    with pytest.raises(Exception, match="no such launcher"):
+        launcher_class("nope")
+
+
+def test_local_threads_follow_the_workers_that_run_side_by_side(tmp_path, monkeypatch):
+    """One CPU task on an 8-slot pool gets every core; four tasks share them (slurm_router.cpu)."""
+    from slurm_router.launch import local
+    seen = []
+    monkeypatch.setattr(local, "device_pool", lambda cfg: ([f"cpu{i}" for i in range(8)], False))
+    monkeypatch.setattr(local, "_run_queue", lambda tasks, pool, on_gpu, layout, manifest, threads:
+                        seen.append(threads) or {t.name: TaskState.COMPLETED for t in tasks})
+    monkeypatch.setattr(local, "threads_per_worker", lambda n: 8 // n)
+    cfg, manifest, stages = _run(tmp_path)
+    launcher = local.LocalLauncher(cfg, manifest)
+    launcher.submit_stage(stages[0], None)
+    launcher.submit_stage(Stage("variants", [_task(tmp_path, f"v{i}", "variants", i) for i in range(4)]), None)
+    assert seen == [8, 2]
+
+
+@pytest.mark.parametrize("report_state", ["COMPLETED", "FAILED"])
+def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_path, monkeypatch, capsys,
+                                                                           report_state):
+    """launcher.wait=true: the run's tasks, then the report job; the report it wrote is printed, not written
+    again (one writer of report/); if it failed, say so and write it here."""
+    from slurm_router import slurm_status
+    from slurm_router.analysis import report
+    from slurm_router.launch.submitit_launcher import SubmititLauncher
+    from slurm_router.status_parse import TaskStatus
+    cfg, manifest, _ = _run(tmp_path)
+    cfg.launcher.wait = True
+    order, written = [], []
+    monkeypatch.setattr(slurm_status, "wait_for_run", lambda m, poll_s: order.append("tasks") or [
+        TaskStatus(stage="variants", variant="v0", job_id="100_0", state="COMPLETED")])
+    monkeypatch.setattr(slurm_status, "wait_for_job", lambda job_id, poll_s: order.append(job_id) or report_state)
+    monkeypatch.setattr(report, "write_report", lambda run_dir: written.append(run_dir) or {"from": "here"})
+    monkeypatch.setattr(report, "print_table", lambda summary: print(f"table {summary}"))
+    manifest.layout.report.mkdir()
+    (manifest.layout.report / "summary.json").write_text(json.dumps({"from": "the report job"}))
+    code = SubmititLauncher(cfg, manifest).finish(RunJobs(job_ids=["100"], report_job_id="999"))
+    out, err = capsys.readouterr()
+    assert code == 0 and order == ["tasks", "999"]
+    if report_state == "COMPLETED":
+        assert not written and "table {'from': 'the report job'}" in out
+    else:
+        assert written and "report job 999 ended FAILED" in err and "table {'from': 'here'}" in out
