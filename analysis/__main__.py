@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from slurm_router.analysis.report import ReportError, print_table, report_run
+from slurm_router.layout import RunLayout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
                   "rerun with SLURM_ROUTER_DEBUG=1 for the traceback", file=sys.stderr)
             return 2
         print_table(summary)
-        print(f"report: {args.out if single and args.out else Path(run_dir) / 'report'}")
+        print(f"report: {args.out if single and args.out else RunLayout(run_dir).report}")
         runs.append((run_dir, summary, tasks))
     if not single:
         from slurm_router.analysis.compare import write_comparison
-        out = args.out or Path(args.run_dirs[0]) / "report"
+        out = args.out or RunLayout(args.run_dirs[0]).report
         table = write_comparison(runs, out)
         print(table[["run", "variant", "val_loss", "tokens_per_s", "speedup", "balance_ratio"]].to_string(index=False))
         print(f"comparison: {out / 'comparison.md'}")

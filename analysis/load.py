@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from slurm_router.layout import RunLayout, TaskPaths
 from slurm_router.events import (EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of,
                                   read_events)
 
@@ -75,7 +76,7 @@ class Task:
 
 
 def load_manifest(run_dir: Path) -> dict:
-    path = run_dir / "manifest.json"
+    path = RunLayout(run_dir).manifest
     if not path.is_file():
         raise ReportError(f"{run_dir} has no manifest.json: give a run directory made by python -m slurm_router")
     try:
@@ -130,10 +131,10 @@ def _last_attempt(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def load_task(run_dir: Path, name: str, meta: dict) -> Task:
-    task_dir = run_dir / "tasks" / name
+    task_dir = RunLayout(run_dir).task(name).dir
     if meta.get("task_dir") and not task_dir.is_dir():
         task_dir = Path(meta["task_dir"])
-    task = Task(name, meta, files=sorted(task_dir.glob("events-*.jsonl")))
+    task = Task(name, meta, files=TaskPaths(task_dir).events_files())
     frames = []
     for path in task.files:
         df = pd.DataFrame(read_rows(path))

@@ -17,6 +17,7 @@ import pandas as pd
 from slurm_router.analysis import abtest, jobfacts, metrics, plots
 from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run  # noqa: F401  (ReportError: API)
 from slurm_router.analysis.metrics import WARMUP_FRACTION, finite
+from slurm_router.layout import RunLayout
 from slurm_router.analysis.render import fmt, gib, pct, to_html, to_markdown
 
 DEFINITIONS = [
@@ -106,7 +107,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
         if t.stage != "base":
             summary["variants"][t.name] = per_task[t.name]
             continue
-        result = Path(run_dir) / "tasks" / t.name / "result.json"
+        result = RunLayout(run_dir).task(t.name).result
         val = json.loads(result.read_text()).get("val_loss") if result.is_file() else per_task[t.name].get("val_loss")
         summary["base"] = {**per_task[t.name], "val_loss": val, "state": t.meta.get("state"), "task": t.name}
     # The base's held-out loss is measured where it compares: a variant's step-0 eval runs on the very eval
@@ -135,7 +136,7 @@ def write_report(run_dir: Path, out: Path | None = None, peak_tflops: float | No
 def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None = None) -> tuple[dict, list[Task]]:
     run_dir = Path(run_dir)
     summary, tasks, tables = analyze(run_dir, peak_tflops)
-    out = Path(out) if out else run_dir / "report"
+    out = Path(out) if out else RunLayout(run_dir).report
     out.mkdir(parents=True, exist_ok=True)
     summary["plots"] = plots.all_plots(tasks, summary["base"]["val_loss"], out)
     summary = finite(summary)

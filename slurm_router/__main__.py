@@ -51,7 +51,8 @@ def compose(overrides: list[str]):
 def _missing_option(e) -> UserError:
     text = str(e)
     m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
-    options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+    # the launcher schemas sit in the launcher group too (ConfigStore): they are not options to pick
+    options = [o for o in re.findall(r"^\t(\S+)$", text, flags=re.M) if not o.endswith("_schema")]
     if m:
         group, option = m.groups()
         return UserError(f"{group}={option}: no such {group} in conf/{group}/; choose one of: "

@@ -37,11 +37,6 @@ class TaskState(str, enum.Enum):
         return self in (TaskState.COMPLETED, TaskState.CACHED)
 
     @property
-    def final(self) -> bool:
-        """Nothing is running it now."""
-        return self not in (TaskState.PENDING, TaskState.SUBMITTED, TaskState.RUNNING)
-
-    @property
     def slurm_word(self) -> str:
         """The word `status` shows for it, in Slurm's vocabulary (CACHED is ours)."""
         return _SLURM_WORDS[self]

@@ -14,7 +14,8 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-BASE_FILE = "model.pt"
+from slurm_router.layout import BASE_META, BASE_WEIGHTS, RunLayout
+
 
 
 @dataclass
@@ -38,7 +39,7 @@ class TaskSpec:
 
     @property
     def task_dir(self) -> Path:
-        return Path(self.run_dir) / "tasks" / self.name
+        return RunLayout(self.run_dir).task(self.name).dir
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -83,13 +84,13 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
     base_weights = None
     if needs_base_stage(cfg):
         cache = base_cache_dir(cfg) / base_hash(cfg)
-        base_weights = str(cache / BASE_FILE)
+        base_weights = str(cache / BASE_WEIGHTS)
         base_task = TaskSpec(run_id=run_id, run_dir=run_dir, experiment=cfg.experiment, name="base", stage="base",
                              variant="base", index=0, devices=cfg.resources.devices_per_task,
                              config=OmegaConf.to_container(cfg, resolve=True), steps=cfg.base.steps,
                              lr=cfg.base.lr, global_batch_size=cfg.base.global_batch_size, lora=False,
                              save_weights=base_weights)
-        cached = (cache / BASE_FILE).is_file() and (cache / "meta.json").is_file()
+        cached = (cache / BASE_WEIGHTS).is_file() and (cache / BASE_META).is_file()
         stages.append(Stage("base", [base_task], cached=cached))
     tasks = []
     for i, (name, vcfg) in enumerate(variants.items()):

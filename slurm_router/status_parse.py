@@ -80,10 +80,11 @@ def parse_duration(text: str) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def format_duration(seconds: int | None) -> str:
+def format_duration(seconds: float | None) -> str:
+    """H:MM:SS; the local launcher records elapsed_s as a float, Slurm as whole seconds."""
     if seconds is None:
         return "-"
-    h, rem = divmod(seconds, 3600)
+    h, rem = divmod(int(round(seconds)), 3600)
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
 
 

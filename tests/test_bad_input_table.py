@@ -75,7 +75,7 @@ CASES = [
     (["seed=-1"], "seed=-1 is out of range"),
     (["resources.devices_per_task=100000"], "resources.devices_per_task=100000 is out of range"),
     # unknown options and keys, wrong shapes
-    (["launcher=nope"], "launcher=nope: no such launcher"),
+    (["launcher=nope"], "launcher=nope: no such launcher in conf/launcher/; choose one of: local, sbatch, slurm"),
     (["model=nope"], "model=nope: no such model"),
     (["train.nope=1"], "unknown key 'train.nope'"),
     (["variants=5"], "variants"),

@@ -40,6 +40,11 @@ def test_parse_duration(raw, seconds):
     assert st.parse_duration(raw) == seconds
 
 
+def test_format_duration_takes_the_local_launchers_float_seconds():
+    from slurm_router.status_parse import format_duration
+    assert format_duration(3725.6) == "1:02:06" and format_duration(59) == "0:00:59" and format_duration(None) == "-"
+
+
 def test_normalize_state_and_array_ranges():
     assert st.normalize_state("CANCELLED by 0") == "CANCELLED"
     assert st.normalize_state("OUT_OF_MEMORY") == "OUT_OF_MEMORY"

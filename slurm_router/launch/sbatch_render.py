@@ -26,6 +26,7 @@ from pathlib import Path
 from string import Template
 
 from slurm_router.config import SlurmLauncherConfig
+from slurm_router.layout import RunLayout
 
 TEMPLATE_NAME = "array.sbatch"
 
@@ -142,7 +143,7 @@ def _slurm_filename(path: str) -> str:
 def sbatch_directives(spec: SbatchSpec) -> list[str]:
     """The #SBATCH lines for spec, in a fixed order (validated; values quoted for sbatch's parser)."""
     _validate(spec)
-    logs = _slurm_filename(str(Path(spec.run_dir) / "logs"))
+    logs = _slurm_filename(str(RunLayout(spec.run_dir).logs))
     array = f"0-{spec.array_size - 1}"
     if spec.array_indices is not None:
         array = ",".join(str(i) for i in sorted(set(spec.array_indices)))
@@ -221,7 +222,7 @@ def write_sbatch(spec: SbatchSpec, path: str | Path | None = None, template_dir:
     """Render to path (default RUN_DIR/submit.sbatch) and create RUN_DIR/logs, which Slurm needs first."""
     text = render_sbatch(spec, template_dir)
     target = Path(path) if path is not None else Path(spec.run_dir) / "submit.sbatch"
-    (Path(spec.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+    RunLayout(spec.run_dir).logs.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     return target
 
