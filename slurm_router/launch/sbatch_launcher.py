@@ -64,11 +64,13 @@ class SbatchLauncher(SlurmLauncher):
             job_id = submit_sbatch(script)
         except RuntimeError as e:
             raise sbatch_error(e) from None
-        logs = self.layout.logs
-        return StageJobs(job_id=job_id, tasks={t.name: TaskJob(f"{job_id}_{t.index // per_pack}",
-                                                               str(logs / f"{job_id}_{t.index // per_pack}.out"),
-                                                               str(logs / f"{job_id}_{t.index // per_pack}.err"))
+        return StageJobs(job_id=job_id, tasks={t.name: self._task_job(f"{job_id}_{t.index // per_pack}")
                                                for t in stage.tasks})
+
+    def _task_job(self, array_task: str) -> TaskJob:
+        """An array task (JOB_INDEX; packed tasks share one) and the logs the template names after it."""
+        logs = self.layout.logs
+        return TaskJob(array_task, str(logs / f"{array_task}.out"), str(logs / f"{array_task}.err"))
 
     def report_job(self, after: str | None) -> str | None:
         logs = str(self.layout.logs).replace("%", "%%")          # Slurm expands %j etc. in --output
