@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from slurm_router.analysis.report import ReportError, print_table, report_run
+from slurm_router.checkpoint import WriteError
 from slurm_router.layout import RunLayout
 
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     for run_dir in args.run_dirs:
         try:
             summary, tasks = report_run(run_dir, args.out if single else None, args.peak_tflops)
-        except ReportError as e:
+        except (ReportError, WriteError) as e:         # no manifest; the report's folder refuses the write
             print(f"error: {e}", file=sys.stderr)
             return 2
         except (KeyError, TypeError, ValueError, IndexError) as e:

@@ -78,9 +78,10 @@ def base_batches(tasks: list[Task]) -> tuple[dict | None, str]:
 
 
 def compare_all(tasks: list[Task]) -> list[dict]:
-    """Every pair of variants, then every variant against the base: one row each, with its sentence."""
+    """Every pair of variants, then every variant against the base: one row each, with its sentence. A diverged
+    variant is in none (the report lists it as diverged): the verdict is among the others."""
     # A variant whose only evaluation is its step-0 one has not been trained yet: that is the base's loss.
-    variants = [(t.name, b if b and b["step"] > 0 else None) for t in tasks if t.stage != "base"
+    variants = [(t.name, b if b and b["step"] > 0 else None) for t in tasks if t.stage != "base" and not t.diverged
                 for b in [eval_batches(t)]]
     base, _ = base_batches(tasks)
     pairs = [(variants[i], variants[j]) for i in range(len(variants)) for j in range(i + 1, len(variants))]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from slurm_router.analysis import abtest, plots
-from slurm_router.analysis.load import Task, atomic_write
+from slurm_router.analysis.load import Task, atomic_write, make_dir
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import fmt, pct, to_html, to_markdown
 
@@ -41,11 +41,11 @@ def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dic
                          "oom_retries": v.get("oom_retries"), "device_hours": v.get("device_hours")})
     sentences = []
     ref_label, (_, _, ref_tasks) = labels[0], runs[0]
-    ref = {t.name: abtest.eval_batches(t) for t in ref_tasks if t.stage != "base"}
+    ref = {t.name: abtest.eval_batches(t) for t in ref_tasks if t.stage != "base" and not t.diverged}
     for label, (_, _, tasks) in zip(labels[1:], runs[1:]):
         for t in tasks:
             a, b = abtest.eval_batches(t), ref.get(t.name)
-            if t.stage == "base" or a is None or b is None:
+            if t.stage == "base" or t.diverged or a is None or b is None:      # a diverged one has no result
                 continue
             try:
                 r = abtest.paired_bootstrap(a, b)
@@ -57,7 +57,7 @@ def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dic
 
 
 def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd.DataFrame:
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     rows, sentences = comparison_rows(runs)
     df = pd.DataFrame(rows)
     atomic_write(out / "comparison.csv", df.to_csv(index=False))

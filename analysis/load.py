@@ -5,22 +5,23 @@ Cleaning rules (the report's figures depend on them):
   last attempt's rows are kept, so no step is counted twice;
 - rank 0's step row is the global view of a step (loss, busy_s_all, planned_cost); every device's own step
   row carries its t_sync_wait_s, oom_retries and memory peak;
-- an events file that holds no event, or a line that is not an event (anywhere but a torn last line), is an
-  error the user must act on: ReportError, one line.
+- a non-finite loss (NaN, inf: a diverged variant) is a value, not damage: its rows are kept;
+- damage (a line that is not an event row, a row without a field the report needs, an events file without
+  any row) is left out and named in the task's `problems`, which the report lists under "What is missing":
+  the rest of the run is still reported and nothing asks the user to delete data. Only a run dir without a
+  readable manifest is a ReportError (one line).
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from slurm_router.checkpoint import WriteError, atomic_write_bytes
+from slurm_router.events import EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of
 from slurm_router.layout import RunLayout, TaskPaths
-from slurm_router.events import (EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of,
-                                  read_events)
 
 # Fields the report cannot do without, per event kind (anything else is optional); names checked against the
 # schema (slurm_router/events.py) when this module loads.
@@ -32,7 +33,7 @@ REQUIRED = {
 
 
 class ReportError(Exception):
-    """The run dir cannot be reported on (missing manifest, garbage events): one line for the user."""
+    """The run dir cannot be reported on (no readable manifest): one line for the user."""
 
 
 @dataclass
@@ -47,7 +48,9 @@ class Task:
     micro: pd.DataFrame = field(default_factory=pd.DataFrame)    # micro rows of the kept attempts
     evals: pd.DataFrame = field(default_factory=pd.DataFrame)    # rank 0, one row per eval step
     start: dict | None = None       # rank 0's start row of the last attempt
+    end: dict | None = None         # rank 0's last `end` row of the last attempt
     ended: bool = False             # an `end` row of the last attempt exists
+    problems: list[str] = field(default_factory=list)   # damage left out of the report, in words
 
     @property
     def stage(self) -> str:
@@ -74,6 +77,15 @@ class Task:
     def expected_steps(self) -> int | None:
         return int(self.start["steps"]) if self.start and self.start.get("steps") is not None else None
 
+    @property
+    def diverged(self) -> dict | None:
+        """{step, lr, detail} when the last attempt ended because the loss went non-finite, else None."""
+        if not self.end or self.end.get("exit_state") != "diverged":
+            return None
+        step = self.end.get("step")
+        return {"step": None if step is None else int(step), "lr": (self.start or {}).get("lr"),
+                "detail": self.end.get("detail")}
+
 
 def load_manifest(run_dir: Path) -> dict:
     path = RunLayout(run_dir).manifest
@@ -88,31 +100,61 @@ def load_manifest(run_dir: Path) -> dict:
     return manifest
 
 
-def read_rows(path: Path) -> list[dict]:
-    """Every event row of one file; ReportError (one line) for an empty or damaged file."""
+def read_rows(path: Path, problems: list[str]) -> list[dict]:
+    """Every event row of one file. A line that is not an event row (anywhere but a torn last line, which a
+    crash leaves and which is skipped silently) is left out and named in `problems`, as is a file without rows."""
     try:
-        rows = list(read_events(path))
-    except (ValueError, OSError) as e:
-        raise ReportError(f"{e}: the events file is damaged; remove it to report on the rest") from None
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError as e:
+        problems.append(f"{path}: unreadable ({e.strerror or e}): left out")
+        return []
+    rows, bad = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines) and not line.endswith("\n"):
+                break
+            row = None
+        if isinstance(row, dict) and row.get(EVENT):
+            rows.append(row)
+        else:
+            bad.append(n)
+    if bad:
+        problems.append(f"{path}: {_lines(bad)} not an event row: left out")
     if not rows:
-        raise ReportError(f"{path}: no complete event row (an empty file, or one torn line); remove it to report "
-                          "on the rest")
+        problems.append(f"{path}: no complete event row (an empty file, or one torn line)")
     return rows
 
 
-def _check(df: pd.DataFrame, path_hint: str) -> None:
-    for kind, fields in REQUIRED.items():
-        rows = df[df[EVENT] == kind]
-        if rows.empty:
-            continue
-        missing = [f for f in fields if f not in rows or rows[f].isna().any()]
-        if missing:
-            raise ReportError(f"{path_hint}: '{kind}' rows without {', '.join(missing)}: not events written by "
-                              "slurm_router; remove the file to report on the rest")
-        numeric = [f for f in fields if f != "busy_s_all" and not pd.api.types.is_numeric_dtype(rows[f])]
-        if numeric or (kind == StepRow.KIND and not rows["busy_s_all"].map(_number_list).all()):
-            raise ReportError(f"{path_hint}: '{kind}' rows with non-numeric {', '.join(numeric) or 'busy_s_all'}"
-                              ": the events are damaged")
+def _lines(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:3])) + (f" and {len(numbers) - 3} more" if len(numbers) > 3 else "")
+    return f"line {shown} is" if len(numbers) == 1 else f"lines {shown} are"
+
+
+def usable_rows(rows: list[dict], path: Path, problems: list[str]) -> list[dict]:
+    """The rows the report can use: a row of a kind in REQUIRED needs each of its fields present and numeric
+    (NaN and inf are numbers: a diverged loss is kept); others are left out and named in `problems`."""
+    keep, dropped = [], {}
+    for row in rows:
+        bad = tuple(f for f in REQUIRED.get(row[EVENT], ()) if not _fits(f, row.get(f)))
+        if bad:
+            dropped.setdefault((row[EVENT], bad), []).append(row)
+        else:
+            keep.append(row)
+    for (kind, bad), left_out in dropped.items():
+        problems.append(f"{path}: {len(left_out)} '{kind}' row(s) without a numeric {', '.join(bad)} (damaged, or "
+                        "not written by slurm_router): left out")
+    return keep
+
+
+def _fits(name: str, value) -> bool:
+    if name == "busy_s_all":
+        return _number_list(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def of_kind(df: pd.DataFrame, kind: type[Row], device: int | None = None) -> pd.DataFrame:
@@ -137,9 +179,9 @@ def load_task(run_dir: Path, name: str, meta: dict) -> Task:
     task = Task(name, meta, files=TaskPaths(task_dir).events_files())
     frames = []
     for path in task.files:
-        df = pd.DataFrame(read_rows(path))
-        _check(df, str(path))
-        frames.append(df)
+        rows = usable_rows(read_rows(path, task.problems), path, task.problems)
+        if rows:
+            frames.append(pd.DataFrame(rows))
     if not frames:
         return task
     ev = pd.concat(frames, ignore_index=True)
@@ -163,6 +205,9 @@ def load_task(run_dir: Path, name: str, meta: dict) -> Task:
     starts = of_kind(last_attempt, StartRow, device=rank0)
     if len(starts):
         task.start = {k: v for k, v in starts.iloc[-1].items() if not _isna(v)}
+    ends = of_kind(last_attempt, EndRow, device=rank0)
+    if len(ends):
+        task.end = {k: v for k, v in ends.sort_values("time", kind="stable").iloc[-1].items() if not _isna(v)}
     task.ended = bool((last_attempt[EVENT] == EndRow.KIND).any())
     return task
 
@@ -181,13 +226,16 @@ def _isna(v) -> bool:
     return not isinstance(v, (list, dict)) and pd.isna(v)
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write beside `path`, then rename: a reader (or a report regenerated concurrently) never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def make_dir(path: Path) -> None:
+    """mkdir -p, or WriteError (one line naming the path and the cause)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError.of(path, e) from None
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write beside `path`, then rename: a reader (or a report regenerated concurrently) never sees half a file.
+    WriteError (one line naming the path and the cause) when the disk refuses."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    atomic_write_bytes(path, lambda f: f.write(raw))

@@ -2,6 +2,7 @@
 returns its file name, or None when there is nothing to draw (a task with no events yet)."""
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -11,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import numpy as np  # noqa: E402
 
-from slurm_router.analysis.load import Task  # noqa: E402
+from slurm_router.analysis.load import Task, atomic_write  # noqa: E402
 from slurm_router.analysis.metrics import GIB, warmup_steps  # noqa: E402
 
 DPI = 90
@@ -28,9 +29,12 @@ def _grid(n: int, title: str, sharex: bool = False):
 
 
 def _save(fig, out: Path, name: str) -> str:
+    """The figure as out/name, written atomically (WriteError, one line, when the disk refuses)."""
     fig.tight_layout()
-    fig.savefig(out / name, dpi=DPI)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
     plt.close(fig)
+    atomic_write(out / name, png.getvalue())
     return name
 
 

@@ -5,7 +5,9 @@ self-contained report.html, CSV tables and PNG plots.
 
 Figures and their definitions live in metrics.py (balance, useful tokens, MFU), abtest.py (the A/B verdict)
 and jobfacts.py (seff-like job facts and advice); plots.py draws, render.py writes md and html. A failed,
-running or requeued run still gets a report of what exists, and says what is missing.
+running or requeued run still gets a report of what exists, and says what is missing (damaged event lines
+included: left out and named, never a reason to refuse). A diverged variant (its loss went non-finite) is
+listed as diverged at step N with its lr, and the verdict is among the others.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from slurm_router.analysis import abtest, jobfacts, metrics, plots
-from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run  # noqa: F401  (ReportError: API)
+from slurm_router.analysis.load import (ReportError, Task, atomic_write, load_run,  # noqa: F401  (ReportError: API)
+                                        make_dir)
 from slurm_router.analysis.metrics import WARMUP_FRACTION, finite
 from slurm_router.layout import RunLayout
 from slurm_router.analysis.render import fmt, gib, pct, to_html, to_markdown
@@ -55,6 +58,8 @@ def summarize_task(task: Task, facts: dict, peak_tflops: float | None = None) ->
     s = {"steps": int(len(task.steps)), "devices": task.n_devices, "policy": policy.iloc[0] if len(policy) else None,
          "state": task.meta.get("state"), "expected_steps": task.expected_steps, "attempts": task.attempts}
     s.update(metrics.losses(task))
+    if task.diverged:           # no trained model to judge: its last losses are not a result
+        s.update(diverged=task.diverged, state="diverged", val_loss=None, train_loss=None)
     s.update(metrics.throughput(task))
     s.update(metrics.balance(task))
     s["oom_retries"] = metrics.oom_retries(task)
@@ -69,15 +74,23 @@ def summarize_task(task: Task, facts: dict, peak_tflops: float | None = None) ->
         s["loss_improvement_per_device_hour"] = (s["val_loss_start"] - s["val_loss"]) / s["device_hours"]
     s["job"] = facts
     s["advice"] = jobfacts.advice(facts, s)
-    s["missing"] = missing(task, s, facts)
+    s["missing"] = missing(task, s, facts) + task.problems
     return s
+
+
+def diverged_line(name: str, d: dict) -> str:
+    """'r8: diverged at step 3 (loss nan, lr 10): ...' (the events' step, counted from 0 as in steps.csv)."""
+    why = [d["detail"]] if d.get("detail") else []
+    why += [f"lr {d['lr']:g}"] if isinstance(d.get("lr"), (int, float)) else []
+    return (f"{name}: diverged at step {d['step']}{' (' + ', '.join(why) + ')' if why else ''}: no held-out loss, "
+            "so not in the verdict; a lower train.lr may train it")
 
 
 def missing(task: Task, s: dict, facts: dict) -> list[str]:
     """What this task's report lacks, in words ('r32: no events yet')."""
     state = (facts.get("state") or "").upper()
     n, want = s["steps"], task.expected_steps
-    if state == "CACHED":
+    if state == "CACHED" or task.diverged:      # a diverged task is listed with the verdict, not as missing
         return []
     if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED"):
         exit_code = f", exit {facts['exit_code']}" if facts.get("exit_code") not in (None, 0, "0:0") else ""
@@ -116,6 +129,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
     starts = [v["val_loss_start"] for v in summary["variants"].values() if v.get("val_loss_start") is not None]
     if starts:
         summary["base"]["val_loss"] = starts[0]
+    summary["diverged"] = [diverged_line(t.name, t.diverged) for t in tasks if t.diverged]
     summary["ab"] = abtest.compare_all(tasks)
     for row in summary["ab"]:
         if row["b"] == "base" and row["a"] in summary["variants"]:
@@ -137,7 +151,7 @@ def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None
     run_dir = Path(run_dir)
     summary, tasks, tables = analyze(run_dir, peak_tflops)
     out = Path(out) if out else RunLayout(run_dir).report
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     summary["plots"] = plots.all_plots(tasks, summary["base"]["val_loss"], out)
     summary = finite(summary)
     steps = tables["steps_detail"]
@@ -174,7 +188,8 @@ def document(summary: dict, tables: dict) -> list[tuple]:
     head = (f"Run dir {summary['run_dir']} | run id {summary.get('run_id')} | launcher {summary.get('launcher')} | "
             f"state {summary.get('state')}")
     b: list[tuple] = [("h", 1, f"{summary['experiment']}: run report"), ("p", head)]
-    b += [("h", 2, "Verdict"), ("ul", [r["sentence"] for r in summary["ab"]] or ["no variants to compare"])]
+    verdict = summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]]
+    b += [("h", 2, "Verdict"), ("ul", verdict or ["no variants to compare"])]
     if summary["missing"]:
         b += [("h", 2, "What is missing"), ("ul", summary["missing"])]
     b += _variants_section(summary, tasks) + _balance_section(tasks, tables["devices"]) + _time_section(tasks)
@@ -187,10 +202,16 @@ def document(summary: dict, tables: dict) -> list[tuple]:
     return b + [("h", 2, "Definitions"), ("ul", DEFINITIONS)]
 
 
+def _state(s: dict) -> str | None:
+    """A task's state in the tables: 'diverged', else the job's (Slurm's word) or the manifest's."""
+    return "diverged" if s.get("diverged") else (s.get("job") or {}).get("state") or s.get("state")
+
+
 def _variants_section(summary: dict, tasks: dict[str, dict]) -> list[tuple]:
     base = summary["base"].get("val_loss")
-    rows = [{"task": n, "state": (s.get("job") or {}).get("state") or s.get("state"),
-             "steps": "cached" if s.get("state") == "cached" else f"{s['steps']}/{s.get('expected_steps') or '?'}",
+    rows = [{"task": n, "state": _state(s),
+             "steps": "cached" if s.get("state") == "cached" else f"{s['steps']}/{s.get('expected_steps') or '?'}"
+             + (f" (diverged at step {s['diverged']['step']})" if s.get("diverged") else ""),
              "final held-out": fmt(s.get("val_loss"), ".4f"),
              "best held-out (step)": f"{s['best_val_loss']:.4f} ({s['best_val_loss_step']})"
              if "best_val_loss" in s else "-",
@@ -273,12 +294,15 @@ def print_table(summary: dict) -> None:
     base = summary["base"].get("val_loss")
     t.add_row("base", fmt(base, ".4f"), *[""] * (len(cols) - 2))
     for name, v in summary["variants"].items():
-        t.add_row(name, fmt(v.get("val_loss"), ".4f"), fmt(v.get("train_loss"), ".4f"),
+        val = "diverged" if v.get("diverged") else fmt(v.get("val_loss"), ".4f")
+        t.add_row(name, val, fmt(v.get("train_loss"), ".4f"),
                   fmt(v.get("tokens_per_s"), ",.0f"), fmt(v.get("balance_ratio"), ".3f"),
                   fmt(v.get("cost_balance_ratio"), ".3f"), pct(v.get("useful_token_fraction"), 0),
                   str(v.get("oom_retries", "-")), str(v.get("steps")), str(v.get("devices")), str(v.get("policy")))
     console = Console(width=140)
     console.print(t)
+    for line in summary.get("diverged", []):
+        console.print(line, highlight=False)
     for row in summary.get("ab", []):
         console.print(row["sentence"], highlight=False)
     for line in summary.get("missing", []):

@@ -7,8 +7,18 @@
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+
+if __name__ == "__main__":      # a Ctrl-C while the imports below load: one line and 130, as main() does later
+    import signal
+
+    def _interrupted_early(signum, frame):
+        print("\ninterrupted: nothing was written", file=sys.stderr)
+        sys.exit(130)
+    signal.signal(signal.SIGINT, _interrupted_early)
+    signal.signal(signal.SIGTERM, _interrupted_early)
 
 from slurm_router.config import UserError
 
@@ -21,19 +31,74 @@ USAGE = """usage: python -m slurm_router [+experiment=NAME] [group=option ...] [
 
 def compose(overrides: list[str]):
     """Hydra's compose API (not @hydra.main: no cwd change, no outputs/ folder, our own error lines)."""
+    from slurm_router.config import check_launcher_keys, register_schema
+    register_schema()
+    with _one_line_errors():
+        cfg = _hydra_compose(_free_form_overrides(overrides))
+    check_launcher_keys(cfg)
+    return cfg
+
+
+def _hydra_compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+
+    from slurm_router.config import conf_dir
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def _free_form_overrides(overrides: list[str]) -> list[str]:
+    """The free-form mappings (config.FREE_FORM_KEYS) take new keys as Hydra users write them, without '+':
+    `launcher.additional_parameters={nice: 10}`, `...additional_parameters.nice=10`. A variant's own overrides
+    (`variants.r8.train.lr=1e-3`) need no '+' either, but only for a variant the experiment has: a typo must not
+    add a variant; a new one is added on purpose with `+variants.NAME...`. The merged variant is still checked
+    against the schema (config.variant_configs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from slurm_router.config import FREE_FORM_KEYS
+    parser, parsed = OverridesParser.create(), []
+    for line in overrides:
+        try:
+            parsed.append(parser.parse_overrides([line])[0])
+        except OverrideParseException as e:
+            first = str(e).strip().splitlines()[0]
+            raise UserError(f"cannot read the override {line!r} ({first}): write key=value, e.g. train.lr=1e-3; "
+                            "names are letters, digits, '_' and '-'") from None
+    free = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete())
+            and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in FREE_FORM_KEYS)]
+    variant_edits = [o for o in free if o.key_or_group.split(".")[0] == "variants"]
+    if variant_edits:
+        have = [str(k) for k in _hydra_compose([o.input_line for o in parsed if o not in variant_edits]).variants or {}]
+        for o in variant_edits:
+            new = [n for n in _variant_names(o) if n not in have]
+            if new:
+                listed = f"its variants: {', '.join(map(str, have))}" if have else "it has none"
+                add = "+" if "." in o.key_or_group else "++"           # + cannot add to the existing variants={}
+                raise UserError(f"{o.input_line}: the experiment has no variant {new[0]!r} ({listed}): fix the "
+                                f"name, or add a new variant on purpose with {add}{o.input_line}")
+    return [f"++{o.input_line}" if o in free else o.input_line for o in parsed]
+
+
+def _variant_names(override) -> list[str]:
+    """The variants an override names: NAME of variants.NAME.key=..., or the keys of variants={NAME: ...}."""
+    parts = override.key_or_group.split(".")
+    if len(parts) > 1:
+        return [parts[1]]
+    value = override.value()
+    return [str(k) for k in value] if isinstance(value, dict) else []
+
+
+@contextlib.contextmanager
+def _one_line_errors():
+    """Hydra's and OmegaConf's errors about the overrides, as one UserError line."""
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    from slurm_router.config import EXPERIMENT_HINT, check_launcher_keys, conf_dir, explain, register_schema
-    register_schema()
-    # variants.<name>.* is free-form (each variant is a set of overrides): let users add keys there without
-    # Hydra's '+' prefix; the merged variant is still checked against the schema.
-    overrides = [f"++{o}" if o.startswith("variants.") else o for o in overrides]
+    from slurm_router.config import EXPERIMENT_HINT, explain
     try:
-        with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+        yield
     except MissingConfigException as e:
         raise _missing_option(e) from None
     except (HydraException, OmegaConfBaseException) as e:
@@ -44,8 +109,6 @@ def compose(overrides: list[str]):
         if "Could not override 'experiment'" in first:         # experiment=NAME: Hydra takes it for the group
             raise UserError(f"experiment=...: {EXPERIMENT_HINT}") from None
         raise UserError(f"{first} (see: python -m slurm_router --help)") from None
-    check_launcher_keys(cfg)
-    return cfg
 
 
 def _missing_option(e) -> UserError:
@@ -58,6 +121,15 @@ def _missing_option(e) -> UserError:
         return UserError(f"{group}={option}: no such {group} in conf/{group}/; choose one of: "
                          f"{', '.join(options) or '(none)'}")
     return UserError(text.strip().splitlines()[0])
+
+
+def _check_models(cfg, variants: dict) -> None:
+    """model=hf checkpoints: config and whole weights, before anything is written (workers read them later)."""
+    models = {(c.model.name_or_path, c.data.max_len): c for c in [cfg, *variants.values()] if c.model.kind == "hf"}
+    if models:
+        from slurm_router.train.model import check_checkpoint
+        for c in models.values():
+            check_checkpoint(c.model, c.data.max_len)
 
 
 def _tokenizer(cfg):
@@ -84,6 +156,9 @@ def run(overrides: list[str]) -> int:
     from slurm_router.config import validate
     from slurm_router.launch.registry import launcher_class
     variants = validate(cfg)
+    from slurm_router.rundir import create_run_dir, new_run_dir
+    run_id, run_dir = new_run_dir(cfg)                 # in a run_root that can be written, or one line now
+    _check_models(cfg, variants)
     launcher = launcher_class(cfg.launcher.kind)
     launcher.check(cfg)
     from slurm_router.train.data import build_corpus
@@ -93,16 +168,17 @@ def run(overrides: list[str]) -> int:
 
     from slurm_router.launch.base import launch
     from slurm_router.plan import make_plan
-    from slurm_router.rundir import create_run_dir, new_run_dir
-    run_id, run_dir = new_run_dir(cfg)
     stages = make_plan(cfg, variants, run_id, str(run_dir))
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
+    from slurm_router.runlock import own_run
+    own_run(manifest)                                  # the one writer of this run dir from here (runlock.py)
     return launch(launcher(cfg, manifest), stages)
 
 
 def resume_run(arg: str, here: bool = False) -> int:
     """resume=RUN_DIR: the unfinished tasks of that run, each from its newest valid checkpoint, with the run's
-    own launcher (a Slurm run is submitted again), or here with launcher=local."""
+    own launcher (a Slurm run is submitted again), or here with launcher=local. plan_resume takes the run's
+    lock first (a second writer is refused, naming the holder) and plans from the manifest read under it."""
     if not arg:
         raise UserError("resume= needs a run directory: resume=runs/<experiment>/<timestamp>")
     from slurm_router.launch.base import launch
@@ -112,24 +188,69 @@ def resume_run(arg: str, here: bool = False) -> int:
     run_dir = manifest.layout.root
     kind = "local" if here else cfg.get("launcher", {}).get("kind", "local")
     todo = [t for s in stages if not s.cached for t in s.tasks]
+    # never run a task twice at once: whatever launched the run before must hold none of its tasks now
+    refuse_live_tasks = launcher_class(manifest.data.get("launcher", "local"))(cfg, manifest).refuse_live_tasks
     if not todo:
-        print(f"resume: every task of {run_dir} has completed; nothing to do\nrun_dir: {run_dir}")
+        if manifest.layout.summary.is_file():
+            print(f"resume: every task of {run_dir} has completed; nothing to do\nrun_dir: {run_dir}")
+            return 0
+        refuse_live_tasks()         # interrupted during its report, or the report job failed: write it here
+        print(f"resume: every task of {run_dir} has completed; writing the report")
+        launcher_class("local")(cfg, manifest).report_job(after=None)
+        manifest.set(state="completed")
+        print(f"run_dir: {run_dir}")
         return 0
     launcher = launcher_class(kind)(cfg, manifest)
     launcher.check_resume()
-    # never run a task twice at once: whatever launched the run before must hold none of its tasks now
-    launcher_class(manifest.data.get("launcher", "local"))(cfg, manifest).refuse_live_tasks()
+    refuse_live_tasks()
     renew_timeout_budget(todo)        # the user chose to go on: launcher.max_requeues counts afresh
     manifest.set(state="running", resumed=manifest.data.get("resumed", 0) + 1, launcher=kind)
     return launch(launcher, stages)
 
 
+def _interrupted() -> int:
+    """A Ctrl-C (or SIGTERM) outside the launcher's own handling (launch.base.launch): before a run dir was
+    made, nothing was written; after, the run is marked interrupted and resume= continues it. One line each."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # a second Ctrl-C must not cut the bookkeeping short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from slurm_router.lifecycle import EXIT_INTERRUPTED
+    from slurm_router.runlock import held_dirs
+    dirs = held_dirs()
+    if not dirs:
+        print("\ninterrupted: nothing was written", file=sys.stderr)
+    for root in dirs:
+        from slurm_router.rundir import Manifest
+        manifest = Manifest.load(root)
+        state = manifest.data.get("state")
+        if state in ("completed", "failed"):
+            print(f"\ninterrupted after the run had ended ({state})\nrun_dir: {root}")
+            continue
+        if state == "running":
+            manifest.set(state="interrupted")
+        print(f"\ninterrupted: continue with: python -m slurm_router resume={root}\nrun_dir: {root}")
+    return EXIT_INTERRUPTED
+
+
+def _stop_like_ctrl_c(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     # Ctrl-C must always reach us: a process started in the background by a non-interactive shell inherits
-    # SIGINT ignored, and Python then installs no handler (the Ctrl-C race of issue 11).
+    # SIGINT ignored, and Python then installs no handler (the Ctrl-C race of issue 11). `kill PID` (SIGTERM)
+    # stops a run the same clean way: the tasks checkpoint, the run is marked interrupted, exit 130.
     import signal
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    argv = sys.argv[1:] if argv is None else argv
+    before = signal.signal(signal.SIGINT, signal.default_int_handler), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:                          # called in-process (tests): leave the caller's handlers as they were
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before[1] is None else before[1])
+
+
+def _main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip().splitlines()[0])
         print(USAGE)
@@ -139,11 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown option {bad[0]}: arguments are Hydra overrides like train.steps=20 "
               "(see python -m slurm_router --help)", file=sys.stderr)
         return 2
+    from slurm_router.runlock import release_all
     try:
-        return run(argv)
+        code = run(argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    except KeyboardInterrupt:
+        code = _interrupted()
+    release_all()                     # every process of the run has ended: the lock is free, said released
+    return code
 
 
 if __name__ == "__main__":

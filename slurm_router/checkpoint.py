@@ -1,7 +1,9 @@
 """Atomic saves (write a temporary file, fsync, rename: a reader never sees half a file) and training
-checkpoints: keep the last K, verify on load, fall back to the newest whole one."""
+checkpoints: keep the last K, verify on load, fall back to the newest whole one. A write that fails (disk full,
+no permission) raises WriteError, one line naming the path and the cause, and leaves no temporary file."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -9,35 +11,80 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+from slurm_router.config import UserError
+from slurm_router.layout import CHECKPOINT_GLOB, SIDECAR_GLOB, checkpoint_file, checkpoint_step
 
-from slurm_router.layout import BASE_META, CHECKPOINT_GLOB, SIDECAR_GLOB, checkpoint_file, checkpoint_step
+# What the user can do about a failed write, by its cause.
+_ADVICE = {errno.ENOSPC: "free space on that file system", errno.EDQUOT: "free space within your disk quota",
+           errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
+           errno.EROFS: "choose a writable file system"}
+
+
+class WriteError(UserError):
+    """A file could not be written (disk full, permission, read-only): one line naming the path and the cause.
+    A UserError: the command prints it and exits 2; nothing half-written is left behind."""
+
+    @classmethod
+    def of(cls, path: str | os.PathLike, e: OSError) -> "WriteError":
+        cause = e.strerror or type(e).__name__
+        advice = _ADVICE.get(e.errno, "see the cause")
+        return cls(f"cannot write {path}: {cause} ({advice}; nothing was left half-written)")
+
+
+class _RecordingFile:
+    """A file object that remembers the OSError its write raised: torch.save turns one into a RuntimeError
+    ('unexpected pos ...') that never says 'No space left on device'."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, b) -> int:
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _os_error(e: BaseException, recorded: OSError | None) -> OSError | None:
+    """The OSError behind a failed write: the one a write raised, else `e` or what it was raised from."""
+    if recorded is not None:
+        return recorded
+    while e is not None:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def atomic_write_bytes(path: str | os.PathLike, write) -> None:
-    """Call write(fileobj) into a temp file beside `path`, fsync, then rename over `path`."""
+    """Call write(fileobj) into a temp file beside `path`, fsync, then rename over `path`. WriteError (one line)
+    if the file system refuses (no space, no permission); the temp file is removed either way."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp, out = None, None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            out = _RecordingFile(f)
+            write(out)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        cause = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _os_error(e, out and out.error)
+        if cause is not None:
+            raise WriteError.of(path, cause) from None
         raise
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def save_base(state: dict, weights_path: str, meta: dict) -> None:
-    """The base stage's weights and its held-out loss, into the shared cache. Meta last: it marks completeness."""
-    atomic_write_bytes(weights_path, lambda f: torch.save(state, f))
-    atomic_write_text(Path(weights_path).with_name(BASE_META), json.dumps(meta, indent=1))
 
 
 # ---- training checkpoints: TaskPaths.checkpoints / step-NNNNNNNN.pt + .json (names: slurm_router.layout) -----
@@ -66,10 +113,17 @@ class _HashingWriter:
         self.f.flush()
 
 
-def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, state: dict, keep: int) -> dict:
-    """Atomically write state as checkpoint `step`, then its sidecar, then drop all but the newest `keep`."""
-    path = checkpoint_path(ckpt_dir, step)
-    out = {}
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """A verified file's sidecar (its size and sha256): step-N.pt -> step-N.json, model.pt -> model.json."""
+    return Path(path).with_suffix(".json")
+
+
+def save_verified(path: str | os.PathLike, state: dict, **fields) -> dict:
+    """torch.save `state` atomically to `path`, hashed on the way out (no second read), then its sidecar
+    {**fields, file, time, sha256, bytes}. A file whose sidecar could not be written is removed too: it could
+    never be verified. Returns the sidecar's content. WriteError (one line) when the disk refuses."""
+    import torch
+    path, out = Path(path), {}
 
     def write(f):
         w = _HashingWriter(f)
@@ -77,8 +131,19 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, state: dict, keep: i
         out.update(sha256=w.sha.hexdigest(), bytes=w.n)
 
     atomic_write_bytes(path, write)
-    meta = {"format": 1, "step": step, "file": path.name, "time": time.time(), **out}
-    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1))
+    meta = {**fields, "file": path.name, "time": time.time(), **out}
+    try:
+        atomic_write_text(sidecar_path(path), json.dumps(meta, indent=1))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return meta
+
+
+def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, state: dict, keep: int) -> dict:
+    """Atomically write state as checkpoint `step`, then its sidecar, then drop all but the newest `keep`."""
+    path = checkpoint_path(ckpt_dir, step)
+    meta = save_verified(path, state, format=1, step=step)
     prune_checkpoints(ckpt_dir, keep)
     return {"path": str(path), **meta}
 
@@ -111,15 +176,15 @@ def _sidecars(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return _steps(ckpt_dir, SIDECAR_GLOB)
 
 
-def verify_checkpoint(path: str | os.PathLike) -> str | None:
-    """None if the checkpoint is whole (its sidecar's size and sha256 match), else why not."""
+def verify_file(path: str | os.PathLike) -> str | None:
+    """None if the file is whole: its size and sha256 match its sidecar's; else why not, in words."""
     path = Path(path)
-    sidecar = path.with_suffix(".json")
+    sidecar = sidecar_path(path)
     try:
         meta = json.loads(sidecar.read_text())
         want_sha, want_bytes = meta["sha256"], int(meta["bytes"])
     except FileNotFoundError:
-        return "no sidecar .json (the save was cut short)"
+        return f"no sidecar {sidecar.name} (the save was cut short)"
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
         return f"unreadable sidecar {sidecar.name}"
     try:
@@ -135,6 +200,11 @@ def verify_checkpoint(path: str | os.PathLike) -> str | None:
     if sha.hexdigest() != want_sha:
         return "sha256 mismatch (the file was damaged after it was saved)"
     return None
+
+
+def verify_checkpoint(path: str | os.PathLike) -> str | None:
+    """None if the checkpoint is whole (its sidecar's size and sha256 match), else why not."""
+    return verify_file(path)
 
 
 def latest_valid_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path | None, list[str]]:
@@ -162,6 +232,7 @@ def latest_valid_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path | None, l
 
 def load_checkpoint(path: str | os.PathLike, map_location) -> dict:
     """torch.load with weights_only=True: a checkpoint holds tensors and plain Python values, never code."""
+    import torch
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:      # verified before, so this is damage after the check: say which file

@@ -3,9 +3,12 @@ one line saying what to do. Values live in conf/*.yaml; this file only says what
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 import re
+import tempfile
+import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -230,6 +233,21 @@ GPT2_LORA_MODULES = ("c_attn", "c_proj", "c_fc", "wte", "wpe", "lm_head")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 
+def _mapping_fields(schema: type, prefix: str = "") -> typing.Iterator[str]:
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if typing.get_origin(hints[f.name]) is dict:
+            yield prefix + f.name
+        elif dataclasses.is_dataclass(hints[f.name]):
+            yield from _mapping_fields(hints[f.name], f"{prefix}{f.name}.")
+
+
+# The free-form mappings (Dict fields: `variants`, `launcher.additional_parameters`): keys are the user's to
+# choose, so `KEY={a: 1}` and `KEY.a=1` add to them without Hydra's '+' (compose() in __main__.py).
+FREE_FORM_KEYS = tuple(sorted({*_mapping_fields(Config),
+                               *(k for s in LAUNCHER_SCHEMAS for k in _mapping_fields(s, "launcher."))}))
+
+
 def register_schema() -> None:
     """The root schema, and each launcher's as launcher/<kind>_schema (conf/launcher/<kind>.yaml extends it)."""
     store = ConfigStore.instance()
@@ -241,6 +259,26 @@ def register_schema() -> None:
 def conf_dir() -> str:
     """The installed conf/ folder (works from any directory, for `pip install .` and `-e .` alike)."""
     return str(resources.files("slurm_router.conf"))
+
+
+def check_writable_dir(path: str | os.PathLike, setting: str) -> Path:
+    """The folder `path` (made later, parents and all) can be written: probed by making and removing a folder in
+    its nearest existing part, before anything else is written. `setting` ("run_root='runs'") leads the one
+    line a UserError gives, naming the path and the cause. Returns the absolute path."""
+    target = Path(os.path.expanduser(str(path))).absolute()
+    probe = target
+    while not os.path.lexists(probe):                     # the nearest part that exists
+        probe = probe.parent
+    fix = f"set {setting.split('=', 1)[0]}= to a folder you can write"
+    if not probe.is_dir():
+        what = "a dangling symbolic link" if probe.is_symlink() and not probe.exists() else "a file, not a folder"
+        raise UserError(f"{setting}: {probe} is {what}: {fix}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".slurm_router-write-test-", dir=probe))
+    except OSError as e:
+        cause = "it takes no new folders" if e.errno == errno.ENOENT else e.strerror or type(e).__name__
+        raise UserError(f"{setting}: cannot write in {probe} ({cause}): {fix}") from None
+    return target
 
 
 def valid_keys(path: str) -> list[str]:
@@ -282,6 +320,9 @@ def explain(error: Exception, where: str = "") -> UserError:
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         keys = valid_keys(parent)
         under = f"under {parent}" if parent else "at the top level"
+        if not keys:
+            return UserError(f"{where}unknown key '{key}': {parent or 'the top level'} has no key "
+                             f"{key.rsplit('.', 1)[-1]!r} ({msg})")
         return UserError(f"{where}unknown key '{key}': valid keys {under} are {', '.join(keys)}")
     if isinstance(error, ValidationError) and key and re.search(r"'dict'|'\{\}'", msg):
         return _not_a_group(key, msg, where)

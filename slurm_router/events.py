@@ -184,10 +184,10 @@ class RequeueRow(Row):
 class EndRow(Row):
     """how an attempt ended"""
     KIND: ClassVar[str] = "end"
-    exit_state: str = _req("completed | interrupted | failed")
+    exit_state: str = _req("completed | interrupted | failed | diverged")
     error: str = _opt()
     detail: str = _opt()
-    step: int | None = _opt()
+    step: int | None = _opt("diverged: the step whose loss was not finite")
     val_loss: float = _opt("rank 0 of a completed task")
     train_loss: float = _opt("rank 0 of a completed task")
     steps: int = _opt("rank 0 of a completed task")

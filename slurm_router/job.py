@@ -18,21 +18,27 @@ with one line naming the rank and the signal. Retrying on the surviving devices 
 device count mid-run and the task's memory plan; a clean stop is simpler and loses at most checkpoint_every
 steps. How signals are never lost: slurm_router.supervisor.
 
+A local job holds its run's lock (slurm_router.runlock: inherited from the launcher, or taken when started by
+hand) and ends with its launcher: if that dies, the job stops like on SIGTERM, kills workers that have not
+stopped within supervisor.ORPHAN_GRACE_S, and records its own end in the manifest (nobody else will).
+
 Exit codes (slurm_router.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a packed task asks for a
 requeue, 1 failed, 2 bad arguments or unusable checkpoints.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 if __name__ == "__main__":      # the job process: take stop signals before the slower imports below
-    from slurm_router.supervisor import TaskSupervisor
+    from slurm_router.supervisor import LAUNCHER_PID_ENV, TaskSupervisor
     _ENTRY_SUPERVISOR = TaskSupervisor().install()
+    if os.environ.get(LAUNCHER_PID_ENV):            # a local job ends with its launcher (supervisor.py)
+        _ENTRY_SUPERVISOR.watch_launcher(int(os.environ.pop(LAUNCHER_PID_ENV)))
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from submitit.helpers import Checkpointable
@@ -97,6 +103,8 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     except TaskStopped as stopped:      # before any worker started: the newest checkpoint stands
         raise TaskStopped(checkpoint_step(spec), stopped.signum) from None
     except TaskFailed as e:
+        if supervisor.orphaned_by is not None:      # its launcher is gone: the workers were killed on purpose
+            raise TaskStopped(checkpoint_step(spec), supervisor.signum or signal.SIGTERM) from None
         ckpt = _newest_checkpoint(spec, quiet=True)
         msg = (f"{spec.name}: {e}; the task stopped (the other workers were killed); "
                f"{'resume continues from ' + ckpt if ckpt else 'no checkpoint yet: resume restarts it'}")
@@ -174,6 +182,21 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
         if args.pack > 1:
             return run_pack(files, supervisor)
         task_file = files[0]
+    from slurm_router.config import UserError
+    from slurm_router.runlock import release_all
+    try:
+        _hold_run_dir(task_file)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    code = _run(task_file, supervisor)
+    if supervisor.orphaned_by is not None:
+        _record_own_end(task_file, code, supervisor.orphaned_by)
+    release_all()
+    return code
+
+
+def _run(task_file: str, supervisor: TaskSupervisor) -> int:
     from slurm_router.checkpoint import CheckpointError
     try:
         result = run_task(task_file, supervisor)
@@ -187,6 +210,35 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
         return _after_stop(task_file, stopped)
     print(json.dumps(result))
     return EXIT_OK
+
+
+def _hold_run_dir(task_file: str) -> None:
+    """A local job holds its run's lock: the launcher's, inherited (runlock.LOCK_FD_ENV), or taken here when the
+    job was started by hand (UserError naming the holder if the run is in use). Under Slurm, Slurm owns it."""
+    from slurm_router.runlock import LOCK_FD_ENV, acquire
+    if os.environ.get(LOCK_FD_ENV) or os.environ.get("SLURM_JOB_ID"):
+        return
+    from slurm_router.plan import TaskSpec
+    acquire(TaskSpec.load(task_file).run_dir)
+
+
+def _record_own_end(task_file: str, code: int, launcher_pid: int) -> None:
+    """The launcher is gone, so nobody else will record how this task ended: the manifest gets it from here
+    (read-modify-write: the other tasks of the run may be doing the same)."""
+    from slurm_router.config import UserError
+    from slurm_router.plan import TaskSpec
+    from slurm_router.rundir import Manifest
+    spec = TaskSpec.load(task_file)
+    note = f"interrupted: launcher pid {launcher_pid} gone"
+
+    def record(data: dict) -> None:
+        data["tasks"][spec.name].update(state=TaskOutcome.from_exit_code(code).state.value, exit_code=code,
+                                        note=note)
+        data["state"] = "interrupted"
+    try:
+        Manifest.load(spec.run_dir).update(record)
+    except (UserError, OSError) as e:
+        print(f"warning: {spec.name}: could not record its end in the manifest ({e})", file=sys.stderr)
 
 
 def _after_stop(task_file: str, stopped: TaskStopped) -> int:

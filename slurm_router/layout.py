@@ -2,6 +2,7 @@
 
     runs/<experiment>/<timestamp>/        RunLayout(run_dir)
       config.yaml  manifest.json          the resolved config; tasks, states, job ids, versions
+      run.lock  manifest.lock             who writes this run now (runlock.py); the manifest's own short lock
       submit*.sbatch                      launcher=sbatch's rendered scripts
       tasks/<name>/                       TaskPaths: task.json, events-rank<N>.jsonl, result.json,
                                           attempts.json, checkpoints/step-<N>.pt (+ .json sha256 sidecar)
@@ -18,6 +19,8 @@ from pathlib import Path
 
 CONFIG = "config.yaml"
 MANIFEST = "manifest.json"
+RUN_LOCK = "run.lock"               # held (flock) by the process that runs or resumes the run, and its local jobs
+MANIFEST_LOCK = "manifest.lock"     # held for each read-modify-write of manifest.json (rundir.Manifest)
 TASK_FILE = "task.json"
 RESULT_FILE = "result.json"
 ATTEMPTS_FILE = "attempts.json"
@@ -92,6 +95,15 @@ class RunLayout:
     @property
     def manifest(self) -> Path:
         return self.root / MANIFEST
+
+    @property
+    def run_lock(self) -> Path:
+        """run.lock: the one writer of this run (slurm_router.runlock), and who it is (host, pid, since, command)."""
+        return self.root / RUN_LOCK
+
+    @property
+    def manifest_lock(self) -> Path:
+        return self.root / MANIFEST_LOCK
 
     @property
     def tasks(self) -> Path:

@@ -20,8 +20,12 @@ from slurm_router.rundir import Manifest
 
 
 def _load_run(arg: str) -> tuple[Manifest, object]:
-    """The run's validated manifest (NotARunDir: one line) and its own config.yaml."""
-    manifest = Manifest.load(Path(arg).expanduser().resolve())
+    """The run's validated manifest (NotARunDir: one line) and its own config.yaml, read once this process holds
+    the run's lock (runlock.RunInUse, one line naming the holder, if another one does): a plan is made from
+    the current state, and two resumes never both run or submit the same tasks."""
+    from slurm_router.runlock import own_run
+    manifest = Manifest.load(Path(arg).expanduser().resolve())     # a run dir, before run.lock is made in it
+    own_run(manifest)                                               # its manifest write reads the file again
     try:
         cfg = OmegaConf.load(manifest.layout.config)
     except Exception:                           # missing, unreadable or not YAML: same advice

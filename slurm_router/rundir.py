@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -16,11 +17,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurm_router.checkpoint import atomic_write_text
-from slurm_router.config import UserError
+from slurm_router.checkpoint import WriteError, atomic_write_text
+from slurm_router.config import UserError, check_writable_dir
 from slurm_router.layout import RunLayout
 from slurm_router.lifecycle import TaskState
 from slurm_router.plan import Stage
+from slurm_router.runlock import short_lock
 
 
 class NotARunDir(UserError):
@@ -47,9 +49,10 @@ def _git_commit() -> str | None:
 
 
 def new_run_dir(cfg: DictConfig) -> tuple[str, Path]:
-    """A fresh, unique run directory path (not created yet: nothing is written before the config checks pass)."""
+    """A fresh, unique run directory path (not created yet: nothing is written before the config checks pass)
+    in a folder that can be written (a path under /proc, a file, no permission: one line, UserError)."""
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    root = (Path(cfg.run_root).expanduser() / cfg.experiment).resolve()
+    root = check_writable_dir(Path(cfg.run_root) / cfg.experiment, f"run_root={cfg.run_root!r}").resolve()
     path, n = root / stamp, 1
     while path.exists():
         n += 1
@@ -58,6 +61,11 @@ def new_run_dir(cfg: DictConfig) -> tuple[str, Path]:
 
 
 class Manifest:
+    """A run's manifest.json. Every write is a read-modify-write under its own short lock (layout's manifest.lock,
+    runlock.short_lock): the file is read again, this change applied to it, and the file replaced atomically, so
+    a local job process recording its own end and the launcher recording its states never overwrite each
+    other's fields. `data` is the file as of this object's last read or write."""
+
     def __init__(self, path: Path, data: dict):
         self.path, self.data = path, data
 
@@ -84,26 +92,68 @@ class Manifest:
     def layout(self) -> RunLayout:
         return RunLayout(self.path.parent)
 
+    def _read(self) -> dict | None:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("tasks"), dict) else None
+
+    def refresh(self) -> "Manifest":
+        """Read the file again (another process may have written it)."""
+        self.data = self._read() or self.data
+        return self
+
+    def update(self, change) -> None:
+        """change(data) applied to the file as it is now, under the manifest's lock; then `data` is that."""
+        with short_lock(self.layout.manifest_lock):
+            data = self._read() or self.data
+            change(data)
+            atomic_write_text(self.path, json.dumps(data, indent=1))
+        self.data = data
+
     def save(self) -> None:
-        atomic_write_text(self.path, json.dumps(self.data, indent=1))
+        """Write the changes made in place to `data`; fields only the file has (another process's) stay."""
+        mine = self.data
+
+        def merge(disk: dict) -> None:
+            if disk is mine:
+                return
+            tasks = disk.get("tasks") or {}
+            for name, fields in mine["tasks"].items():
+                tasks.setdefault(name, {}).update(fields)
+            disk.update({k: v for k, v in mine.items() if k != "tasks"}, tasks=tasks)
+        self.update(merge)
 
     def stage_tasks(self, stage: str) -> list[str]:
         """The task names of a stage, in array-index order (index i of the stage's array is task i)."""
         return next(s["tasks"] for s in self.data["stages"] if s["name"] == stage)
 
     def set_task(self, name: str, **fields) -> None:
-        self.data["tasks"][name].update(fields)
-        self.save()
+        self.update(lambda data: data["tasks"][name].update(fields))
 
     def set(self, **fields) -> None:
-        self.data.update(fields)
-        self.save()
+        self.update(lambda data: data.update(fields))
 
 
 def create_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str) -> Manifest:
-    """Write config.yaml, every task.json and the manifest. Called only after every check has passed."""
+    """Write config.yaml, every task.json and the manifest. Called only after every check has passed. A write
+    that fails (disk full, permission) removes what it made and raises one line (UserError)."""
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as e:
+        raise WriteError.of(run_dir, e) from None
+    try:
+        return _fill_run_dir(cfg, run_id, run_dir, stages, launcher)
+    except BaseException as e:                  # a Ctrl-C too: never a half-made run directory
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise WriteError.of(e.filename or run_dir, e) from None
+        raise
+
+
+def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str) -> Manifest:
     layout = RunLayout(run_dir)
-    run_dir.mkdir(parents=True)
     layout.logs.mkdir()
     atomic_write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
     tasks = {}

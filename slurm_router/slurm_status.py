@@ -22,13 +22,14 @@ from slurm_router.layout import TaskPaths
 from slurm_router.rundir import Manifest
 from slurm_router.status_parse import (FAILED_STATES, LOCAL_STATES, SACCT_FIELDS, SQUEUE_FIELDS, SUCCESS_STATES,
                                        TERMINAL_STATES, Runner, SlurmRow, TaskStatus, expand_array_indices,
-                                       format_duration, local_status, local_word, merge_status, normalize_state,
-                                       parse_duration, parse_sacct, parse_squeue, task_job_id)
+                                       format_duration, local_status, local_word, merge_status, never_runs,
+                                       normalize_state, parse_duration, parse_sacct, parse_squeue, task_job_id)
 
 __all__ = ["FAILED_STATES", "LOCAL_STATES", "SACCT_FIELDS", "SQUEUE_FIELDS", "SUCCESS_STATES", "TERMINAL_STATES",
            "SlurmRow", "TaskStatus", "expand_array_indices", "format_duration", "local_status", "local_word",
-           "merge_status", "normalize_state", "parse_duration", "parse_sacct", "parse_squeue", "task_job_id",
-           "collect_status", "live_tasks", "cancel_run", "wait_for_run", "wait_for_job", "main"]
+           "merge_status", "never_runs", "normalize_state", "parse_duration", "parse_sacct", "parse_squeue",
+           "task_job_id", "collect_status", "live_tasks", "cancel_run", "cancel_never_runnable", "wait_for_run",
+           "wait_for_job", "main"]
 
 TAIL_LINES = 20
 UNKNOWN_GRACE_S = 600.0     # a wait gives up on a task Slurm has had no record of for this long
@@ -77,7 +78,7 @@ def query_slurm(ids: str, runner: Runner = run_command) -> tuple[dict[str, Slurm
 def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
     """Query Slurm for the manifest's jobs and return one TaskStatus per task (log tails for failures)."""
     if not in_slurm(manifest):
-        tasks = local_status(manifest)
+        tasks = local_tasks(manifest)
     else:
         ids = ",".join(job_ids(manifest))
         squeue, sacct = query_slurm(ids, runner) if ids else ({}, {})
@@ -88,6 +89,34 @@ def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskSta
     for t in tasks:
         if t.state in FAILED_STATES:
             t.out_tail, t.err_tail = tail(t.log_path), tail(t.err_path)
+    return tasks
+
+
+def local_tasks(manifest: dict) -> list[TaskStatus]:
+    """A local run's tasks as its manifest records them now (read again: a --wait sees them move). Only a
+    running launcher moves them: if it is gone (its pid and start time: runlock.owner_alive), or the run has
+    ended (interrupted, failed), an unfinished task cannot progress and is shown so (terminal: --wait
+    returns); resume= continues it."""
+    from slurm_router.runlock import owner_alive
+    try:
+        manifest = Manifest.load(manifest["run_dir"]).data if manifest.get("run_dir") else manifest
+    except UserError:                           # moved, or gone since: what the caller read is all there is
+        pass
+    tasks = local_status(manifest)
+    infos = manifest.get("tasks") or {}
+    infos = list(infos.values()) if isinstance(infos, dict) else list(infos)
+    run_state, owner = manifest.get("state", "running"), manifest.get("owner") or {}
+    if run_state != "running":
+        stuck = f"not run: the run is {run_state}"
+    elif owner_alive(owner) is False:
+        stuck = f"interrupted: launcher pid {owner.get('pid')} gone"
+    else:
+        stuck = None
+    for t, info in zip(tasks, infos):
+        note = info.get("note") if isinstance(info, dict) else None
+        if stuck and not t.terminal:
+            t.state, note = "CANCELLED", stuck
+        t.reason = t.reason or note
     return tasks
 
 
@@ -124,6 +153,26 @@ def cancel_run(manifest: dict, runner: Runner = run_command) -> list[str]:
     if ids:
         runner(["scancel", *ids])
     return ids
+
+
+def cancel_never_runnable(manifest: dict, runner: Runner = run_command,
+                          report_too: bool = False) -> tuple[list[TaskStatus], str | None]:
+    """scancel the tasks Slurm keeps PENDING on a dependency that can never be satisfied (a stage they wait on
+    failed; submitted before --kill-on-invalid-dep, or a cluster that ignores it). report_too (resume=): the
+    run's report job as well if it still waits, since it would start once they are cancelled and write a report
+    of a run that goes on. Returns (the tasks cancelled, the report job cancelled or None)."""
+    if not in_slurm(manifest) or not job_ids(manifest):
+        return [], None
+    stuck = [t for t in collect_status(manifest, runner) if never_runs(t)]
+    if not stuck:
+        return [], None
+    report = str(manifest.get("report_job_id") or "") if report_too else ""
+    if report:
+        squeue, sacct = query_slurm(report, runner)
+        row = squeue.get(report) or sacct.get(report)
+        report = report if row is not None and row.state not in TERMINAL_STATES else ""
+    runner(["scancel", *([report] if report else []), *(t.job_id for t in stuck)])
+    return stuck, report or None
 
 
 def wait_for_run(
@@ -168,6 +217,8 @@ def wait_for_job(job_id: str, runner: Runner = run_command, poll_s: float = 5.0,
         row = squeue.get(job_id) or sacct.get(job_id)
         if row is not None and row.state in TERMINAL_STATES:
             return row.state
+        if row is not None and never_runs(row):
+            return f"{row.state} ({row.reason})"
         if row is None and time.monotonic() - since >= unknown_grace_s:
             return "UNKNOWN"
         time.sleep(poll_s)
@@ -207,6 +258,12 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
         for t, r in zip(tasks, rows):
             table.add_row(*r, style=colors.get(t.state, "red" if t.state in FAILED_STATES else None))
         Console(width=max(Console().width, 160) if not sys.stdout.isatty() else None).print(table)
+    for reason in dict.fromkeys(t.reason for t in tasks if t.blocked):
+        names = [t.variant for t in tasks if t.reason == reason]
+        pending = any(never_runs(t) for t in tasks if t.reason == reason)
+        print(f"\n{len(names)} task(s) never ran ({', '.join(names)}): {reason.split(': ', 1)[-1]}; fix the cause, "
+              f"then python -m slurm_router resume={manifest.get('run_dir', 'RUN_DIR')} submits the failed stage "
+              "and these again" + (" (it cancels these first: Slurm keeps them PENDING)" if pending else ""))
     for t in tasks:
         if t.out_tail or t.err_tail:
             print(f"\n--- {t.variant} ({t.job_id}) {t.state}: last {TAIL_LINES} lines of its logs")

@@ -8,6 +8,11 @@ but lags the controller by a few seconds and, right after submission, may hold o
 the array's base id (e.g. `15`, or `15` named "allocation") that belongs to no particular task yet.
 So a task's state comes from squeue when it has a row, else from sacct rows naming exactly that task
 (`15_3`, or `15` for a job that is not an array), else UNKNOWN (never guessed COMPLETED).
+
+A stage waits on the one before with afterok. When that one fails, a dependant can never run: Slurm cancels
+it (the launchers submit with --kill-on-invalid-dep=yes; squeue's reason DependencyNeverSatisfied, which sacct
+forgets) or, without the flag, keeps it PENDING with that reason forever. Either way it is terminal here, and
+its reason names the stage and the task that failed (blame_failed_stages).
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ FAILED_STATES = frozenset(
      "REVOKED"}
 )
 TERMINAL_STATES = SUCCESS_STATES | FAILED_STATES
+# squeue's reason for a job whose dependency can never be satisfied (an afterok on a job that failed)
+NEVER_SATISFIED = "DependencyNeverSatisfied"
 # The manifest's task states (slurm_router.lifecycle.TaskState), in Slurm's words, for runs Slurm did not run.
 LOCAL_STATES = {s.value: s.slurm_word for s in TaskState}
 
@@ -58,7 +65,17 @@ class TaskStatus(SlurmRow):
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state in TERMINAL_STATES or never_runs(self)
+
+    @property
+    def blocked(self) -> bool:
+        """It never ran, and never will, because a stage it waits on failed (blame_failed_stages says which)."""
+        return (self.reason or "").startswith(NEVER_SATISFIED)
+
+
+def never_runs(row: SlurmRow) -> bool:
+    """PENDING on a dependency that can never be satisfied: Slurm will never start it (only scancel ends it)."""
+    return row.state == "PENDING" and (row.reason or "").startswith(NEVER_SATISFIED)
 
 
 # ---------------------------------------------------------------- pure parsing
@@ -202,7 +219,27 @@ def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, S
                     err_path=task.get("err_path"),
                 )
             )
+    blame_failed_stages(manifest, out)
     return out
+
+
+def blame_failed_stages(manifest: dict, tasks: list[TaskStatus]) -> None:
+    """A task that never ran because a stage it waits on failed gets the reason 'DependencyNeverSatisfied:
+    stage base failed (base FAILED)'. Slurm says DependencyNeverSatisfied only while squeue still holds the job
+    (MinJobAge); a task CANCELLED before it ever had a node, in a stage after a failed one, is such a task too."""
+    by_stage: dict[str, list[TaskStatus]] = {}
+    for t in tasks:
+        by_stage.setdefault(t.stage, []).append(t)
+    for stage in manifest.get("stages") or []:
+        for dep in stage.get("depends_on") or []:
+            failed = [t for t in by_stage.get(dep, []) if t.state in FAILED_STATES]
+            if not failed:
+                continue
+            names = ", ".join(f"{t.variant} {t.state}" for t in failed[:3]) + (", ..." if len(failed) > 3 else "")
+            for t in by_stage.get(stage.get("name"), []):
+                never_started = t.state == "CANCELLED" and t.node is None and not t.elapsed_s
+                if never_runs(t) or never_started or t.reason == NEVER_SATISFIED:
+                    t.reason = f"{NEVER_SATISFIED}: stage {dep} failed ({names})"
 
 
 def local_word(state) -> str:

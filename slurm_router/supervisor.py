@@ -10,18 +10,30 @@ is handled right after; another thread of the process may take it earlier, while
 known: the check after the spawn covers both). The children inherit the blocked mask through fork and exec
 and unblock it once their own handlers are in place (train.state.install_stop_handlers for a worker,
 TaskSupervisor.install for a job process), so a signal during their start-up waits for them instead of
-killing them. Whoever spawns a job process should do the same (`stop_signals_blocked`).
+killing them. Whoever spawns a job process should do the same (`stop_signals_blocked`). CPython's
+multiprocessing undoes part of that: starting its resource tracker (on the first spawn) ends with
+SIG_UNBLOCK of SIGINT and SIGTERM instead of restoring the mask it found, so workers used to start with only
+USR2 blocked and a TERM during their start-up killed them (issue 12). Workers therefore start the tracker
+first and block the stop signals again before they spawn.
+
+Nothing of a local run outlives its launcher (issue 12): a local job process watches its launcher
+(`watch_launcher`; the launcher's pid comes in LAUNCHER_PID_ENV) and each worker its job process
+(`watch_parent_process`). When the parent is gone, the child stops as on a stop signal (the step in flight
+ends, rank 0 saves) and is killed ORPHAN_GRACE_S later if it has not ended by then: nothing of the run lives
+10 s after the launcher died, with a checkpoint at the step end where a step is short enough.
 
 Deliberately light imports (no torch): a job process installs its handlers within milliseconds of starting.
 """
 from __future__ import annotations
 
 import json
+import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -31,6 +43,13 @@ from slurm_router.lifecycle import EXIT_OK, EXIT_STOPPED, TaskOutcome
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 # After one worker has ended normally, the others get this long to end too (rank 0 still writes results).
 WORKER_GRACE_S = 300.0
+# A job process whose launcher died, or a worker whose job process died, stops at its step end if that comes
+# within this long, and is killed then (job: its workers, then itself ORPHAN_EXIT_S later).
+ORPHAN_GRACE_S = 5.0
+ORPHAN_EXIT_S = 3.0
+LAUNCHER_PID_ENV = "SLURM_ROUTER_LAUNCHER_PID"      # set by the local launcher for its job processes
+# Tests only: "window=seconds,..." pauses there, to widen a window a signal must be able to land in.
+TEST_PAUSE_ENV = "SLURM_ROUTER_TEST_PAUSE"
 
 
 class TaskFailed(RuntimeError):
@@ -55,6 +74,35 @@ def stop_signals_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def pause_for_tests(window: str) -> None:
+    """Tests only: sleep in `window` if SLURM_ROUTER_TEST_PAUSE names it (tests/test_signal_windows.py makes
+    the windows around training wide enough to hit every time). Unset in real runs: nothing happens."""
+    spec = os.environ.get(TEST_PAUSE_ENV)
+    if not spec:
+        return
+    for item in spec.split(","):
+        name, _, seconds = item.partition("=")
+        if name.strip() == window:
+            print(f"test pause: {window} {float(seconds)} s", file=sys.stderr, flush=True)
+            time.sleep(float(seconds))
+
+
+def watch_parent_process(grace_s: float = ORPHAN_GRACE_S) -> None:
+    """A spawned worker's tie to its job process: when that is gone (its sentinel pipe closes, however it died,
+    even before this call), SIGINT to this worker (what torch's parent-death signal sends; blocked until the
+    worker's handlers exist), then SIGKILL grace_s later: a worker never outlives its job process for long."""
+    parent = multiprocessing.parent_process()
+    if parent is None:                          # not spawned by multiprocessing (srun workers)
+        return
+
+    def watch() -> None:
+        parent.join()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="watch-job-process", daemon=True).start()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,10 +118,13 @@ def worker_entry(rank: int, spec_json: str, world: int, master: str, resume: str
     result = train(spec, rank, world, master, resume)
     if rank == 0 and isinstance(result, dict):
         atomic_write_text(TaskPaths(spec.task_dir).result, json.dumps(result, indent=1))
+        pause_for_tests("after_result")
     return result
 
 
 def _spawned_worker(rank: int, spec_json: str, world: int, master: str, resume: str | None) -> None:
+    watch_parent_process()
+    pause_for_tests("worker_startup")       # stop signals are blocked here, until train_state installs handlers
     from slurm_router.train.state import Stopped
     if isinstance(worker_entry(rank, spec_json, world, master, resume), Stopped):
         sys.exit(EXIT_STOPPED)
@@ -87,14 +138,23 @@ def _forward(pids: list[int], signum: int) -> None:
             pass
 
 
+def spawn_blocked(fn, args: tuple, nprocs: int):
+    """torch.multiprocessing's spawn of fn(rank, *args), each child starting with every stop signal blocked (call
+    under stop_signals_blocked). The resource tracker's first start unblocks SIGINT and SIGTERM (see the module
+    docstring): it is started first, and the signals blocked again, before any child is spawned."""
+    import torch.multiprocessing as mp
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    return mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+
+
 class Workers:
     """The D worker processes of one task (spawned; call under stop_signals_blocked)."""
 
     def __init__(self, spec, resume: str | None):
-        import torch.multiprocessing as mp
         master = f"127.0.0.1:{free_port()}"
-        self.ctx = mp.start_processes(_spawned_worker, args=(spec.to_json(), spec.devices, master, resume),
-                                      nprocs=spec.devices, join=False, start_method="spawn")
+        self.ctx = spawn_blocked(_spawned_worker, (spec.to_json(), spec.devices, master, resume), spec.devices)
         self.procs = self.ctx.processes
 
     def alive(self) -> bool:
@@ -154,6 +214,7 @@ class TaskSupervisor:
     def __init__(self):
         self.signum = 0
         self.children = None
+        self.orphaned_by: int | None = None         # the launcher's pid, once it is gone (watch_launcher)
 
     def install(self) -> "TaskSupervisor":
         """Handle the stop signals from now on (and take any that waited, blocked, for this moment)."""
@@ -161,6 +222,27 @@ class TaskSupervisor:
             signal.signal(sig, self.on_signal)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return self
+
+    def watch_launcher(self, launcher_pid: int) -> None:
+        """A local job process ends with its launcher: once that is gone (this process's parent is no longer
+        launcher_pid, which also catches a launcher that died before this call), stop as on SIGTERM; workers
+        still running ORPHAN_GRACE_S later are killed, and this process exits ORPHAN_EXIT_S after that
+        whatever its main thread is doing. A poll, not a parent-death signal: portable, and the same code
+        covers the launcher that died first."""
+        def watch() -> None:
+            while os.getppid() == launcher_pid:
+                time.sleep(0.2)
+            self.orphaned_by = launcher_pid
+            print(f"the launcher (pid {launcher_pid}) is gone: stopping at the step end (killed after "
+                  f"{ORPHAN_GRACE_S:.0f} s)", file=sys.stderr, flush=True)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)     # wakes it in a wait too
+            time.sleep(ORPHAN_GRACE_S)
+            children = self.children
+            if children is not None:
+                children.forward(signal.SIGKILL)
+            time.sleep(ORPHAN_EXIT_S)
+            os._exit(EXIT_STOPPED)
+        threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
     def on_signal(self, signum, frame=None) -> None:
         # Remember the first signal, pass every one on: workers stop at their next step end and checkpoint.

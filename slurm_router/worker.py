@@ -75,6 +75,16 @@ def allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None
         offset += p.numel()
 
 
+class Diverged(Exception):
+    """The global loss went non-finite at `step` (the lr is the peak lr the task was given). A variant's
+    divergence is its result; a base stage's is a failure of the task (raised, one line)."""
+
+    def __init__(self, step: int, loss: float, lr: float, key: str = "train.lr"):
+        self.step, self.loss, self.lr = step, loss, lr
+        self.message = f"diverged at step {step} (loss {loss}, lr {lr:g})"
+        super().__init__(f"{self.message}: lower {key}")
+
+
 @dataclass
 class StepPlan:
     """The router's split of one global batch."""
@@ -129,6 +139,9 @@ class Worker:
         spec, cfg = self.spec, self.cfg
         self.tokenizer = make_tokenizer(cfg.model)
         self.corpus = build_corpus(cfg.data, self.tokenizer)
+        if spec.base_weights:           # the cache is verified (size, sha256) before its weights are loaded
+            from slurm_router.base_cache import verify_before_load
+            verify_before_load(spec.base_weights)
         self.model = build_model(cfg.model, self.tokenizer.vocab_size, cfg.seed, spec.base_weights,
                                  lora=spec.lora).to(self.device)
         if cfg.train.compile:
@@ -176,18 +189,33 @@ class Worker:
         else:           # a resumed task measured its step-0 held-out loss in its first attempt
             self.evaluate(0)
 
+    def stopped_in_setup(self) -> train_state.Stopped | None:
+        """A stop signal during start-up (it waited, blocked, until the handlers existed: supervisor.py): every
+        rank learns of any rank's, and all stop before the first step; the checkpoint resumed from stands."""
+        signum = int(max(row[0] for row in self.gather([float(train_state.stop_requested())])))
+        if not signum:
+            return None
+        self.close()
+        from slurm_router.layout import checkpoint_step
+        return train_state.Stopped(checkpoint_step(self.resume) if self.resume else 0, signum)
+
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self) -> dict | train_state.Stopped | None:
         train_state.install_stop_handlers()
         self.setup()
+        stopped = self.stopped_in_setup()
+        if stopped is not None:
+            return stopped
         self.start()
         for step in range(self.first_step, self.spec.steps):
-            stopped = self.train_step(step)
-            if stopped is not None:
-                return stopped
+            ended = self.train_step(step)
+            if isinstance(ended, Diverged):
+                return self.diverged(ended)
+            if ended is not None:
+                return ended
         return self.finish()
 
-    def train_step(self, step: int) -> train_state.Stopped | None:
+    def train_step(self, step: int) -> train_state.Stopped | Diverged | None:
         t_step0 = time.time()
         lr = lr_at(step, self.spec.steps, self.spec.lr, self.cfg.train.warmup_steps)
         for group in self.optimizer.param_groups:
@@ -210,8 +238,8 @@ class Worker:
             cost_balance_ratio=plan.assignment.cost_balance_ratio(), oom_retries=mine.oom_count,
             n_pad_tokens=sum(mb.n_padded_tokens - mb.n_tokens for mb in mine.done), mem_peak_bytes=mine.peak_bytes,
             mem_total_bytes=self.telemetry.total_bytes(), util=self.telemetry.util()))
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {step}: the loss is {loss}; lower train.lr")
+        if not math.isfinite(loss):     # the same all-reduced loss on every rank: all of them end here
+            return Diverged(step, loss, self.spec.lr)
         every_eval = self.cfg.train.eval_every
         if every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps:
             self.evaluate(step + 1)
@@ -304,12 +332,22 @@ class Worker:
             tail = self.train_losses[-max(1, len(self.train_losses) // 10):]
             result = {"val_loss": val_loss, "train_loss": sum(tail) / len(tail), "steps": self.spec.steps}
             if self.spec.save_weights:
+                from slurm_router import base_cache
                 from slurm_router.train.model import base_state_dict
-                from slurm_router.checkpoint import save_base
-                save_base(base_state_dict(self.model), self.spec.save_weights, result)
+                base_cache.save(base_state_dict(self.model), self.spec.save_weights, result)
         self.events.write(ev.EndRow(exit_state="completed", **(result or {})))
         self.close()
         return result
+
+    def diverged(self, d: Diverged) -> dict | None:
+        """The loss went non-finite: a variant's result says so (the run goes on, the report lists it as
+        diverged at step N with its lr); a base stage fails, since its variants would start from it."""
+        self.events.write(ev.EndRow(exit_state="diverged", step=d.step, detail=f"loss {d.loss}"))
+        self.close()
+        if self.spec.save_weights:
+            raise Diverged(d.step, d.loss, d.lr, "base.lr")
+        return {"exit_state": "diverged", "step": d.step, "loss": str(d.loss), "lr": d.lr,
+                "message": d.message} if self.rank == 0 else None
 
     def close(self) -> None:
         self.events.close()

@@ -49,3 +49,58 @@ def task_spans(run_dir: Path) -> dict[str, tuple[float, float, str]]:
 def base_cache(tmp_path_factory) -> Path:
     """One base-model cache for the whole session: the base stage trains once, later runs reuse it."""
     return tmp_path_factory.mktemp("base_cache")
+
+
+def _default_sigint() -> None:
+    # A process started from a non-interactive shell's background job inherits SIGINT ignored; a user's
+    # terminal never does that to a foreground command (tests/test_requeue_local.py says more).
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "slurm_router") -> subprocess.Popen:
+    """The real command in the background, as a user starts it (a test sends it signals); text pipes."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+
+
+def wait_until(predicate, what: str, timeout: float = 600, poll_s: float = 0.05):
+    """predicate()'s first truthy value, polled; AssertionError naming `what` after `timeout` s."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+def pid_alive(pid: int) -> bool:
+    """Running (a zombie, ended but not yet reaped by whoever adopted it, is not)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def read_json(path: Path, default=None):
+    """A JSON file another process may be replacing right now (atomically): `default` while it is absent."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def event_rows(task_dir: Path, rank: int = 0) -> list[dict]:
+    """A task's rank's event rows so far (a torn last line, being written, is left out)."""
+    path = Path(task_dir) / f"events-rank{rank}.jsonl"
+    rows = []
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows

@@ -140,15 +140,25 @@ def test_report_files_and_the_html_renders_in_chromium(run_dir, tmp_path):
     assert white < 0.97 * 1200 * 3000
 
 
-@pytest.mark.parametrize("content", [b"hello\n{\"event\": \"step\"}\n", b"", b"\x00\x01\xff not json",
-                                     b'{"event":"step","step":"x"}\n'])
-def test_damaged_events_are_one_line_and_exit_2(copy_of, content):
+@pytest.mark.parametrize("content, why", [
+    (b"hello\n{\"event\": \"step\"}\n", "line 1 is not an event row"),
+    (b"", "no complete event row"),
+    (b"\x00\x01\xff not json", "no complete event row"),
+    (b'{"event":"step","step":"x"}\n', "'step' row(s) without a numeric step, device, loss"),
+])
+def test_damaged_events_are_left_out_and_named_and_the_rest_is_reported(copy_of, content, why):
+    """Analysis never asks the user to delete data: what it cannot read is named under 'What is missing'."""
     run = copy_of()
-    (run / "tasks" / "r8" / "events-rank1.jsonl").write_bytes(content)
+    damaged = run / "tasks" / "r8" / "events-rank1.jsonl"
+    damaged.write_bytes(content)
     proc = run_cli(str(run), module="slurm_router.analysis", cwd=run)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "events-rank1.jsonl" in proc.stderr and "Traceback" not in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "remove" not in out and "delete" not in out
+    s = summary_of(run)
+    assert any(m.startswith(f"{damaged}: ") and why in m for m in s["missing"]), s["missing"]
+    assert s["variants"]["r8"]["steps"] == 8 and s["variants"]["r8"]["val_loss"] is not None, "rank 0 still counts"
+    assert damaged.read_bytes() == content, "nothing is changed or deleted"
 
 
 def test_a_task_without_events_still_gets_a_report_saying_what_is_missing(copy_of, capsys):

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from slurm_router.config import DataConfig, UserError
-from slurm_router.train.data import ByteTokenizer, GlobalBatchSampler, build_corpus, eval_batches
+from slurm_router.train.data import ByteTokenizer, GlobalBatchSampler, build_corpus, eval_batches, jsonl_documents
 
 
 def _cfg(**kw):
@@ -64,3 +64,33 @@ def test_sampler_is_seeded_and_covers_each_epoch():
 def test_eval_batches_fixed():
     c = build_corpus(_cfg(max_documents=60), ByteTokenizer())
     assert eval_batches(c.val, 2, 3, 0) == eval_batches(c.val, 2, 3, 0)
+
+
+# Texts that json.dumps writes on one line but that break a reader splitting at more than '\n':
+# str.splitlines() also splits at \x0b \x0c \x1c-\x1e \x85 U+2028 U+2029 (written raw with ensure_ascii=False).
+ODD_TEXTS = ["line\u2028separator", "para\u2029graph", "next\x85line", "tab\tand\rreturn", "caf\u00e9 \U0001F600",
+             "\ufeffinner bom", "quote \" and \\ backslash", "  spaces  ", "{\"not\": \"parsed\"}", "\x1cfile sep",
+             "escaped \\u2028 stays text"]
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+@pytest.mark.parametrize("layout", ["plain", "crlf", "bom", "blank_lines", "no_final_newline"])
+def test_every_file_json_dumps_writes_loads(tmp_path, ensure_ascii, layout):
+    """JSON Lines as the format defines them: one object a line, lines end at '\\n' (a '\\r' before it is
+    JSON whitespace); a byte order mark, blank lines and a last line without '\\n' are fine."""
+    rows = [json.dumps({"text": t, "id": i}, ensure_ascii=ensure_ascii) for i, t in enumerate(ODD_TEXTS)]
+    end = "\r\n" if layout == "crlf" else "\n\n  \n" if layout == "blank_lines" else "\n"
+    text = end.join(rows) + ("" if layout == "no_final_newline" else end)
+    f = tmp_path / "d.jsonl"
+    f.write_bytes(("\ufeff" if layout == "bom" else "").encode() + text.encode("utf-8"))
+    assert [t for _, t in jsonl_documents(str(f), "text")] == ODD_TEXTS
+    c = build_corpus(_cfg(kind="jsonl", path=str(f), split_on=""), ByteTokenizer())
+    assert c.n_documents == len(ODD_TEXTS)
+
+
+def test_jsonl_line_that_is_not_an_object_is_named(tmp_path):
+    f = tmp_path / "d.jsonl"
+    for value, what in [([1, 2], "an array"), (5, "a number"), ("x", "a string"), (None, "null"), (True, "a boolean")]:
+        f.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps(value) + "\n")
+        with pytest.raises(UserError, match=f"line 2 of {f} is a JSON {what.split()[-1]}, not an object"):
+            list(jsonl_documents(str(f), "text"))

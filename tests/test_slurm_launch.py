@@ -56,6 +56,7 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
     assert report_row is not None and report_row.state in TERMINAL_STATES, report_row
     if launcher == "sbatch":
         assert (run_dir / "submit.sbatch").is_file() and (run_dir / "submit-base.sbatch").is_file()
+        assert "#SBATCH --kill-on-invalid-dep=yes" in (run_dir / "submit.sbatch").read_text()   # a failed base cancels it
     status = run_cli(str(run_dir), "--json", module="slurm_router.status", timeout=60)
     assert status.returncode == 0, status.stderr
 

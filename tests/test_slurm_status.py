@@ -206,6 +206,81 @@ def test_wait_gives_up_on_a_task_slurm_has_forgotten():
     assert "no record" in tasks[1].reason
 
 
+def failed_base_manifest(variants_job: str) -> dict:
+    """A two-stage run whose base (job 220) failed; the variants (2 tasks) wait on it with afterok."""
+    return {"launcher": "sbatch", "tasks": {}, "report_job_id": "223",
+            "stages": [{"name": "base", "tasks": ["base"], "depends_on": []},
+                       {"name": "variants", "tasks": ["r8", "r32"], "depends_on": ["base"]}],
+            "jobs": [{"stage": "base", "job_id": "220", "array": False, "tasks": [{"variant": "base"}]},
+                     {"stage": "variants", "job_id": variants_job, "array": True,
+                      "tasks": [{"variant": v, "array_index": i} for i, v in enumerate(("r8", "r32"))]}]}
+
+
+def test_dependency_never_satisfied_is_terminal_and_names_the_failed_stage():
+    """Captured from Slurm 22.05: base 220 failed (exit 3); 221 waited on it with --kill-on-invalid-dep=yes
+    (Slurm cancelled it), 222 without (PENDING forever), 223 (the report) with afterany on 222."""
+    squeue = st.parse_squeue(read("squeue_never_satisfied.txt"))
+    sacct = st.parse_sacct(read("sacct_never_satisfied.txt"))
+    assert (squeue["221_0"].state, squeue["221_0"].reason) == ("CANCELLED", "DependencyNeverSatisfied")
+    assert (squeue["222_1"].state, squeue["222_1"].reason) == ("PENDING", "DependencyNeverSatisfied")
+    assert (squeue["223"].state, squeue["223"].reason) == ("PENDING", "Dependency")
+    assert st.never_runs(squeue["222_0"]) and not st.never_runs(squeue["223"]) and not st.never_runs(squeue["221_0"])
+    blame = "DependencyNeverSatisfied: stage base failed (base FAILED)"
+    for job, state in (("221", "CANCELLED"), ("222", "PENDING")):
+        base, r8, r32 = st.merge_status(failed_base_manifest(job), squeue, sacct)
+        assert (base.state, base.exit_code) == ("FAILED", "3:0")
+        assert [(t.state, t.reason, t.terminal, t.blocked) for t in (r8, r32)] == [(state, blame, True, True)] * 2
+    # squeue forgets the cancelled ones after MinJobAge, and sacct has no reason: never had a node is enough
+    _, r8, _ = st.merge_status(failed_base_manifest("221"), {}, sacct)
+    assert (r8.state, r8.reason) == ("CANCELLED", blame)
+    # the same rows without a failed stage before them: no blame
+    ok = failed_base_manifest("221")
+    ok["stages"][1]["depends_on"] = []
+    assert st.merge_status(ok, {}, sacct)[1].reason is None
+    # ... and a PENDING task that only waits is neither terminal nor blamed
+    [t] = st.merge_status(manifest_for("30", 1), st.parse_squeue("30_0|PENDING|0:00|0||Dependency|\n"), {})
+    assert not t.terminal and not t.blocked
+
+
+def test_wait_returns_on_a_task_pending_forever():
+    def runner(argv):
+        return read("squeue_never_satisfied.txt") if argv[0] == "squeue" else read("sacct_never_satisfied.txt")
+
+    tasks = st.wait_for_run(failed_base_manifest("222"), runner, poll_s=0, timeout_s=5)
+    assert [t.state for t in tasks] == ["FAILED", "PENDING", "PENDING"] and all(t.terminal for t in tasks)
+    assert st.live_tasks(failed_base_manifest("222"), runner) == []
+    assert st.wait_for_job("223", lambda argv: "223|PENDING|0:00|0||DependencyNeverSatisfied|\n"
+                           if argv[0] == "squeue" else "", poll_s=0) == "PENDING (DependencyNeverSatisfied)"
+
+
+def test_cancel_never_runnable_cancels_only_those_and_the_waiting_report_job():
+    calls = []
+
+    def runner(argv):
+        calls.append(argv)
+        return read("squeue_never_satisfied.txt") if argv[0] == "squeue" else read("sacct_never_satisfied.txt")
+
+    stuck, report = st.cancel_never_runnable(failed_base_manifest("222"), runner, report_too=True)
+    assert [t.job_id for t in stuck] == ["222_0", "222_1"] and report == "223"
+    assert calls[-1] == ["scancel", "223", "222_0", "222_1"]
+    calls.clear()
+    stuck, report = st.cancel_never_runnable(failed_base_manifest("222"), runner)     # launcher.wait: keep the report
+    assert calls[-1] == ["scancel", "222_0", "222_1"] and report is None
+    calls.clear()
+    assert st.cancel_never_runnable(failed_base_manifest("221"), runner) == ([], None)  # Slurm cancelled them
+    assert not any(c[0] == "scancel" for c in calls)
+
+
+def test_table_names_the_failed_stage_and_the_tasks_it_took_down(capsys):
+    manifest = failed_base_manifest("222") | {"run_id": "r", "experiment": "e", "run_dir": "/runs/e/1"}
+    tasks = st.merge_status(manifest, st.parse_squeue(read("squeue_never_satisfied.txt")),
+                            st.parse_sacct(read("sacct_never_satisfied.txt")))
+    st.render_table(manifest, tasks)
+    out = capsys.readouterr().out
+    assert "2 task(s) never ran (r8, r32): stage base failed (base FAILED)" in out
+    assert "resume=/runs/e/1" in out and "Slurm keeps them PENDING" in out
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "slurm_router.status", *args], capture_output=True, text=True,
                           cwd=Path(__file__).parents[1])

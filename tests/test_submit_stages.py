@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
+from slurm_router import base_cache
 from slurm_router.config import LocalLauncherConfig, SubmititLauncherConfig
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs, TaskJob, submit_stages
 from slurm_router.lifecycle import TaskState
@@ -66,9 +68,8 @@ def _run(tmp_path, cached_base=False):
     cache = tmp_path / "cache"
     cache.mkdir()
     weights = cache / "model.pt"
-    if cached_base:
-        weights.write_bytes(b"w")
-        (cache / "meta.json").write_text(json.dumps({"val_loss": 1.5}))
+    if cached_base:             # a whole cache: weights, their sha256 sidecar, meta.json last
+        base_cache.save({"w": torch.zeros(1)}, weights, {"val_loss": 1.5})
     stages = [Stage("base", [_task(run_dir, "base", "base", 0, str(weights))], cached=cached_base),
               Stage("variants", [_task(run_dir, f"v{i}", "variants", i) for i in range(3)], depends_on=["base"])]
     cfg = OmegaConf.create({"experiment": "e", "launcher": {"kind": "slurm"}})
@@ -124,7 +125,7 @@ def test_synchronous_launcher_records_final_states(tmp_path):
 def test_resume_submits_only_the_unfinished_tasks(tmp_path):
     """The base completed and v1 completed in the first run: resume's stages hold v0 and v2 only."""
     from slurm_router.resume import plan_resume
-    cfg, manifest, stages = _run(tmp_path)
+    cfg, manifest, stages = _run(tmp_path, cached_base=True)
     manifest.layout.config.write_text(OmegaConf.to_yaml(cfg))
     for name in ("base", "v1"):
         manifest.layout.task(name).result.write_text("{}")

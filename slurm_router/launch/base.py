@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from omegaconf import OmegaConf
+
+from slurm_router import base_cache
 from slurm_router.config import UserError
-from slurm_router.layout import BASE_META, RunLayout
+from slurm_router.layout import RunLayout
 from slurm_router.lifecycle import TaskState
 from slurm_router.plan import Stage, TaskSpec
 
@@ -104,13 +107,13 @@ def launch(launcher: Launcher, stages: list[Stage]) -> int:
 
 
 def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
-    """The one loop: stages in order; a cached base is not run (its cache meta becomes its result); each stage
+    """The one loop: stages in order; a cached base is not run (its cache meta becomes its result; a cache found
+    damaged or gone by then is trained again, as the stage it is); each stage
     waits on the one before (afterok); a stage after a failed one is skipped; the manifest records every task's
     job or state; the report job comes last. resume= passes stages holding only the unfinished tasks."""
     manifest, run, after = launcher.manifest, RunJobs(), None
     for stage in stages:
-        if stage.cached:
-            _reuse_cached(stage, manifest)
+        if stage.cached and _reuse_cached(stage, manifest):
             continue
         if _blocked(stage, stages, run.states):
             for t in stage.tasks:
@@ -137,21 +140,45 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
 
 
 def cached_base(task: TaskSpec) -> Path | None:
-    """The cache's meta.json of a base stage task whose weights an earlier run already trained, else None."""
-    if not task.save_weights:
+    """The cache's meta.json of a base stage task whose weights an earlier run trained, if the cache is whole
+    (verified: slurm_router.base_cache), else None; a damaged cache is named in one line."""
+    if not task.save_weights or not base_cache.usable(task.save_weights):
         return None
-    meta = Path(task.save_weights).with_name(BASE_META)
-    return meta if meta.is_file() and Path(task.save_weights).is_file() else None
+    return base_cache.meta_path(task.save_weights)
 
 
-def _reuse_cached(stage: Stage, manifest) -> None:
-    """A base an earlier run trained: its cache's meta.json is this run's result for it."""
-    for t in stage.tasks:
-        meta, result = cached_base(t), RunLayout(t.run_dir).task(t.name).result
-        if meta is not None and not result.is_file():
-            shutil.copy(meta, result)
+def _reuse_cached(stage: Stage, manifest) -> bool:
+    """A base an earlier run trained: its cache's meta.json is this run's result for it. False when the cache
+    cannot be used now (damaged, or deleted since the plan or since the run's first attempt): the stage then
+    holds the tasks to train again, and submit_stages runs it like any other stage."""
+    tasks = [t for t in stage.tasks or _finished_tasks(stage, manifest) if t.save_weights]
+    rebuild = [t for t in tasks if base_cache.check(t.save_weights) is not None]
+    for t in rebuild:
+        base_cache.say_unusable(t.save_weights, base_cache.check(t.save_weights))
+        base_cache.check_room(OmegaConf.create(t.config))       # UserError before anything changes
+    for t in tasks:
+        result = RunLayout(t.run_dir).task(t.name).result
+        if t in rebuild:
+            result.unlink(missing_ok=True)          # it stood for weights that are gone
+            manifest.set_task(t.name, state=TaskState.PENDING.value)
+        elif not result.is_file():
+            shutil.copy(base_cache.meta_path(t.save_weights), result)
             manifest.set_task(t.name, state=TaskState.CACHED.value)
-            print(f"base stage: reusing the cached base model {meta.parent}")
+            print(f"base stage: reusing the cached base model {Path(t.save_weights).parent}")
+    if rebuild:
+        stage.tasks, stage.cached = rebuild, False
+    return not rebuild
+
+
+def _finished_tasks(stage: Stage, manifest) -> list[TaskSpec]:
+    """resume= passes a stage whose tasks all finished without them: their specs, from the run dir."""
+    specs = []
+    for name in manifest.stage_tasks(stage.name):
+        try:
+            specs.append(TaskSpec.load(manifest.layout.task(name).task_file))
+        except (OSError, ValueError, TypeError):
+            continue                # resume has already refused a run with a damaged task.json
+    return specs
 
 
 def _blocked(stage: Stage, stages: list[Stage], states: dict[str, TaskState]) -> bool:

@@ -5,8 +5,13 @@ free devices exist and the rest wait. Never all tasks on GPU 0, never more concu
 known failures of submitit's LocalExecutor and Hydra's local launcher. Without GPUs the devices are CPU worker
 slots (launcher.cpu_slots, default the core count). Stages run in order; a failed stage stops later ones.
 
-Ctrl-C: every running task gets SIGTERM; its workers finish the current step, save a checkpoint and exit
-(code 75), and `python -m slurm_router resume=RUN_DIR` continues from there.
+Ctrl-C (or SIGTERM to the launcher): every running task gets SIGTERM; its workers finish the current step,
+save a checkpoint and exit (code 75), and `python -m slurm_router resume=RUN_DIR` continues from there. A task
+that had finished is recorded as finished wherever the Ctrl-C lands; if every task had, the run is completed
+and only the report is left to `python -m slurm_router.analysis RUN_DIR`.
+
+The job processes share the launcher's run lock (slurm_router.runlock, pass_fds) and watch the launcher's pid
+(supervisor.LAUNCHER_PID_ENV): if the launcher dies, even by SIGKILL, they stop within seconds by themselves.
 """
 from __future__ import annotations
 
@@ -25,7 +30,9 @@ from slurm_router.launch.progress import Progress
 from slurm_router.layout import RunLayout
 from slurm_router.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState
 from slurm_router.plan import Stage, TaskSpec
-from slurm_router.supervisor import stop_signals_blocked
+from slurm_router.runlock import LOCK_FD_ENV
+from slurm_router.runlock import held as held_lock
+from slurm_router.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
 
 
 def detect_gpus() -> list[str]:
@@ -115,6 +122,7 @@ class LocalLauncher(Launcher):
 
     def report_job(self, after: str | None) -> str | None:
         from slurm_router.analysis.report import print_table, write_report
+        pause_for_tests("report")
         try:
             print_table(write_report(self.layout.root))
         except Exception as e:                 # a failed run still prints where its files are
@@ -122,16 +130,35 @@ class LocalLauncher(Launcher):
         return None
 
     def finish(self, run: RunJobs) -> int:
-        failed = [n for n, s in run.states.items() if not s.done]
+        stopped = [n for n, s in run.states.items() if s is TaskState.INTERRUPTED]
+        failed = [n for n, s in run.states.items() if not s.done and n not in stopped]
         if failed:
             print(f"failed tasks: {', '.join(failed)}; logs in {self.layout.logs}", file=sys.stderr)
+        if stopped:         # a stop signal reached the job processes themselves (not through this launcher)
+            if not [n for n, s in run.states.items() if s is TaskState.FAILED]:
+                self.manifest.set(state="interrupted")
+            print(f"interrupted tasks (stopped by a signal after a checkpoint): {', '.join(stopped)}; continue "
+                  f"with: python -m slurm_router resume={self.layout.root}", file=sys.stderr)
         print(f"run_dir: {self.layout.root}")
         return 0 if run.ok else 1
 
     def interrupted(self) -> int:
-        self.manifest.set(state="interrupted")
+        """Ctrl-C: the finished work stays recorded as finished. Every task done (the Ctrl-C came during the
+        report, or just after the last task wrote its result): the run is completed (or failed) and only the
+        report is left; else the run is interrupted and resume= continues it."""
+        manifest, root = self.manifest.refresh(), self.layout.root
+        ended = manifest.data.get("state") in ("completed", "failed")       # submit_stages got to the report
+        done = (TaskState.COMPLETED.value, TaskState.CACHED.value)
+        if not ended and all(t.get("state") in done for t in manifest.data["tasks"].values()):
+            manifest.set(state="completed")
+            ended = True
+        if ended:
+            print(f"\ninterrupted before the report was written: every task has ended; "
+                  f"python -m slurm_router.analysis {root} writes the report\nrun_dir: {root}")
+            return EXIT_INTERRUPTED
+        manifest.set(state="interrupted")
         print(f"\ninterrupted: running tasks saved a checkpoint at their last step\n"
-              f"continue with: python -m slurm_router resume={self.layout.root}\nrun_dir: {self.layout.root}")
+              f"continue with: python -m slurm_router resume={root}\nrun_dir: {root}")
         return EXIT_INTERRUPTED
 
 
@@ -151,7 +178,7 @@ def check_devices(cfg) -> None:
 def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: RunLayout, manifest,
                threads: int) -> dict[str, TaskState]:
     """Start tasks while free devices exist; record each as it starts and ends; returns the final states."""
-    waiting, running, states = list(tasks), [], {}
+    waiting, running, started, states = list(tasks), [], [], {}
     free = list(pool)
     progress = Progress(tasks)
     try:
@@ -160,33 +187,40 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: Run
                 spec = waiting.pop(0)
                 for d in devices:
                     free.remove(d)
-                # A Ctrl-C while the job process starts waits until it is in `running` (and so is stopped
+                # A Ctrl-C while the job process starts waits until it is in `started` (and so is stopped
                 # below), and the job process itself starts with stop signals blocked until its handlers exist.
                 with stop_signals_blocked():
-                    running.append(_start(spec, devices, on_gpu, layout, threads))
-                manifest.set_task(spec.name, state=TaskState.RUNNING.value, devices=devices,
-                                  log_path=str(running[-1].log))
+                    r = _start(spec, devices, on_gpu, layout, threads)
+                    running.append(r)
+                    started.append(r)
+                manifest.set_task(spec.name, state=TaskState.RUNNING.value, devices=devices, log_path=str(r.log),
+                                  pid=r.proc.pid)
             for r in [r for r in running if r.proc.poll() is not None]:
                 running.remove(r)
                 free = sorted(free + r.devices, key=pool.index)
                 state = TaskOutcome.from_exit_code(r.proc.returncode).state
-                states[r.spec.name] = state
                 manifest.set_task(r.spec.name, state=state.value, exit_code=r.proc.returncode,
                                   elapsed_s=round(time.time() - r.started, 3))
+                states[r.spec.name] = state             # after the manifest: a Ctrl-C between records it below
                 progress.finish(r.spec.name, state, r.log)
             progress.update()
             time.sleep(0.2)
     except KeyboardInterrupt:
-        # SIGTERM, not SIGKILL: each task checkpoints at the end of its current step, then exits.
+        # SIGTERM, not SIGKILL: each task checkpoints at the end of its current step, then exits. Every task
+        # started and not yet recorded, wherever the Ctrl-C landed (one that just ended is recorded as it ended).
         print("\nstopping: running tasks checkpoint at the end of their current step...", file=sys.stderr,
               flush=True)
-        for r in running:
-            r.proc.terminate()
-        for r in running:
+        unrecorded = [r for r in started if r.spec.name not in states]
+        for r in unrecorded:
+            if r.proc.poll() is None:
+                r.proc.terminate()
+        for r in unrecorded:
             r.proc.wait()
             # a task that was in its last step finishes instead (quicker than a checkpoint): completed
             state = TaskOutcome.from_exit_code(r.proc.returncode).state
-            manifest.set_task(r.spec.name, state=state.value, exit_code=r.proc.returncode)
+            manifest.set_task(r.spec.name, state=state.value, exit_code=r.proc.returncode,
+                              elapsed_s=round(time.time() - r.started, 3))
+            states[r.spec.name] = state
         raise
     finally:
         progress.close()
@@ -199,7 +233,15 @@ def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, 
     env[THREADS_ENV] = str(threads)
     # CPU workers: never touch a GPU by accident
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices) if on_gpu else ""
+    # The job ends with this launcher (it watches this pid) and holds the run's lock with it (the same open
+    # file: the lock stays held while any process of the run lives). Its own session: a Ctrl-C in the
+    # terminal reaches only the launcher, which stops the tasks with a checkpoint.
+    env[LAUNCHER_PID_ENV] = str(os.getpid())
+    lock = held_lock(layout.root)
+    if lock is not None:
+        env[LOCK_FD_ENV] = str(lock.fd)
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "slurm_router.job", str(layout.task(spec.name).task_file)],
-                                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                pass_fds=(lock.fd,) if lock is not None else ())
     return Running(spec, proc, devices, log)

@@ -26,6 +26,7 @@ from pathlib import Path
 from string import Template
 
 from slurm_router.config import SlurmLauncherConfig
+from slurm_router.launch.slurm_common import afterok
 from slurm_router.layout import RunLayout
 
 TEMPLATE_NAME = "array.sbatch"
@@ -58,7 +59,7 @@ class SbatchSpec:
     constraint: str | None = None
     signal_delay_s: int = SlurmLauncherConfig.signal_delay_s  # USR2 this long before the time limit
     requeue: bool = True
-    dependency_job_id: str | None = None  # afterok on this job (all its array tasks)
+    dependency_job_id: str | None = None  # afterok on this job (all its array tasks); cancelled if it fails
     ntasks: int = 1  # >1: srun starts one task per GPU set (D devices -> D tasks)
     extra_sbatch: tuple[tuple[str, str], ...] = ()  # passed through as --key=value
     python: str = field(default_factory=lambda: sys.executable)
@@ -171,8 +172,8 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
     lines.append(_directive("open-mode", "append"))  # a requeued task appends to its own log
     lines.append(_directive("output", f"{logs}/%A_%a.out"))
     lines.append(_directive("error", f"{logs}/%A_%a.err"))
-    if spec.dependency_job_id is not None:
-        lines.append(_directive("dependency", f"afterok:{spec.dependency_job_id}"))
+    if spec.dependency_job_id is not None:  # afterok, and cancelled by Slurm if that job fails
+        lines += [_directive(key, value) for key, value in afterok(spec.dependency_job_id).items()]
     lines += [_directive(key, value) for key, value in spec.extra_sbatch]
     return lines
 

@@ -3,8 +3,10 @@
 that job wrote: one writer of report/ at a time).
 
 Every stage is ONE array job (one array task per variant, or per pack of resources.tasks_per_gpu variants);
-a later stage waits with --dependency=afterok; a last small job writes the report once every stage has ended
-(afterany). Both ask Slurm for USR2 launcher.signal_delay_s before the time limit and allow requeues: the task
+a later stage waits with --dependency=afterok and --kill-on-invalid-dep=yes (if the stage it waits on fails,
+Slurm cancels it rather than keep it PENDING forever: DependencyNeverSatisfied); a last small job writes the
+report once every stage has ended (afterany), so a failed stage still gets a report saying what happened.
+Both ask Slurm for USR2 launcher.signal_delay_s before the time limit and allow requeues: the task
 checkpoints at its step end and is requeued into the same run dir (slurm_router.job, slurm_router.requeue).
 """
 from __future__ import annotations
@@ -19,6 +21,13 @@ from slurm_router.launch.base import Launcher, RunJobs
 from slurm_router.plan import Stage
 
 REPORT_TIMEOUT_MIN = 30         # the report job reads events and sacct: minutes at most
+KILL_ON_INVALID_DEP = "kill-on-invalid-dep"     # sbatch's option: cancel a job whose dependency cannot be met
+
+
+def afterok(job_id: str) -> dict[str, str]:
+    """The sbatch options of a stage that waits on job_id (--key=value): it runs only if job_id completed,
+    and Slurm cancels it if job_id failed (never a dependant PENDING forever: docs/ARCHITECTURE.md)."""
+    return {"dependency": f"afterok:{job_id}", KILL_ON_INVALID_DEP: "yes"}
 
 
 def check_slurm() -> None:
@@ -65,16 +74,29 @@ class SlurmLauncher(Launcher):
         check_slurm()
 
     def refuse_live_tasks(self) -> None:
-        """Never run a task twice at once: a resumed Slurm run must have nothing left in Slurm."""
+        """Never run a task twice at once: a resumed Slurm run must have nothing left in Slurm. Tasks that wait
+        on a failed stage will never run: they are cancelled (one line), and resume= submits them again."""
         if not self.manifest.data.get("job_ids") and not self.manifest.data.get("jobs"):
             return
         from slurm_router.slurm_status import live_tasks
-        live = live_tasks(self.manifest.data)
+        cancelled = self.cancel_never_runnable("resume", report_too=True)      # sacct lags the scancel
+        live = [t for t in live_tasks(self.manifest.data) if t.job_id not in cancelled]
         if live:
             run_dir = self.layout.root
             raise UserError(f"resume={run_dir}: {len(live)} task(s) of this run are still in Slurm "
                             f"({', '.join(f'{t.variant} {t.job_id} {t.state}' for t in live[:3])}): wait for them "
                             f"(python -m slurm_router.status {run_dir} --wait) or cancel them (--cancel) first")
+
+    def cancel_never_runnable(self, who: str, report_too: bool = False) -> set[str]:
+        """scancel what waits on a dependency that can never be satisfied (a stage it waits on failed); one line.
+        Returns the job ids of the tasks cancelled."""
+        from slurm_router.slurm_status import cancel_never_runnable
+        stuck, report = cancel_never_runnable(self.manifest.data, report_too=report_too)
+        if stuck:
+            names = ", ".join(f"{t.variant} {t.job_id}" for t in stuck[:5]) + (", ..." if len(stuck) > 5 else "")
+            also = f" and the report job {report} that waited on them" if report else ""
+            print(f"{who}: cancelled {len(stuck)} task(s) that could never start ({names}){also}: {stuck[0].reason}")
+        return {t.job_id for t in stuck}
 
     def finish(self, run: RunJobs) -> int:
         run_dir = self.layout.root
@@ -95,6 +117,7 @@ class SlurmLauncher(Launcher):
         from slurm_router.slurm_status import SUCCESS_STATES, wait_for_job, wait_for_run
         tasks = wait_for_run(self.manifest.data, poll_s=2.0)
         ok = all(t.state in SUCCESS_STATES for t in tasks)
+        self.cancel_never_runnable("launcher.wait")     # a cluster that kept them PENDING: free the report job
         self.manifest.set(state="completed" if ok else "failed")
         report_state = wait_for_job(run.report_job_id, poll_s=2.0) if run.report_job_id else "NOT SUBMITTED"
         summary_file = self.layout.summary

@@ -9,8 +9,8 @@ import tempfile
 
 from slurm_router.config import SubmititLauncherConfig
 from slurm_router.launch.base import StageJobs, TaskJob
-from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, sbatch_error, stage_devices,
-                                              tasks_per_pack)
+from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, afterok, sbatch_error,
+                                              stage_devices, tasks_per_pack)
 from slurm_router.plan import Stage
 
 # slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.requeue: the same rule for both
@@ -35,11 +35,13 @@ def _captured_stderr():
             out["text"] = tmp.read()
 
 
-def submitit_params(cfg, devices: int, stage: str, dependency: str | None) -> dict:
+def submitit_params(cfg, devices: int, stage: str, after: str | None) -> dict:
+    """The executor's parameters for one stage; `after`: the job it waits on (afterok, cancelled if that fails)."""
     lc = cfg.launcher
     extra = dict(lc.additional_parameters or {})
-    if dependency:
-        extra["dependency"] = dependency
+    if after:                   # the user's own kill-on-invalid-dep, if any, wins (submitit: '_' means '-')
+        mine = {k.replace("_", "-") for k in extra}
+        extra.update({k: v for k, v in afterok(after).items() if k == "dependency" or k not in mine})
     params = dict(name=f"{cfg.experiment}-{stage}", timeout_min=lc.timeout_min, cpus_per_task=lc.cpus_per_task,
                   slurm_array_parallelism=lc.array_parallelism, slurm_signal_delay_s=lc.signal_delay_s,
                   slurm_additional_parameters=extra)
@@ -68,8 +70,7 @@ class SubmititLauncher(SlurmLauncher):
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
         from slurm_router.job import TaskRunner
         from slurm_router.launch.pack import PackRunner
-        ex = self._executor(**submitit_params(self.cfg, stage_devices(stage), stage.name,
-                                              f"afterok:{after}" if after else None))
+        ex = self._executor(**submitit_params(self.cfg, stage_devices(stage), stage.name, after))
         per_pack = tasks_per_pack(self.cfg)
         files = [str(self.layout.task(t.name).task_file) for t in stage.tasks]
         with _captured_stderr() as err:

@@ -31,13 +31,32 @@ class ByteTokenizer:
         return np.frombuffer(text.encode("utf-8", errors="replace"), dtype=np.uint8).astype(np.int32)
 
 
-class HFTokenizer:
-    """A local transformers tokenizer (model=hf)."""
+# The files a transformers tokenizer is read from; a checkpoint with none of them has no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model", "sentencepiece.bpe.model")
 
-    def __init__(self, path: str):
+
+class HFTokenizer:
+    """A local transformers tokenizer (model=hf). A checkpoint without one is named as such (not blamed on the
+    data, which it would otherwise turn into no tokens)."""
+
+    def __init__(self, path: str, setting: str = "model.name_or_path"):
+        fix = (f"save the tokenizer beside the weights (tokenizer.save_pretrained('{path}')) or copy its files "
+               "from the model this checkpoint was trained from")
+        if not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+            raise UserError(f"{setting}: the checkpoint {path} has no tokenizer (none of "
+                            f"{', '.join(TOKENIZER_FILES)}): {fix}")
         from transformers import AutoTokenizer
         self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if not len(self.encode("Hello, world.")):
+            raise UserError(f"{setting}: the tokenizer in {path} turns text into no tokens (its files are "
+                            f"incomplete: {', '.join(sorted(f.name for f in Path(path).iterdir()))}): {fix}")
         self.vocab_size = len(self.tok)
+        model_vocab = _config_value(Path(path) / "config.json", "vocab_size")
+        if isinstance(model_vocab, int) and self.vocab_size > model_vocab:
+            raise UserError(f"{setting}: the tokenizer in {path} has {self.vocab_size} tokens, more than the "
+                            f"model's vocab_size={model_vocab} (config.json): they come from different models; "
+                            f"{fix}")
         self.eot_id = self.tok.eos_token_id if self.tok.eos_token_id is not None else 0
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eot_id
 
@@ -45,9 +64,16 @@ class HFTokenizer:
         return np.asarray(self.tok.encode(text, add_special_tokens=False), dtype=np.int32)
 
 
+def _config_value(config: Path, key: str):
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def make_tokenizer(model_cfg):
     if model_cfg.kind == "hf":
-        return HFTokenizer(os.path.expanduser(model_cfg.name_or_path))
+        return HFTokenizer(os.path.expanduser(model_cfg.name_or_path), f"model.name_or_path={model_cfg.name_or_path!r}")
     return ByteTokenizer()
 
 
@@ -105,11 +131,10 @@ def text_dir_documents(path: str) -> Iterator[tuple[str, str]]:
     root = Path(os.path.expanduser(path))
     if not root.is_dir():
         raise UserError(f"data.path={path!r} is not a folder: give a folder of text files (data=text_dir)")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
-    for p in files:
+    for p in _text_files(root):
         if p.stat().st_size > MAX_FILE_BYTES:
             raise UserError(f"data file {p} is larger than {MAX_FILE_BYTES >> 20} MiB: split it or remove it")
-        raw = p.read_bytes()
+        raw = _read(p)
         if b"\0" in raw[:8192]:
             raise UserError(f"data file {p} looks binary (NUL bytes): data=text_dir reads text files only")
         try:
@@ -118,23 +143,73 @@ def text_dir_documents(path: str) -> Iterator[tuple[str, str]]:
             raise UserError(f"data file {p} is not UTF-8 text (byte {e.start}): convert it or remove it") from None
 
 
+def _text_files(root: Path) -> list[Path]:
+    """Every file under root but hidden ones, sorted. A folder that cannot be listed or a link to nothing is an
+    error naming it (never silently less data); FIFOs, sockets and devices are not text files and are skipped."""
+    def unreadable(e: OSError):
+        raise UserError(f"data folder {e.filename} cannot be read ({e.strerror}): make it readable or remove it")
+    files = []
+    for folder, _, names in os.walk(root, onerror=unreadable):
+        for name in (n for n in names if not n.startswith(".")):
+            p = Path(folder) / name
+            if p.is_symlink() and not p.exists():
+                raise UserError(f"data file {p} is a dangling symbolic link (to {os.readlink(p)}): "
+                                "fix the link or remove it")
+            if p.is_file():
+                files.append(p)
+    return sorted(files)
+
+
+def _read(p: Path) -> bytes:
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise UserError(f"data file {p} cannot be read ({e.strerror or type(e).__name__}): "
+                        "make it readable or remove it") from None
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
 def jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
+    """JSON Lines as the format defines them: one JSON object a line, and lines end at '\\n' only, never at
+    U+2028, U+0085 or the others str.splitlines() splits at (json.dumps(..., ensure_ascii=False) writes those
+    raw inside strings); CRLF line ends, a UTF-8 byte order mark, blank lines and a last line without '\\n'
+    all load."""
     p = Path(os.path.expanduser(path))
+    if p.is_symlink() and not p.exists():
+        raise UserError(f"data.path={path!r} is a dangling symbolic link (to {os.readlink(p)}): fix it")
+    if p.is_dir():
+        raise UserError(f"data.path={path!r} is a folder, not a file: give a .jsonl file with one JSON object a "
+                        "line (data=text_dir reads a folder of text files)")
     if not p.is_file():
         raise UserError(f"data.path={path!r} is not a file: give a .jsonl file with one JSON object a line")
+    raw = _read(p)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise UserError(f"data file {p} is not UTF-8 (byte {e.start}): convert it to UTF-8") from None
-    for n, line in enumerate(lines, 1):
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"data file {p} is not UTF-8 (line {line}, byte {e.start}): convert it to UTF-8") from None
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"{p}:{n}: not valid JSON ({e.msg}): one JSON object a line") from None
-        if not isinstance(row, dict) or not isinstance(row.get(field), str):
-            raise UserError(f"{p}:{n}: no string field {field!r}: set data.text_field to the field holding the text")
+            raise UserError(f"line {n} of {p} is not valid JSON ({e.msg}): one JSON object a line") from None
+        except RecursionError:
+            raise UserError(f"line {n} of {p} is JSON nested too deeply to read: one JSON object a line") from None
+        if not isinstance(row, dict):
+            raise UserError(f"line {n} of {p} is a JSON {_JSON_TYPES[type(row)].split()[-1]}, not an object with "
+                            f"a {field!r} field: data=jsonl reads one object a line, e.g. {{\"{field}\": \"...\"}}")
+        if field not in row:
+            fields = ", ".join(map(repr, list(row)[:8])) or "none"
+            raise UserError(f"line {n} of {p} has no field {field!r} (its fields: {fields}): set data.text_field "
+                            "to the field holding the text")
+        if not isinstance(row[field], str):
+            raise UserError(f"line {n} of {p}: field {field!r} is {_JSON_TYPES[type(row[field])]}, not a string: "
+                            "set data.text_field to the field holding the text")
         yield f"{n}", row[field]
 
 

@@ -2,10 +2,19 @@
 optionally wrapped in a peft LoRA adapter."""
 from __future__ import annotations
 
+import json
 import os
 import warnings
+import zipfile
+from pathlib import Path
 
 import torch
+
+from slurm_router.config import UserError
+
+# What transformers loads a causal LM's weights from, in its order of preference.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None = None,
@@ -37,6 +46,75 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
             torch.manual_seed(seed + 1)
             model = get_peft_model(model, cfg)
     return model
+
+
+def check_checkpoint(model_cfg, max_len: int) -> None:
+    """model=hf: the local checkpoint has a config and whole weights, found before the run dir is written (it is
+    read only at training time, in every worker), and its learned positions hold data.max_len tokens. Cheap:
+    headers only. Raises UserError naming the file."""
+    if model_cfg.kind != "hf":
+        return
+    where, setting = Path(os.path.expanduser(model_cfg.name_or_path)), f"model.name_or_path={model_cfg.name_or_path!r}"
+    save = f"save the model there with model.save_pretrained('{model_cfg.name_or_path}')"
+    config = where / "config.json"
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{setting}: the checkpoint {where} has no config.json: {save}") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{setting}: {config} cannot be read ({getattr(e, 'strerror', None) or e}): {save}") from None
+    if not isinstance(settings, dict):
+        raise UserError(f"{setting}: {config} is not a transformers config (a JSON object): {save}")
+    positions = settings.get("n_positions")                  # GPT-2's learned positions: a hard limit
+    if isinstance(positions, int) and max_len > positions:
+        raise UserError(f"data.max_len={max_len} exceeds the n_positions={positions} of {config}: "
+                        f"set data.max_len={positions} or lower")
+    found = next((where / f for f in WEIGHT_FILES if (where / f).exists()), None)
+    if found is None:
+        raise UserError(f"{setting}: the checkpoint {where} has no model weights (none of {', '.join(WEIGHT_FILES)}): "
+                        f"{save}")
+    for path in _shards(found, setting, save) if found.name.endswith(".index.json") else [found]:
+        problem = _weights_problem(path)
+        if problem:
+            raise UserError(f"{setting}: weights file {path} {problem}: copy it again or {save}")
+
+
+def _shards(index: Path, setting: str, save: str) -> list[Path]:
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"{setting}: {index} cannot be read ({type(e).__name__}): {save}") from None
+    missing = [s for s in shards if not (index.parent / s).is_file()]
+    if missing:
+        raise UserError(f"{setting}: weights file {index.parent / missing[0]} is missing ({len(missing)} of the "
+                        f"{len(shards)} shards {index.name} lists): copy it again or {save}")
+    return [index.parent / s for s in shards]
+
+
+def _weights_problem(path: Path) -> str | None:
+    """Why a weights file cannot load, from its header alone (None: it looks whole)."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return "is empty"
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if path.suffix != ".safetensors":     # a torch.save zip: a truncated one lost its central directory
+                return None if head[:2] != b"PK" or zipfile.is_zipfile(f) else "is truncated (not a whole zip file)"
+            if len(head) < 8:
+                return f"is truncated ({size} bytes)"
+            n = int.from_bytes(head, "little")
+            if n > size - 8:
+                return f"is truncated or not a safetensors file ({size} bytes; its header says {n} for itself)"
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except OSError as e:
+        return f"cannot be read ({e.strerror or type(e).__name__})"
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "is not a safetensors file (its header cannot be read)"
+    if size != 8 + n + end:
+        return f"is truncated or damaged ({size} bytes; its header declares {8 + n + end})"
+    return None
 
 
 def compile_backbone(model: torch.nn.Module) -> None:

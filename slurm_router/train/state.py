@@ -45,8 +45,9 @@ class StopFlag:
     def install(self) -> None:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self.on_signal)
-        # The job process spawns workers with these signals blocked (so one during start-up waits instead of
-        # killing the worker): from here on they are welcome, and a pending one is delivered now.
+        # The job process spawns workers with these signals blocked (supervisor.spawn_blocked: one during
+        # start-up waits instead of killing the worker): from here on they are welcome, and a pending one is
+        # delivered now; the worker then stops before its first step (Worker.stopped_in_setup).
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 

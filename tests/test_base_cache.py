@@ -1,0 +1,191 @@
+"""The base cache is a verified artifact (issue 12, finding 4): model.pt has a sha256 sidecar and is checked
+before every use; a damaged, truncated or missing cache is named in one line and trained again, never used;
+a cache deleted before resume= is rebuilt by the resume; an unwritable or too small base.cache_dir stops the
+run before anything trains (exit 2, one line, no run dir)."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli, run_dir_of
+from slurm_router import base_cache
+from slurm_router.config import UserError
+
+# A base stage of 4 steps and one LoRA variant of 2: a run is two task start-ups (~40 s on 2 busy cores).
+FAST = ["base.enabled=true", "base.steps=4", "base.global_batch_size=8", "train.steps=2", "train.global_batch_size=8",
+        "train.eval_batch_size=8", "train.eval_batches=2", "data.max_len=64", "data.max_documents=60"]
+
+
+def _state() -> dict:
+    return {"w": torch.arange(4096, dtype=torch.float32)}
+
+
+def _flip_a_byte(path: Path) -> None:
+    """Damage in place: same size, one byte changed (what a bad disk or a stray write does)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda w: None, None),
+    (_flip_a_byte, "sha256 mismatch"),
+    (lambda w: w.write_bytes(w.read_bytes()[:1000]), "1000 bytes, expected"),
+    (lambda w: w.unlink(), "model.pt is missing"),
+    (lambda w: w.with_name("model.json").unlink(), "no sidecar model.json"),
+    (lambda w: w.with_name("meta.json").unlink(), base_cache.ABSENT),
+], ids=["whole", "bit-flip", "truncated", "weights-deleted", "no-sidecar", "no-meta"])
+def test_check_names_every_kind_of_damage(tmp_path, damage, why):
+    weights = tmp_path / "abc" / "model.pt"
+    base_cache.save(_state(), weights, {"val_loss": 1.5})
+    assert sorted(p.name for p in weights.parent.iterdir()) == ["meta.json", "model.json", "model.pt"]
+    damage(weights)
+    got = base_cache.check(weights)
+    assert got == why if why in (None, base_cache.ABSENT) else why in got, got
+
+
+def test_a_worker_refuses_damaged_weights_in_one_line_and_unmarks_the_cache(tmp_path):
+    weights = tmp_path / "abc" / "model.pt"
+    base_cache.save(_state(), weights, {"val_loss": 1.5})
+    base_cache.verify_before_load(weights)          # whole: nothing to say
+    _flip_a_byte(weights)
+    with pytest.raises(base_cache.BaseCacheError) as e:
+        base_cache.verify_before_load(weights)
+    msg = str(e.value)
+    assert "\n" not in msg and str(weights) in msg and "sha256 mismatch" in msg and "trains again" in msg
+    assert base_cache.check(weights) == base_cache.ABSENT, "the next run must not reuse it"
+
+
+def test_the_plan_trains_a_truncated_cache_again_and_says_so(tmp_path, capsys):
+    from slurm_router.__main__ import compose
+    from slurm_router.config import validate
+    from slurm_router.plan import make_plan
+    cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
+    variants = validate(cfg)
+    weights = base_cache.weights_path(cfg)
+    base_cache.save(_state(), weights, {"val_loss": 1.5})
+    assert make_plan(cfg, variants, "r", str(tmp_path / "run"))[0].cached
+    weights.write_bytes(weights.read_bytes()[:-7])
+    stages = make_plan(cfg, variants, "r", str(tmp_path / "run"))
+    assert [s.name for s in stages] == ["base", "variants"] and not stages[0].cached
+    err = capsys.readouterr().err
+    assert f"cached base model in {weights.parent} is not usable (model.pt: " in err and "truncated" in err
+
+
+def _real_cache(args: list[str]) -> Path:
+    """The cache a base stage of this config writes (an untrained base: its weights are what matter here)."""
+    from slurm_router.__main__ import compose
+    from slurm_router.train.data import make_tokenizer
+    from slurm_router.train.model import base_state_dict, build_model
+    cfg = compose(args)
+    weights = base_cache.weights_path(cfg)
+    model = build_model(cfg.model, make_tokenizer(cfg.model).vocab_size, cfg.seed, lora=False)
+    base_cache.save(base_state_dict(model), weights, {"val_loss": 9.9, "train_loss": 9.9, "steps": 4})
+    return weights
+
+
+def _rows(task_dir: Path, kind: str) -> list[dict]:
+    rows = [json.loads(line) for line in (task_dir / "events-rank0.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """A real run over a cache damaged in place (same size, one byte changed): (its process, the weights)."""
+    root = tmp_path_factory.mktemp("base_cache_run")
+    args = [*FAST, f"base.cache_dir={root / 'cache'}", f"run_root={root}"]
+    weights = _real_cache(args)
+    assert base_cache.check(weights) is None
+    _flip_a_byte(weights)                       # before: loaded silently, and the A/B result changed
+    return run_cli(*args, cwd=root), weights
+
+
+def test_a_cache_damaged_in_place_is_named_and_trained_again_not_used(rebuilt):
+    proc, weights = rebuilt
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "sha256 mismatch" in proc.stderr and str(weights.parent) in proc.stderr
+    assert "reusing the cached base model" not in proc.stdout
+    run_dir = run_dir_of(proc)
+    base_end = _rows(run_dir / "tasks" / "base", "end")[-1]
+    assert len(_rows(run_dir / "tasks" / "base", "step")) == 4, "the base stage trained again"
+    assert base_cache.check(weights) is None, "and rewrote the cache, whole"
+    assert json.loads(weights.with_name("meta.json").read_text())["val_loss"] == base_end["val_loss"]
+    # the variant started from the rebuilt base: its step-0 held-out loss is the base's final one
+    step0 = _rows(run_dir / "tasks" / "main", "eval")[0]
+    assert step0["step"] == 0 and step0["val_loss"] == pytest.approx(base_end["val_loss"], rel=1e-5)
+
+
+def test_resume_after_the_cache_was_deleted_trains_the_base_again(rebuilt):
+    proc, weights = rebuilt
+    run_dir = run_dir_of(proc)
+    # the variant did not finish (as after a failure), and the cache is deleted before the resume
+    (run_dir / "tasks" / "main" / "result.json").unlink()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["tasks"]["main"]["state"] = "failed"
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    for f in weights.parent.iterdir():
+        f.unlink()
+    resumed = run_cli(f"resume={run_dir}", cwd=run_dir)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    out = resumed.stdout + resumed.stderr
+    assert "meta.json is gone" in resumed.stderr and "FileNotFoundError" not in out and "Traceback" not in out
+    assert base_cache.check(weights) is None, "the resume rebuilt the cache"
+    data = json.loads((run_dir / "manifest.json").read_text())
+    assert {n: t["state"] for n, t in data["tasks"].items()} == {"base": "completed", "main": "completed"}
+
+
+# ---- the cache folder, before anything trains ---------------------------------------------------------------
+def _refused(tmp_path: Path, cache_dir: str) -> str:
+    proc = run_cli(*FAST, f"base.cache_dir={cache_dir}", f"run_root={tmp_path / 'runs'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists(), "no run dir may be written"
+    return proc.stderr
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_before_anything_runs(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    err = _refused(tmp_path, str(tmp_path / "afile"))
+    assert "base.cache_dir=" in err and "a file, not a folder" in err
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size, *options) -> a fresh tmpfs folder of that size; unmounted afterwards. Root only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    mounted = []
+
+    def mount(size: str, *options: str) -> Path:
+        path = tmp_path / f"fs{len(mounted)}"
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+                       check=True)
+        mounted.append(path)
+        return path
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_cache_dir_too_small_for_the_weights_is_refused_before_anything_runs(tmp_path, tmpfs):
+    err = _refused(tmp_path, str(tmpfs("2m")))
+    assert "MiB free" in err and "weights need about" in err and "base.cache_dir=" in err
+
+
+def test_a_read_only_cache_dir_is_refused_before_anything_runs(tmp_path, tmpfs):
+    err = _refused(tmp_path, str(tmpfs("64m", "ro")))
+    assert "Read-only file system" in err and "base.cache_dir=" in err
+
+
+def test_check_room_passes_for_a_roomy_writable_folder(tmp_path):
+    from slurm_router.__main__ import compose
+    cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
+    base_cache.check_room(cfg)              # nothing raised, and nothing left behind
+    assert list(tmp_path.iterdir()) == []
+    assert base_cache.estimate_bytes(cfg) > 2_000_000       # gpt2_tiny: ~2.1 MB of fp32 weights, plus margin
+    with pytest.raises(UserError):
+        base_cache.check_room(compose([*FAST, "base.cache_dir=/proc/nope"]))
