@@ -197,13 +197,13 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
 
 
 def _run(task_file: str, supervisor: TaskSupervisor) -> int:
-    from slurm_router.checkpoint import CheckpointError
+    from slurm_router.checkpoint import CheckpointError, WriteError
     try:
         result = run_task(task_file, supervisor)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except TaskFailed as e:
+    except (TaskFailed, WriteError) as e:          # WriteError: disk full or no permission, one line
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except TaskStopped as stopped:
