@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from slurm_router.checkpoint import WriteError, atomic_write_bytes
-from slurm_router.events import EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of
+from slurm_router.events import EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of, scan_events
 from slurm_router.layout import RunLayout, TaskPaths
 
 # Fields the report cannot do without, per event kind (anything else is optional); names checked against the
@@ -104,25 +104,10 @@ def read_rows(path: Path, problems: list[str]) -> list[dict]:
     """Every event row of one file. A line that is not an event row (anywhere but a torn last line, which a
     crash leaves and which is skipped silently) is left out and named in `problems`, as is a file without rows."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.readlines()
+        rows, bad = scan_events(path)
     except OSError as e:
         problems.append(f"{path}: unreadable ({e.strerror or e}): left out")
         return []
-    rows, bad = [], []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if n == len(lines) and not line.endswith("\n"):
-                break
-            row = None
-        if isinstance(row, dict) and row.get(EVENT):
-            rows.append(row)
-        else:
-            bad.append(n)
     if bad:
         problems.append(f"{path}: {_lines(bad)} not an event row: left out")
     if not rows:

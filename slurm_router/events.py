@@ -273,10 +273,12 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"cannot write {type(x).__name__} to an event")
 
 
-def read_events(path: str | os.PathLike) -> Iterator[dict]:
-    """Rows of one events file; a torn last line (crash mid-write) is skipped, garbage elsewhere raises."""
+def scan_events(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
+    """(every event row of one file, the numbers of the lines that are not one). A torn last line (a crash
+    mid-write) is neither: it is skipped. Raises OSError if the file cannot be read."""
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.readlines()
+    rows, bad = [], []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -284,11 +286,21 @@ def read_events(path: str | os.PathLike) -> Iterator[dict]:
             row = json.loads(line)
         except json.JSONDecodeError:
             if n == len(lines) and not line.endswith("\n"):
-                return
-            raise ValueError(f"{path}:{n}: not a JSON event line") from None
-        if not isinstance(row, dict) or EVENT not in row:
-            raise ValueError(f"{path}:{n}: not an event row (no 'event' field)")
-        yield row
+                break
+            row = None
+        if isinstance(row, dict) and row.get(EVENT):
+            rows.append(row)
+        else:
+            bad.append(n)
+    return rows, bad
+
+
+def read_events(path: str | os.PathLike) -> Iterator[dict]:
+    """Rows of one events file; a torn last line (crash mid-write) is skipped, garbage elsewhere raises."""
+    rows, bad = scan_events(path)
+    if bad:
+        raise ValueError(f"{path}:{bad[0]}: not an event row (not JSON, or no 'event' field)")
+    yield from rows
 
 
 def schema_text() -> str:

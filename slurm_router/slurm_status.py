@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -287,12 +288,30 @@ def to_json(manifest: dict, tasks: list[TaskStatus]) -> str:
     )
 
 
+def stop_local_run(manifest: dict) -> str | None:
+    """--cancel of a local run that is still going: SIGTERM to its launcher (its owner, checked by pid and start
+    time), which stops it as Ctrl-C does (checkpoints at the step end, run interrupted). What was done, or None."""
+    import signal
+
+    from slurm_router.runlock import describe, owner_alive
+    owner = manifest.get("owner")
+    if manifest.get("state") not in ("running", None) or owner_alive(owner) is not True:
+        return None
+    try:
+        os.kill(int(owner["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    return (f"stopping the local run of {describe(owner)}: its tasks checkpoint at the step end; "
+            f"resume={manifest.get('run_dir')} continues them")
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m slurm_router.status RUN_DIR [--wait] [--cancel] [--json]"""
     parser = argparse.ArgumentParser(prog="python -m slurm_router.status", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="a run directory (holds manifest.json)")
     parser.add_argument("--wait", action="store_true", help="poll until every task ended; exit 0 only if all COMPLETED")
-    parser.add_argument("--cancel", action="store_true", help="scancel this run's jobs (only its own job ids)")
+    parser.add_argument("--cancel", action="store_true",
+                        help="scancel this run's jobs (only its own job ids); a local run: stop it as Ctrl-C does")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     parser.add_argument("--poll-s", type=float, default=5.0, help="seconds between polls with --wait (default 5)")
     parser.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this long (exit 1)")
@@ -304,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cancel:
         ids = cancel_run(manifest)
-        print(f"scancel {' '.join(ids)}" if ids else "nothing to cancel", file=sys.stderr)
+        stopped = None if ids else stop_local_run(manifest)
+        print(f"scancel {' '.join(ids)}" if ids else stopped or "nothing to cancel", file=sys.stderr)
     if args.wait:
         def progress(tasks: list[TaskStatus]) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {_summary(tasks)}", file=sys.stderr, flush=True)

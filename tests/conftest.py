@@ -104,3 +104,22 @@ def event_rows(task_dir: Path, rank: int = 0) -> list[dict]:
         except ValueError:
             pass
     return rows
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size, *options) -> a fresh tmpfs folder of that size; unmounted afterwards. Root only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    mounted = []
+
+    def mount(size: str, *options: str) -> Path:
+        path = tmp_path / f"fs{len(mounted)}"
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+                       check=True)
+        mounted.append(path)
+        return path
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)

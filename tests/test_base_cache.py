@@ -3,7 +3,6 @@ before every use; a damaged, truncated or missing cache is named in one line and
 a cache deleted before resume= is rebuilt by the resume; an unwritable or too small base.cache_dir stops the
 run before anything trains (exit 2, one line, no run dir)."""
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -150,25 +149,6 @@ def test_a_cache_dir_that_is_a_file_is_refused_before_anything_runs(tmp_path):
     (tmp_path / "afile").write_text("x")
     err = _refused(tmp_path, str(tmp_path / "afile"))
     assert "base.cache_dir=" in err and "a file, not a folder" in err
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size, *options) -> a fresh tmpfs folder of that size; unmounted afterwards. Root only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    mounted = []
-
-    def mount(size: str, *options: str) -> Path:
-        path = tmp_path / f"fs{len(mounted)}"
-        path.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
-                       check=True)
-        mounted.append(path)
-        return path
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_a_cache_dir_too_small_for_the_weights_is_refused_before_anything_runs(tmp_path, tmpfs):

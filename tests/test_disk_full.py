@@ -4,8 +4,6 @@ the base cache, the manifest, results), on real small file systems (tmpfs; root 
 checkpoint that does not fit ends its task with that line, not torch's 'unexpected pos'."""
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,25 +12,6 @@ import torch
 from conftest import run_cli, run_dir_of
 from slurm_router import base_cache
 from slurm_router.checkpoint import WriteError, atomic_write_text, save_checkpoint
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size, *options) -> a fresh tmpfs folder of that size; unmounted afterwards. Root only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    mounted = []
-
-    def mount(size: str, *options: str) -> Path:
-        path = tmp_path / f"fs{len(mounted)}"
-        path.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
-                       check=True)
-        mounted.append(path)
-        return path
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def _files(folder: Path) -> list[str]:

@@ -96,7 +96,7 @@ def test_torn_last_line_is_skipped_and_garbage_elsewhere_raises(tmp_path):
     p.write_text('{"event":"step","step":0}\n{"event":"st')
     assert [r["step"] for r in read_events(p)] == [0]
     p.write_text('{"event":"step","step":0}\nnot json\n{"event":"step","step":1}\n')
-    with pytest.raises(ValueError, match=":2: not a JSON event line"):
+    with pytest.raises(ValueError, match=":2: not an event row"):
         list(read_events(p))
     p.write_text('{"step":0}\n')
     with pytest.raises(ValueError, match="no 'event' field"):

@@ -168,6 +168,25 @@ def test_status_tells_a_dead_local_run_and_two_resumes_at_once_run_it_once(tmp_p
     assert same_run(losses(run_dir / "tasks" / "main"), reference())
 
 
+def test_status_cancel_stops_a_live_local_run_as_ctrl_c_does(tmp_path):
+    proc = start_cli(*COMMON, f"run_root={tmp_path}", cwd=tmp_path)
+    try:
+        run_dir = _after_step(tmp_path, 0)
+        cancel = _status(run_dir, "--cancel")
+        assert cancel.returncode == 0, cancel.stderr
+        assert f"stopping the local run of pid {proc.pid} on " in cancel.stderr, cancel.stderr
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and f"resume={run_dir}" in out and "Traceback" not in out + err, out + err
+    manifest = read_json(run_dir / "manifest.json")
+    assert manifest["state"] == "interrupted" and manifest["tasks"]["main"]["exit_code"] == 75, manifest["tasks"]
+    assert list((run_dir / "tasks" / "main" / "checkpoints").glob("step-*.pt")), "no checkpoint at the stop"
+    again = _status(run_dir, "--cancel")                # nothing of it runs any more: nothing to stop
+    assert "nothing to cancel" in again.stderr, again.stderr
+
+
 HOLDER = textwrap.dedent("""
     import sys, time
     from slurm_router.runlock import acquire
