@@ -116,6 +116,7 @@ def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str
         if f is None or st.state == "CACHED":        # a cached task was never submitted: nothing in sacct
             continue
         f.update(source="sacct", job_id=st.job_id, state=st.state, elapsed_s=st.elapsed_s, exit_code=st.exit_code,
+                 reason=st.reason or None,
                  requeues=max(st.requeues, f.get("requeues") or 0), node=st.node or f.get("node"))
         res = resources.get(st.job_id, {})
         alloc = res.get("alloc", {})

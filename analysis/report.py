@@ -92,6 +92,9 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     n, want = s["steps"], task.expected_steps
     if state == "CACHED" or task.diverged:      # a diverged task is listed with the verdict, not as missing
         return []
+    never = (facts.get("reason") or "").partition("DependencyNeverSatisfied: ")[2]
+    if never and not task.has_events:           # cancelled by Slurm: the stage it waited on failed (status_parse)
+        return [f"{task.name}: never ran: {never}"]
     if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED"):
         exit_code = f", exit {facts['exit_code']}" if facts.get("exit_code") not in (None, 0, "0:0") else ""
         log = f"; see {task.meta['log_path']}" if task.meta.get("log_path") else ""
