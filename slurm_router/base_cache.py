@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.checkpoint import atomic_write_text, save_verified, sidecar_path, verify_file
-from slurm_router.config import UserError, check_writable_dir
+from slurm_router.config import UserError, check_writable_dir, nearest_existing
 from slurm_router.layout import BASE_META, BASE_WEIGHTS
 
 ABSENT = "absent"           # check(): nothing cached yet (a first run), not damage
@@ -171,10 +171,7 @@ def check_room(cfg: DictConfig) -> None:
     """Before any file of the run is written, when the base stage is to train: its cache folder must be
     writable and have room for the weights; else UserError, one line (exit 2)."""
     folder, setting = weights_path(cfg).parent, _setting(cfg)
-    check_writable_dir(folder, setting)
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
+    probe = nearest_existing(check_writable_dir(folder, setting))      # a writable folder, by now
     free, need = shutil.disk_usage(probe).free, estimate_bytes(cfg)
     if free < need:
         raise UserError(f"{setting}: {free / 2**20:,.1f} MiB free in {probe}, the base model's weights need about "

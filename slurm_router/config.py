@@ -261,14 +261,19 @@ def conf_dir() -> str:
     return str(resources.files("slurm_router.conf"))
 
 
+def nearest_existing(path: Path) -> Path:
+    """The nearest part of `path` that exists (itself, or the closest parent; a dangling link counts)."""
+    while not os.path.lexists(path):
+        path = path.parent
+    return path
+
+
 def check_writable_dir(path: str | os.PathLike, setting: str) -> Path:
     """The folder `path` (made later, parents and all) can be written: probed by making and removing a folder in
     its nearest existing part, before anything else is written. `setting` ("run_root='runs'") leads the one
     line a UserError gives, naming the path and the cause. Returns the absolute path."""
     target = Path(os.path.expanduser(str(path))).absolute()
-    probe = target
-    while not os.path.lexists(probe):                     # the nearest part that exists
-        probe = probe.parent
+    probe = nearest_existing(target)
     fix = f"set {setting.split('=', 1)[0]}= to a folder you can write"
     if not probe.is_dir():
         what = "a dangling symbolic link" if probe.is_symlink() and not probe.exists() else "a file, not a folder"
