@@ -5,6 +5,10 @@ evaluates the SAME batches (seeded), so batch i of variant A and batch i of vari
 batch indices (with replacement) and recomputing both token-weighted losses on the same resample keeps the
 pairing: batch difficulty, which moves both losses together, cancels out of the difference. The point
 estimate is the plain difference of the two token-weighted held-out losses on all batches.
+
+The winner is the variant with the lowest final held-out loss; the verdict says whether the bootstrap backs it
+against every other variant, and names its adapter (tasks/<variant>/adapter/, slurm_router/adapters.py) so the
+user can load it or `python -m slurm_router.export RUN_DIR --merge OUT`.
 """
 from __future__ import annotations
 
@@ -77,12 +81,17 @@ def base_batches(tasks: list[Task]) -> tuple[dict | None, str]:
     return None, "no eval events"
 
 
-def compare_all(tasks: list[Task]) -> list[dict]:
+def _trained(tasks: list[Task]) -> list[tuple[str, dict | None]]:
+    """(name, last eval batches) of every variant not diverged; None for one whose only evaluation is its step-0
+    one (not trained yet: that is the base's loss)."""
+    return [(t.name, b if b and b["step"] > 0 else None) for t in tasks if t.stage != "base" and not t.diverged
+            for b in [eval_batches(t)]]
+
+
+def compare_all(tasks: list[Task], adapters: dict[str, str | None] | None = None) -> list[dict]:
     """Every pair of variants, then every variant against the base: one row each, with its sentence. A diverged
     variant is in none (the report lists it as diverged): the verdict is among the others."""
-    # A variant whose only evaluation is its step-0 one has not been trained yet: that is the base's loss.
-    variants = [(t.name, b if b and b["step"] > 0 else None) for t in tasks if t.stage != "base" and not t.diverged
-                for b in [eval_batches(t)]]
+    variants = _trained(tasks)
     base, _ = base_batches(tasks)
     pairs = [(variants[i], variants[j]) for i in range(len(variants)) for j in range(i + 1, len(variants))]
     pairs += [(v, ("base", base)) for v in variants]
@@ -96,9 +105,40 @@ def compare_all(tasks: list[Task]) -> list[dict]:
             try:
                 row.update(paired_bootstrap(a, b), step_a=a["step"], step_b=b["step"])
                 row["sentence"] = verdict(na, nb, row)
+                won = na if row["diff"] < 0 else nb
+                if nb != "base" and row["sentence"].startswith(f"{won} beats"):
+                    row["sentence"] += f"; its adapter: {_adapter_text((adapters or {}).get(won))}"
                 if nb != "base" and a["step"] != b["step"]:
                     row["sentence"] += f" [not final for both: {na} at step {a['step']}, {nb} at step {b['step']}]"
             except ValueError as e:
                 row["sentence"] = f"{na} vs {nb}: no verdict ({e})"
         rows.append(row)
     return rows
+
+
+def _adapter_text(path: str | None) -> str:
+    return path or "none saved yet (the task has not completed)"
+
+
+def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] | None = None) -> dict | None:
+    """The variant with the lowest final held-out loss (None when no variant has one): {variant, val_loss,
+    decided (it beats every other variant: each interval excludes 0), adapter, sentence}."""
+    scored = [(float(b["loss_sums"].sum() / max(1.0, b["tokens"].sum())), name) for name, b in _trained(tasks)
+              if b is not None]
+    if not scored:
+        return None
+    val_loss, name = min(scored)
+    others = [n for _, n in scored if n != name]
+    beaten = [r for r in rows if r["b"] != "base" and name in (r["a"], r["b"])
+              and r["sentence"].startswith(f"{name} beats")]
+    decided = bool(others) and len(beaten) == len(others)
+    adapter = (adapters or {}).get(name)
+    if not others:
+        what = f"{name}: held-out loss {val_loss:.4f} (the only variant with one)"
+    elif decided:
+        what = f"winner: {name} (held-out loss {val_loss:.4f}; beats {', '.join(others)})"
+    else:
+        what = (f"lowest held-out loss: {name} ({val_loss:.4f}), not a detectable win over "
+                f"{', '.join(n for n in others if not any(n in (r['a'], r['b']) for r in beaten))}")
+    return {"variant": name, "val_loss": val_loss, "decided": decided, "adapter": adapter,
+            "sentence": f"{what}; its adapter: {_adapter_text(adapter)}"}

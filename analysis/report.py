@@ -7,7 +7,8 @@ Figures and their definitions live in metrics.py (balance, useful tokens, MFU), 
 and jobfacts.py (seff-like job facts and advice); plots.py draws, render.py writes md and html. A failed,
 running or requeued run still gets a report of what exists, and says what is missing (damaged event lines
 included: left out and named, never a reason to refuse). A diverged variant (its loss went non-finite) is
-listed as diverged at step N with its lr, and the verdict is among the others.
+listed as diverged at step N with its lr, and the verdict is among the others. The verdict names the winner
+and the path of its adapter (summary.json: `winner`; each variant's `adapter` and `adapter_best`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from slurm_router.analysis import abtest, jobfacts, metrics, plots
 from slurm_router.analysis.load import (ReportError, Task, atomic_write, load_run,  # noqa: F401  (ReportError: API)
                                         make_dir)
 from slurm_router.analysis.metrics import WARMUP_FRACTION, finite
-from slurm_router.layout import RunLayout
+from slurm_router.layout import ADAPTER_FILES, RunLayout
 from slurm_router.analysis.render import fmt, gib, pct, to_html, to_markdown
 
 DEFINITIONS = [
@@ -111,6 +112,15 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     return out
 
 
+def saved_weights(run_dir: Path, name: str) -> dict[str, str | None]:
+    """A task's saved adapter folders (or whole model, trained without LoRA), as paths under the run dir the
+    user gave; None where there is none (yet). Folders appear whole or not at all (adapters.write_folder)."""
+    paths = RunLayout(run_dir).task(name)
+    whole = lambda d: str(d) if all((d / f).is_file() for f in ADAPTER_FILES) else None  # noqa: E731
+    model = str(paths.full_model) if (paths.full_model / "config.json").is_file() else None
+    return {"adapter": whole(paths.adapter) or model, "adapter_best": whole(paths.adapter_best)}
+
+
 def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run_command):
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, tasks = load_run(run_dir)
@@ -121,7 +131,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
     per_task = {t.name: summarize_task(t, facts[t.name], peak_tflops) for t in tasks}
     for t in tasks:
         if t.stage != "base":
-            summary["variants"][t.name] = per_task[t.name]
+            summary["variants"][t.name] = {**per_task[t.name], **saved_weights(run_dir, t.name)}
             continue
         result = RunLayout(run_dir).task(t.name).result
         val = json.loads(result.read_text()).get("val_loss") if result.is_file() else per_task[t.name].get("val_loss")
@@ -133,7 +143,9 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
     if starts:
         summary["base"]["val_loss"] = starts[0]
     summary["diverged"] = [diverged_line(t.name, t.diverged) for t in tasks if t.diverged]
-    summary["ab"] = abtest.compare_all(tasks)
+    adapters = {n: v["adapter"] for n, v in summary["variants"].items()}
+    summary["ab"] = abtest.compare_all(tasks, adapters)
+    summary["winner"] = abtest.winner(tasks, summary["ab"], adapters)
     for row in summary["ab"]:
         if row["b"] == "base" and row["a"] in summary["variants"]:
             summary["variants"][row["a"]]["vs_base"] = {k: row.get(k) for k in ("diff", "se", "ci_low", "ci_high",
@@ -191,7 +203,8 @@ def document(summary: dict, tables: dict) -> list[tuple]:
     head = (f"Run dir {summary['run_dir']} | run id {summary.get('run_id')} | launcher {summary.get('launcher')} | "
             f"state {summary.get('state')}")
     b: list[tuple] = [("h", 1, f"{summary['experiment']}: run report"), ("p", head)]
-    verdict = summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]]
+    winner = [summary["winner"]["sentence"]] if summary.get("winner") else []
+    verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]]
     b += [("h", 2, "Verdict"), ("ul", verdict or ["no variants to compare"])]
     if summary["missing"]:
         b += [("h", 2, "What is missing"), ("ul", summary["missing"])]
@@ -304,6 +317,8 @@ def print_table(summary: dict) -> None:
                   str(v.get("oom_retries", "-")), str(v.get("steps")), str(v.get("devices")), str(v.get("policy")))
     console = Console(width=140)
     console.print(t)
+    if summary.get("winner"):
+        console.print(summary["winner"]["sentence"], highlight=False)
     for line in summary.get("diverged", []):
         console.print(line, highlight=False)
     for row in summary.get("ab", []):

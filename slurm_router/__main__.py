@@ -124,12 +124,21 @@ def _missing_option(e) -> UserError:
 
 
 def _check_models(cfg, variants: dict) -> None:
-    """model=hf checkpoints: config and whole weights, before anything is written (workers read them later)."""
-    models = {(c.model.name_or_path, c.data.max_len): c for c in [cfg, *variants.values()] if c.model.kind == "hf"}
-    if models:
-        from slurm_router.train.model import check_checkpoint
-        for c in models.values():
-            check_checkpoint(c.model, c.data.max_len)
+    """model=hf checkpoints, before anything is written (workers read them later): config and whole weights,
+    then a causal LM whose layers include each variant's model.lora.target_modules (built on the meta device)."""
+    named = [("", cfg), *((f"variants.{n}: " if cfg.variants else "", c) for n, c in variants.items())]
+    named = [(where, c) for where, c in named if c.model.kind == "hf"]
+    if not named:
+        return
+    from slurm_router.train.model import check_architecture, check_checkpoint
+    for c in {(c.model.name_or_path, c.data.max_len): c for _, c in named}.values():
+        check_checkpoint(c.model, c.data.max_len)
+    seen = set()
+    for where, c in named:
+        key = (c.model.name_or_path, c.model.lora.enabled, repr(c.model.lora.target_modules))
+        if key not in seen:
+            seen.add(key)
+            check_architecture(c.model, where)
 
 
 def _tokenizer(cfg):
@@ -164,7 +173,8 @@ def run(overrides: list[str]) -> int:
     from slurm_router.train.data import build_corpus
     corpus = build_corpus(cfg.data, _tokenizer(cfg))   # fail on bad data before any file is written
     print(f"experiment {cfg.experiment}: {len(variants)} variant(s) {', '.join(variants)}; "
-          f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples")
+          f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples"
+          f"{corpus.counts_note()}")
 
     from slurm_router.launch.base import launch
     from slurm_router.plan import make_plan

@@ -1,16 +1,23 @@
 """The base stage's cache: a base model trained once, reused by every run whose model shape, data, base schedule
 and seed hash the same (docs/ARCHITECTURE.md, "A task's lifecycle": `cached`).
 
-    <base.cache_dir | $SLURM_ROUTER_CACHE | ~/.cache/slurm_router>/base/<hash>/
-      model.pt     the full model's weights (a state dict)
-      model.json   its sidecar: size and sha256, hashed while model.pt was written (checkpoint.save_verified)
-      meta.json    the base task's result (held-out loss, ...), written last: it marks the cache complete
+    <base.cache_dir | $SLURM_ROUTER_CACHE | ~/.cache/slurm_router>/base/<hash>/   a transformers checkpoint:
+      config.json, generation_config.json    the model's config (save_pretrained)
+      model.safetensors                      the full model's weights (one file)
+      model.json                             its sidecar: size and sha256
+      tokenizer.json, tokenizer_config.json  the byte tokenizer as a transformers tokenizer (byte_tokenizer.py)
+      meta.json                              the base task's result (held-out loss, ...), written last: the
+                                             cache entry is complete
 
-A verified artifact: it is used only when whole (meta.json present, model.pt matching its sidecar's size and
-sha256), checked where a run decides to reuse it (plan, submit_stages, resume) and again by every worker
-before it loads the weights. A damaged, truncated or missing cache is named in one line and never used: the
-base stage simply trains again and rewrites it in place. Before anything trains, the cache folder must be
-writable and have room for the weights (check_room).
+`AutoModelForCausalLM.from_pretrained(<hash>/)` loads it, and the variants' adapters name it as their base
+(adapters.py). The folder is written whole or not at all (a temp folder renamed into place: adapters.write_folder).
+
+A verified artifact: it is used only when whole (meta.json present, config.json and the tokenizer there,
+model.safetensors matching its sidecar's size and sha256), checked where a run decides to reuse it (plan,
+submit_stages, resume) and again by every worker before it loads the weights. A damaged, truncated or missing
+cache is named in one line and never used: the base stage simply trains again and rewrites it in place. Before
+anything trains, the cache folder must be writable and have room for the weights (check_room). The hash's
+`format` changes with the layout, so a cache of an older layout (model.pt) is never read.
 """
 from __future__ import annotations
 
@@ -19,16 +26,19 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurm_router.checkpoint import atomic_write_text, save_verified, sidecar_path, verify_file
+from slurm_router.checkpoint import WriteError, atomic_write_text, sidecar_path, verify_file
 from slurm_router.config import UserError, check_writable_dir, nearest_existing
 from slurm_router.layout import BASE_META, BASE_WEIGHTS
 
 ABSENT = "absent"           # check(): nothing cached yet (a first run), not damage
-# Room asked for beyond the estimated weights: torch.save's own overhead, the sidecar and meta.json.
+FORMAT = 2                  # 1: model.pt (a torch.save state dict); 2: a save_pretrained folder
+REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")   # besides the verified weights
+# Room asked for beyond the estimated weights: the safetensors header, config, tokenizer, sidecar, meta.json.
 MARGIN = 1.10
 MARGIN_BYTES = 16 << 20
 
@@ -55,17 +65,22 @@ def base_hash(cfg: DictConfig) -> str:
     base.pop("cache_dir", None)
     base.pop("enabled", None)
     key = {"model": model, "data": OmegaConf.to_container(cfg.data, resolve=True), "base": base,
-           "seed": cfg.seed, "format": 1}
+           "seed": cfg.seed, "format": FORMAT}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def weights_path(cfg: DictConfig) -> Path:
-    """<cache>/<hash>/model.pt: where this config's base weights are (or will be) cached."""
-    return cache_root(cfg) / base_hash(cfg) / BASE_WEIGHTS
+    """<cache>/base/<hash>/: the folder this config's base model is (or will be) cached in (spec.base_weights)."""
+    return cache_root(cfg) / base_hash(cfg)
 
 
-def meta_path(weights: str | os.PathLike) -> Path:
-    return Path(weights).with_name(BASE_META)
+def weights_file(folder: str | os.PathLike) -> Path:
+    """The cache entry's weights, the file its sidecar verifies."""
+    return Path(folder) / BASE_WEIGHTS
+
+
+def meta_path(folder: str | os.PathLike) -> Path:
+    return Path(folder) / BASE_META
 
 
 # ---- verification ---------------------------------------------------------------------------------------
@@ -84,14 +99,16 @@ def _stat_key(weights: Path) -> tuple | None:
     return str(weights), st.st_size, st.st_mtime_ns, st.st_ino, side.st_mtime_ns
 
 
-def check(weights: str | os.PathLike) -> str | None:
-    """None if the cache at `weights` is whole and can be used; ABSENT if nothing is cached there yet; else
-    why it cannot be used, in words (weights missing or truncated, sha256 mismatch, no sidecar)."""
-    weights = Path(weights)
-    if not meta_path(weights).is_file():
+def check(folder: str | os.PathLike) -> str | None:
+    """None if the cache entry `folder` is whole and can be used; ABSENT if nothing is cached there yet; else
+    why it cannot be used, in words (a file missing, weights truncated, sha256 mismatch, no sidecar)."""
+    folder = Path(folder)
+    if not meta_path(folder).is_file():
         return ABSENT       # incomplete (the save never finished) or never made: the base stage trains
-    if not weights.is_file():
-        return f"{weights.name} is missing (deleted after it was cached)"
+    weights = weights_file(folder)
+    for f in (weights, *(folder / name for name in REQUIRED)):
+        if not f.is_file():
+            return f"{f.name} is missing (deleted after it was cached)"
     key = _stat_key(weights)
     if key is not None and key in _HASHED:
         return _HASHED[key]
@@ -102,55 +119,81 @@ def check(weights: str | os.PathLike) -> str | None:
     return why
 
 
-def say_unusable(weights: str | os.PathLike, why: str) -> None:
+def say_unusable(folder: str | os.PathLike, why: str) -> None:
     """One line, once per process: the cache is not used and the base stage trains again."""
     if why == ABSENT:
         why = f"{BASE_META} is gone: the cache was deleted"
-    line = (f"warning: the cached base model in {Path(weights).parent} is not usable ({why}): the base stage "
+    line = (f"warning: the cached base model in {folder} is not usable ({why}): the base stage "
             "trains again and rewrites it")
     if line not in _SAID:
         _SAID.add(line)
         print(line, file=sys.stderr, flush=True)
 
 
-def usable(weights: str | os.PathLike | None) -> bool:
-    """The cache at `weights` is whole (verified); a damaged one is named (once) and counts as not there."""
-    if not weights:
+def usable(folder: str | os.PathLike | None) -> bool:
+    """The cache entry `folder` is whole (verified); a damaged one is named (once) and counts as not there."""
+    if not folder:
         return False
-    why = check(weights)
+    why = check(folder)
     if why not in (None, ABSENT):
-        say_unusable(weights, why)
+        say_unusable(folder, why)
     return why is None
 
 
-def verify_before_load(weights: str | os.PathLike) -> None:
-    """A worker, before it loads the base weights: size and sha256 against the sidecar. A damaged cache loses
-    its meta.json (so the next run, or resume=, trains the base again) and raises BaseCacheError, one line."""
-    why = check(weights)
+def verify_before_load(folder: str | os.PathLike) -> None:
+    """A worker, before it loads the base model: the weights' size and sha256 against the sidecar. A damaged
+    cache loses its meta.json (so the next run, or resume=, trains the base again) and raises BaseCacheError,
+    one line."""
+    why = check(folder)
     if why is None:
         return
     if why == ABSENT:
         why = f"{BASE_META} is missing (the cache was removed or never finished)"
     else:
-        meta_path(weights).unlink(missing_ok=True)
-    raise BaseCacheError(f"base weights {weights} cannot be used ({why}): the variant did not train on them; "
+        meta_path(folder).unlink(missing_ok=True)
+    raise BaseCacheError(f"base model {folder} cannot be used ({why}): the variant did not train on it; "
                          "run again (or resume=RUN_DIR) and the base stage trains again")
 
 
 # ---- writing ----------------------------------------------------------------------------------------------
-def save(state: dict, weights: str | os.PathLike, result: dict) -> None:
-    """The base stage's weights into the cache: meta.json is removed first (the cache is incomplete while it is
-    rewritten), then model.pt hashed on the way out, its sidecar, and meta.json last. WriteError if the disk
-    refuses (one line; nothing half-written stays)."""
-    meta_path(weights).unlink(missing_ok=True)
-    save_verified(weights, state, format=1, kind="base weights")
-    atomic_write_text(meta_path(weights), json.dumps(result, indent=1))
+def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None:
+    """The base stage's model into the cache entry `folder`, whole or not at all: the old entry is removed first
+    (it is being rewritten: unusable, and its room is needed), then a temp folder gets model.save_pretrained
+    (one safetensors file), the tokenizer (a transformers one; default: the byte tokenizer), the weights'
+    sidecar and meta.json last, and is renamed into place. WriteError if the disk refuses (one line; nothing
+    half-written stays)."""
+    from slurm_router.adapters import quiet_transformers, write_folder
+    from slurm_router.train.byte_tokenizer import transformers_byte_tokenizer
+    folder = Path(folder)
+    meta_path(folder).unlink(missing_ok=True)
+    try:
+        if folder.is_dir():
+            shutil.rmtree(folder)
+    except OSError as e:
+        raise WriteError.of(folder, e) from None
+    quiet_transformers()
+    tokenizer = tokenizer if tokenizer is not None else transformers_byte_tokenizer()
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, max_shard_size="1000GB")
+        tokenizer.save_pretrained(tmp)
+        weights = weights_file(tmp)
+        sha, n = hashlib.sha256(), 0
+        with open(weights, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+                n += len(block)
+        atomic_write_text(sidecar_path(weights), json.dumps(
+            {"format": FORMAT, "kind": "base weights", "file": weights.name, "time": time.time(),
+             "sha256": sha.hexdigest(), "bytes": n}, indent=1))
+        atomic_write_text(meta_path(tmp), json.dumps(result, indent=1))
+    write_folder(folder, write)
 
 
 # ---- before anything trains -------------------------------------------------------------------------------
 def estimate_bytes(cfg: DictConfig) -> int:
     """The base weights' size on disk: 4 bytes (fp32) per entry of the GPT-2 state dict built from cfg.model
-    (its tied output layer counted twice: the saved dict holds a copy of each), plus MARGIN."""
+    (its tied output layer counted twice, an upper bound: safetensors stores it once), plus MARGIN."""
     from slurm_router.train.data import make_tokenizer
     m = cfg.model
     vocab, d, layers = make_tokenizer(m).vocab_size, int(m.n_embd), int(m.n_layer)
@@ -170,7 +213,7 @@ def _setting(cfg: DictConfig) -> str:
 def check_room(cfg: DictConfig) -> None:
     """Before any file of the run is written, when the base stage is to train: its cache folder must be
     writable and have room for the weights; else UserError, one line (exit 2)."""
-    folder, setting = weights_path(cfg).parent, _setting(cfg)
+    folder, setting = weights_path(cfg), _setting(cfg)
     probe = nearest_existing(check_writable_dir(folder, setting))      # a writable folder, by now
     free, need = shutil.disk_usage(probe).free, estimate_bytes(cfg)
     if free < need:

@@ -31,7 +31,10 @@ class LoraConfig:
     r: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    target_modules: List[str] = field(default_factory=lambda: ["c_attn", "c_proj"])
+    # auto: peft's own per-architecture defaults (all-linear where peft has none) | all-linear | [names]
+    target_modules: Any = "auto"
+    use_rslora: bool = False                # rank-stabilised scaling alpha/sqrt(r) (peft)
+    use_dora: bool = False                  # weight-decomposed LoRA (peft)
 
 
 @dataclass
@@ -43,14 +46,18 @@ class ModelConfig:
     n_embd: int = 128
     n_positions: int = 512
     vocab_size: int = 257                   # byte-level: 256 bytes + end-of-text
+    dtype: str = "auto"                     # frozen weights: auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
 class DataConfig:
-    kind: str = "stdlib"                    # stdlib | text_dir | jsonl | synthetic
-    path: Optional[str] = None              # text_dir: a folder; jsonl: a file
-    text_field: str = "text"                # jsonl: the field holding the text
+    kind: str = "stdlib"                    # stdlib | text_dir | jsonl | parquet | synthetic
+    path: Optional[str] = None              # text_dir: a folder; jsonl: a file; parquet: a file or a folder
+    text_field: str = "text"                # jsonl/parquet: the field holding the text (loss on every token)
+    prompt_field: Optional[str] = None      # jsonl/parquet: with completion_field, loss on the completion only
+    completion_field: Optional[str] = None
+    messages_field: Optional[str] = None    # jsonl/parquet: chat turns, loss on the assistant turns only
     max_len: int = 256                      # tokens per sample; longer documents are cut into pieces
     split_on: str = "\n\n"                  # a document is cut into samples at this separator first
     val_fraction: float = 0.05              # documents held out (by a hash of their name: stable)
@@ -155,6 +162,7 @@ class TrainConfig:
     precision: str = "auto"                 # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     # Speed switches (see slurm_router/train/loss.py and README "GPU throughput")
     compile: bool = False                   # torch.compile the transformer backbone
+    gradient_checkpointing: bool = False    # recompute layer activations in backward (long sequences)
     loss_chunk_tokens: int = 0              # >0: chunked cross-entropy, never the full fp32 logits (4096 on GPU)
     pad_to_multiple: int = 1                # pad micro-batch width to a multiple (fewer shapes for compile)
     prefetch: bool = True                   # build the next micro-batch's tensors while this one computes
@@ -196,7 +204,8 @@ class Config:
 
 CHOICES = {
     "model.kind": ("gpt2", "hf"),
-    "data.kind": ("stdlib", "text_dir", "jsonl", "synthetic"),
+    "data.kind": ("stdlib", "text_dir", "jsonl", "parquet", "synthetic"),
+    "model.dtype": ("auto", "fp32", "bf16"),
     "data.length_dist": ("lognormal", "uniform", "fixed"),
     "router.policy": ("round_robin", "least_loaded", "affinity", "balanced"),
     "router.cost": ("tokens", "tokens_attention"),
@@ -228,9 +237,42 @@ RANGES = {
     "base.steps": (1, 10_000_000, True), "base.lr": (0, 10, False), "base.global_batch_size": (1, 1 << 20, True),
     "resources.devices_per_task": (1, 4096, True), "resources.tasks_per_gpu": (0, 64, True),
 }
-# Layers of transformers' GPT-2 that peft LoRA can adapt (Conv1D projections, embeddings, the LM head).
-GPT2_LORA_MODULES = ("c_attn", "c_proj", "c_fc", "wte", "wpe", "lm_head")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+# Layers of transformers' GPT-2 that peft LoRA can adapt (embeddings, Conv1D projections, the LM head), by their
+# dotted names: model=gpt2_* is checked without building it (no torch here); tests/test_hf_models.py checks
+# them against the real model. model=hf builds its architecture on the meta device (model.check_architecture).
+GPT2_LORA_BLOCK = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+TARGET_MODULES_HINT = "auto (peft's default layers for the architecture), all-linear, or a list of layer names"
+
+
+def gpt2_lora_layers(n_layer: int) -> list[str]:
+    return ["transformer.wte", "transformer.wpe",
+            *(f"transformer.h.{i}.{b}" for i in range(n_layer) for b in GPT2_LORA_BLOCK), "lm_head"]
+
+
+def target_module_names(value: Any, where: str = "") -> list[str] | None:
+    """model.lora.target_modules as a list of layer names (one name alone is a list of one); None for auto and
+    all-linear, which peft resolves. UserError if it is none of these."""
+    if value in ("auto", "all-linear"):
+        return None
+    is_list = isinstance(value, (list, tuple)) or OmegaConf.is_list(value)
+    names = ([value] if value else []) if isinstance(value, str) else list(value) if is_list else None
+    if names is None or not all(isinstance(n, str) and n for n in names):
+        raise UserError(f"{where}model.lora.target_modules={value!r} is not valid: use {TARGET_MODULES_HINT}")
+    if not names:
+        raise UserError(f"{where}model.lora.target_modules is empty: name the layers to adapt, or use "
+                        f"{TARGET_MODULES_HINT}")
+    return names
+
+
+def check_target_modules(names: list[str], layers: list[str], model: str, where: str = "") -> None:
+    """Each name is a layer LoRA can adapt (peft's rule: a layer's dotted name is it or ends with '.' + it);
+    else UserError listing the layers `model` has."""
+    for name in names:
+        if not any(layer == name or layer.endswith("." + name) for layer in layers):
+            have = ", ".join(dict.fromkeys(layer.rsplit(".", 1)[-1] for layer in layers))
+            raise UserError(f"{where}model.lora.target_modules: {name!r} is not a layer of {model} that LoRA can "
+                            f"adapt: its layers are {have} (or use auto or all-linear)")
 
 
 def _mapping_fields(schema: type, prefix: str = "") -> typing.Iterator[str]:
@@ -370,13 +412,9 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         too_low = value < low if low_inclusive else value <= low
         if too_low or (high is not None and value > high):
             raise UserError(f"{where}{key}={value!r} is out of range: it must be {lo}{hi}")
-    lora = cfg.model.lora
-    if lora.enabled and not lora.target_modules:
-        raise UserError(f"{where}model.lora.target_modules is empty: name the layers to adapt, e.g. [c_attn, c_proj]")
-    unknown = [m for m in lora.target_modules if m not in GPT2_LORA_MODULES]
-    if lora.enabled and cfg.model.kind == "gpt2" and unknown:
-        raise UserError(f"{where}model.lora.target_modules: {unknown[0]!r} is not a layer of this GPT-2 model: "
-                        f"choose from {', '.join(GPT2_LORA_MODULES)}")
+    names = target_module_names(cfg.model.lora.target_modules, where) if cfg.model.lora.enabled else None
+    if names and cfg.model.kind == "gpt2":      # model=hf: checked on its architecture (__main__._check_models)
+        check_target_modules(names, gpt2_lora_layers(cfg.model.n_layer), "GPT2LMHeadModel", where)
     if cfg.model.n_embd % cfg.model.n_head:
         raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")
     if cfg.data.max_len > cfg.model.n_positions and cfg.model.kind == "gpt2":

@@ -5,7 +5,10 @@
       run.lock  manifest.lock             who writes this run now (runlock.py); the manifest's own short lock
       submit*.sbatch                      launcher=sbatch's rendered scripts
       tasks/<name>/                       TaskPaths: task.json, events-rank<N>.jsonl, result.json,
-                                          attempts.json, checkpoints/step-<N>.pt (+ .json sha256 sidecar)
+                                          attempts.json, checkpoints/step-<N>.pt (+ .json sha256 sidecar),
+                                          adapter/ (+ adapter-best/ with train.eval_every): peft's format;
+                                          model/ instead for a variant without LoRA (full fine-tuning)
+      base-init/<key>/                    the seed-built base an adapter sits on when there is no base stage
       logs/<name>.log                     each task's output (local launcher; Slurm's own logs under Slurm)
       report/                             summary.json, report.md, report.html, *.csv, *.png
 
@@ -24,8 +27,15 @@ MANIFEST_LOCK = "manifest.lock"     # held for each read-modify-write of manifes
 TASK_FILE = "task.json"
 RESULT_FILE = "result.json"
 ATTEMPTS_FILE = "attempts.json"
-BASE_WEIGHTS = "model.pt"           # the base stage's cache: <cache>/<hash>/model.pt + model.json sidecar + meta.json
-BASE_META = "meta.json"
+# The base stage's cache entry <cache>/base/<hash>/ is a transformers checkpoint folder (base_cache.py):
+BASE_WEIGHTS = "model.safetensors"  # its weights, with a model.json sha256 sidecar
+BASE_META = "meta.json"             # the base task's result, written last: the entry is complete
+BASE_INIT = "base-init"             # RUN_DIR/base-init/<key>/: a seed-built base saved for its adapters
+ADAPTER = "adapter"                 # tasks/<name>/adapter/: the final LoRA adapter (peft save_pretrained)
+ADAPTER_BEST = "adapter-best"       # tasks/<name>/adapter-best/: the one with the lowest held-out loss
+FULL_MODEL = "model"                # tasks/<name>/model/: a variant trained without LoRA, the whole model
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+HELD_OUT = "held_out.json"          # in each of those folders: the step and held-out loss of its weights
 EVENTS_GLOB = "events-rank*.jsonl"
 CHECKPOINT_GLOB = "step-*.pt"
 SIDECAR_GLOB = "step-*.json"
@@ -79,6 +89,21 @@ class TaskPaths:
     def checkpoint(self, step: int) -> Path:
         return checkpoint_file(self.checkpoints, step)
 
+    @property
+    def adapter(self) -> Path:
+        """adapter/: the final LoRA adapter in peft's own format (adapter_config.json, adapter_model.safetensors)."""
+        return self.dir / ADAPTER
+
+    @property
+    def adapter_best(self) -> Path:
+        """adapter-best/: the adapter with the lowest held-out loss (train.eval_every)."""
+        return self.dir / ADAPTER_BEST
+
+    @property
+    def full_model(self) -> Path:
+        """model/: a variant trained without LoRA saves its whole model here (save_pretrained)."""
+        return self.dir / FULL_MODEL
+
 
 @dataclass(frozen=True)
 class RunLayout:
@@ -124,6 +149,10 @@ class RunLayout:
 
     def task(self, name: str) -> TaskPaths:
         return TaskPaths(self.tasks / str(name))
+
+    def init_base(self, key: str) -> Path:
+        """base-init/<key>/: the seed-built base (no base stage) its variants' adapters name, saved once."""
+        return self.root / BASE_INIT / key
 
     def log(self, name: str) -> Path:
         """A task's output under the local launcher (Slurm jobs log where Slurm puts them)."""

@@ -53,16 +53,17 @@ def loss_sum(model, inputs, labels, n_targets, target_index, cfg, device) -> tup
 
 
 def batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple: int = 1):
-    """Right-padded inputs and labels (-100 at padding so only real next-token targets count), the number of
-    real targets and their flat positions: everything the loss needs, built on the host."""
+    """Right-padded inputs and labels (-100 wherever a token is not a target: padding, a prompt, a user turn;
+    split.target_mask), the number of targets and their flat positions: everything the loss needs, on the host."""
     seqs = [split.sample(i) for i in ids]
+    masks = [split.target_mask(i) for i in ids]
     width = -(-max(len(s) for s in seqs) // pad_to_multiple) * pad_to_multiple
     inputs = np.full((len(seqs), width), pad_id, dtype=np.int64)
     labels = np.full((len(seqs), width), -100, dtype=np.int64)
-    for r, s in enumerate(seqs):
+    for r, (s, m) in enumerate(zip(seqs, masks)):
         inputs[r, :len(s)] = s
-        labels[r, :len(s)] = s
-    n_targets, index = target_positions([len(s) for s in seqs], width)
+        labels[r, :len(s)] = np.where(m, s, -100)
+    n_targets, index = target_positions([len(s) for s in seqs], width, masks)
     tensors = [torch.from_numpy(inputs), torch.from_numpy(labels), index]
     if device.type == "cuda":      # pinned host memory: the copy overlaps with compute
         tensors = [t.pin_memory() for t in tensors]

@@ -31,7 +31,8 @@ from slurm_router.router import MemoryModel, MicroBatch, Router, RouterSettings
 from slurm_router.step_stats import StepStats
 from slurm_router.telemetry import Telemetry
 from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, make_tokenizer
-from slurm_router.train.model import build_model, compile_backbone, count_parameters, trainable_parameters
+from slurm_router.train.model import (adapter_input_features, build_model, compile_backbone, count_parameters,
+                                      parameter_bytes, trainable_parameters)
 from slurm_router.train.optim import lr_at, make_optimizer
 from slurm_router.train import state as train_state
 
@@ -55,10 +56,19 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _model_shape(model) -> dict:
+def _model_shape(model, cfg, device: torch.device) -> dict:
+    """What the memory model's seed needs (MemoryModel.from_model_bytes): the weights' real bytes, the shape,
+    and the activations' precision (bf16 under autocast, microbatch.autocast, or with bf16 frozen weights)."""
     c = model.config
-    return {"hidden_size": c.n_embd if hasattr(c, "n_embd") else c.hidden_size,
-            "n_layers": getattr(c, "n_layer", None) or c.num_hidden_layers}
+    frozen, trainable = parameter_bytes(model)
+    autocast = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
+    bf16 = autocast or any(p.dtype == torch.bfloat16 for p in model.parameters())
+    return {"frozen_bytes": frozen, "trainable_bytes": trainable, "compute_bytes": 2 if bf16 else 4,
+            "hidden_size": c.n_embd if hasattr(c, "n_embd") else c.hidden_size,
+            "n_layers": getattr(c, "n_layer", None) or c.num_hidden_layers,
+            "n_heads": getattr(c, "n_head", None) or getattr(c, "num_attention_heads", None),
+            "adapter_features": adapter_input_features(model),
+            "gradient_checkpointing": bool(cfg.train.gradient_checkpointing)}
 
 
 def allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None:
@@ -93,10 +103,7 @@ class StepPlan:
     speeds: list[float]
     assignment: object
     mine: list[MicroBatch]
-
-    @property
-    def target_tokens(self) -> int:
-        return sum(L - 1 for L in self.lengths)
+    target_tokens: int              # what the global loss divides by (data.Split: completions, assistant turns)
 
 
 class Worker:
@@ -142,8 +149,9 @@ class Worker:
         if spec.base_weights:           # the cache is verified (size, sha256) before its weights are loaded
             from slurm_router.base_cache import verify_before_load
             verify_before_load(spec.base_weights)
-        self.model = build_model(cfg.model, self.tokenizer.vocab_size, cfg.seed, spec.base_weights,
-                                 lora=spec.lora).to(self.device)
+        self.model = build_model(cfg.model, self.tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora,
+                                 device=self.device, gradient_checkpointing=cfg.train.gradient_checkpointing
+                                 ).to(self.device)
         if cfg.train.compile:
             compile_backbone(self.model)
         self.params = trainable_parameters(self.model)
@@ -151,8 +159,8 @@ class Worker:
         self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
         self.telemetry = Telemetry(self.device)
         self.settings = RouterSettings.from_config(cfg.router)
-        mem_model = MemoryModel.from_model_sizes(n_params=self.n_params, n_trainable_params=self.n_trainable,
-                                                 **_model_shape(self.model), vocab_size=self.tokenizer.vocab_size)
+        mem_model = MemoryModel.from_model_bytes(**_model_shape(self.model, cfg, self.device),
+                                                 vocab_size=self.tokenizer.vocab_size)
         self.mem_sim, total = None, self.telemetry.total_bytes()
         if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
             self.mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
@@ -242,7 +250,7 @@ class Worker:
             return Diverged(step, loss, self.spec.lr)
         every_eval = self.cfg.train.eval_every
         if every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps:
-            self.evaluate(step + 1)
+            self.keep_best(step + 1, self.evaluate(step + 1))
         signum = max(s.stop for s in stats)
         stop = signum and step + 1 < self.spec.steps       # a stop during the last step: finishing is quicker
         every = self.cfg.train.checkpoint_every
@@ -259,8 +267,9 @@ class Worker:
         ids = self.sampler.batch(step)
         lengths = [int(self.corpus.train.lengths[i]) for i in ids]
         speeds = [d.speed for d in self.router.device_states()]
-        assignment = self.router.plan(ids, lengths)
-        return StepPlan(ids, lengths, speeds, assignment, list(assignment.per_device[self.rank]))
+        assignment = self.router.plan(ids, lengths)       # the router's cost counts every token (lengths)
+        return StepPlan(ids, lengths, speeds, assignment, list(assignment.per_device[self.rank]),
+                        self.corpus.train.count_targets(ids))
 
     def sync(self, local_loss_sum: float, total_tokens: int) -> float:
         """Gradients summed over replicas and divided by the global token count; the global loss sum."""
@@ -327,17 +336,33 @@ class Worker:
     def finish(self) -> dict | None:
         """The final held-out loss; rank 0's result (and the base weights, for a base stage)."""
         val_loss = self.evaluate(self.spec.steps)
-        result = None
+        result, saved = None, {}
         if self.rank == 0:
             tail = self.train_losses[-max(1, len(self.train_losses) // 10):]
             result = {"val_loss": val_loss, "train_loss": sum(tail) / len(tail), "steps": self.spec.steps}
             if self.spec.save_weights:
                 from slurm_router import base_cache
-                from slurm_router.train.model import base_state_dict
-                base_cache.save(base_state_dict(self.model), self.spec.save_weights, result)
+                from slurm_router.train.byte_tokenizer import to_transformers
+                base_cache.save(self.model, self.spec.save_weights, result,
+                                to_transformers(self.tokenizer, self.cfg.model.get("n_positions")))
+            else:           # the variant's adapter (adapters.py); the result names it
+                saved = self.adapters.final(self.model, self.spec.steps, val_loss)
         self.events.write(ev.EndRow(exit_state="completed", **(result or {})))
         self.close()
-        return result
+        return {**result, **saved} if result is not None else None
+
+    @property
+    def adapters(self):
+        """Rank 0 of a variant: what saves its adapters (adapters.AdapterSaver), made on first use."""
+        if getattr(self, "_adapters", None) is None:
+            from slurm_router.adapters import AdapterSaver
+            self._adapters = AdapterSaver(self.spec, self.cfg, self.tokenizer)
+        return self._adapters
+
+    def keep_best(self, step: int, val_loss: float) -> None:
+        """After an in-training evaluation: rank 0 of a variant saves adapter-best/ if this one improves it."""
+        if self.rank == 0 and not self.spec.save_weights:
+            self.adapters.after_eval(self.model, step, val_loss)
 
     def diverged(self, d: Diverged) -> dict | None:
         """The loss went non-finite: a variant's result says so (the run goes on, the report lists it as

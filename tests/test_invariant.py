@@ -71,3 +71,43 @@ def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
     if any("max_tokens_per_microbatch" in a for a in args):
         assert max(r["micro"] for r in micro) >= 1
         assert all(r["n_tokens"] + r["n_pad_tokens"] <= 200 or r["n_samples"] == 1 for r in micro)
+
+
+# Masked targets (issue 13): prompt/completion data, the loss and its divisor cover the completions only (the
+# router's cost still counts every token). Some prompts outgrow data.max_len and are truncated. The same invariant.
+MASKED = ["data=jsonl", "data.prompt_field=prompt", "data.completion_field=completion"]
+
+
+@pytest.fixture(scope="module")
+def masked_data(tmp_path_factory):
+    from tiny_checkpoints import prompt_completion_rows, write_jsonl
+    return write_jsonl(tmp_path_factory.mktemp("masked") / "pc.jsonl", prompt_completion_rows(80))
+
+
+@pytest.fixture(scope="module")
+def masked_reference(tmp_path_factory, masked_data):
+    return _losses(tmp_path_factory.mktemp("masked_ref"), *MASKED, f"data.path={masked_data}",
+                   "resources.devices_per_task=1", "router=round_robin")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("args", [
+    ["resources.devices_per_task=2", "router=round_robin"],
+    ["resources.devices_per_task=3", "router=least_loaded"],
+    ["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[64,96]"],
+    # balanced with heterogeneous speeds, split micro-batches and the chunked loss (its host-side target index)
+    ["resources.devices_per_task=3", "router=balanced", "router.device_slowdown=[1.0,2.0,4.0]",
+     "router.max_tokens_per_microbatch=300", "train.loss_chunk_tokens=64"],
+], ids=["masked-2dev-round_robin", "masked-3dev-least_loaded", "masked-3dev-affinity", "masked-3dev-balanced-split"])
+def test_masked_targets_same_loss_curve(tmp_path, masked_reference, masked_data, args):
+    losses = _losses(tmp_path, *MASKED, f"data.path={masked_data}", *args)
+    assert len(losses) == len(masked_reference) == 6
+    assert masked_reference[-1] < masked_reference[0], "the reference run did not learn"
+    for step, (a, b) in enumerate(zip(masked_reference, losses)):
+        assert b == pytest.approx(a, rel=RTOL), f"step {step}: {b} vs {a} with {args}"
+    micro = _micro_rows(tmp_path)
+    assert {r["device"] for r in micro} == set(range(int(args[0].split("=")[1])))
+    steps = [r for f in (tmp_path / "runs").rglob("events-rank0.jsonl") for r in read_events(f)
+             if r["event"] == "step"]
+    # only the completions are targets: far fewer than the tokens computed (n - 1 per sample without masks)
+    assert all(0 < s["n_target_tokens"] < (s["n_tokens"] - s["n_samples"]) / 2 for s in steps)

@@ -7,6 +7,14 @@ length^2 term is eager attention scores (near zero with flash / SDPA kernels, wh
 `scale` >= 1 is what an out-of-memory error teaches: the prediction for the size that failed is lifted above
 the limit it hit. One model is shared by all devices of a job: they train the same variant, so the bytes per
 token are the same; what differs per device is the budget, which the Router keeps.
+
+The seed (from_model_bytes), before anything is measured, and its bound (tests/test_hf_models.py checks it on
+GPT-2- and Llama-shaped models built on the meta device, frozen weights in fp32 and in bf16):
+- fixed: exactly the bytes of the weights, each at its own dtype, plus the gradients and Adam's m and v of the
+  trainable ones (as the trainable weights: fp32);
+- activations (per token and per len^2): within a factor of 2 of the bytes autograd saves for backward with
+  eager attention. The seed is an estimate of what is kept, not of the allocator's transient peak; the online
+  fit and the OOM scale correct both after the first steps.
 """
 from __future__ import annotations
 
@@ -34,24 +42,44 @@ class MemoryModel:
         self._cache: dict[tuple[int, int], int] = {}
 
     @classmethod
-    def from_model_sizes(cls, n_params: int, n_trainable_params: int, hidden_size: int, n_layers: int,
-                         vocab_size: int, bytes_per_param: int = 4, n_heads: int | None = None,
-                         adam_state_bytes: int = 8, workspace_bytes: int = 0) -> "MemoryModel":
-        """Seed terms from the model shape (the online fit corrects them after a few steps).
+    def from_model_bytes(cls, frozen_bytes: int, trainable_bytes: int, hidden_size: int, n_layers: int,
+                         vocab_size: int, compute_bytes: int = 4, n_heads: int | None = None,
+                         adapter_features: int = 0, gradient_checkpointing: bool = False,
+                         workspace_bytes: int = 0) -> "MemoryModel":
+        """Seed terms from the model's own byte counts and shape (the online fit corrects them after a few steps).
 
-        fixed:     all weights (bytes_per_param) + grads of trainable ones + Adam m and v (fp32) of trainable ones
+        frozen_bytes / trainable_bytes: sum of numel * element_size over the frozen / trainable parameters
+        (model.parameter_bytes); compute_bytes: 2 when activations are bf16 (autocast, or bf16 frozen weights),
+        4 in fp32; adapter_features: per token, the input features of the LoRA-adapted layers.
+
+        fixed:     frozen weights at their dtype + trainable weights, their gradients and Adam m and v, each the
+                   size of the trainable weights: frozen + 4 * trainable
         per token: transformer activations ~34 * hidden bytes per layer at 2-byte precision (Korthikanti et al.
                    2022, "Reducing Activation Recomputation in Large Transformer Models"), scaled to
-                   bytes_per_param; plus logits, their gradient and an fp32 log-softmax: vocab * (2b + 4)
+                   compute_bytes; each adapted layer's input again for its fp32 LoRA branch (4 bytes a feature);
+                   plus logits, their gradient and an fp32 log-softmax: vocab * (2 * compute_bytes + 4).
+                   Gradient checkpointing keeps only each layer's input (hidden * compute_bytes) and one layer's
+                   activations at a time (recomputed in backward)
         per len^2: eager attention keeps scores, softmax and dropout mask: ~5 * heads bytes per layer at 2 bytes
         """
         heads = n_heads or max(1, hidden_size // 64)
-        act_scale = bytes_per_param / 2
-        fixed = (n_params * bytes_per_param + n_trainable_params * (bytes_per_param + adam_state_bytes)
-                 + workspace_bytes)
-        per_token = n_layers * 34 * hidden_size * act_scale + vocab_size * (2 * bytes_per_param + 4)
-        per_len2 = n_layers * 5 * heads * act_scale
+        act_scale = compute_bytes / 2
+        fixed = frozen_bytes + 4 * trainable_bytes + workspace_bytes
+        layer = 34 * hidden_size * act_scale + 4 * adapter_features / n_layers   # one layer's, per token
+        kept = n_layers * hidden_size * compute_bytes + layer if gradient_checkpointing else n_layers * layer
+        per_token = kept + vocab_size * (2 * compute_bytes + 4)
+        per_len2 = (1 if gradient_checkpointing else n_layers) * 5 * heads * act_scale
         return cls(fixed, per_token, per_len2)
+
+    @classmethod
+    def from_model_sizes(cls, n_params: int, n_trainable_params: int, hidden_size: int, n_layers: int,
+                         vocab_size: int, bytes_per_param: int = 4, n_heads: int | None = None,
+                         workspace_bytes: int = 0) -> "MemoryModel":
+        """from_model_bytes when only parameter counts are known: the frozen weights at bytes_per_param (also the
+        activations' precision), the trainable ones in fp32."""
+        return cls.from_model_bytes((n_params - n_trainable_params) * bytes_per_param, 4 * n_trainable_params,
+                                    hidden_size, n_layers, vocab_size, compute_bytes=bytes_per_param,
+                                    n_heads=n_heads, workspace_bytes=workspace_bytes)
 
     # ---- prediction -------------------------------------------------------------------------------------
     def predict(self, padded_tokens: int, n_samples: int, max_len: int) -> int:

@@ -1,8 +1,11 @@
-"""Corpora -> token samples, a deterministic train/val split, and the seeded global-batch sampler.
+"""Corpora -> token samples with target masks, a deterministic train/val split, and the seeded global-batch sampler.
 
-A sample is one piece of a document: documents are cut at `data.split_on` (for Python source: top-level
-definitions), then into pieces of at most `data.max_len` tokens, each starting with the end-of-text token.
-So lengths vary like real fine-tuning data, which is what the router balances.
+Plain text: documents are cut at `data.split_on` (for Python source: top-level definitions), then into pieces
+of at most `data.max_len` tokens, each starting with the start token (BOS, or end-of-text where the tokenizer
+has no BOS); every token but the first is a target. So lengths vary like real fine-tuning data, which is what the
+router balances. Prompt/completion and chat records (records.py, chat.py) are one sample each, whose targets
+are the completion (+ a closing end-of-text) or the assistant turns; one longer than `data.max_len` keeps its
+first max_len tokens, and is left out if that leaves it no target (docs/ARCHITECTURE.md, "Target masks").
 """
 from __future__ import annotations
 
@@ -17,15 +20,19 @@ from typing import Iterator
 import numpy as np
 
 from slurm_router.config import UserError
+from slurm_router.train.chat import ChatError, chat_tokens
+from slurm_router.train.records import Fields, checked_records, jsonl_rows, read_bytes, record_fields, records
 
 MAX_FILE_BYTES = 64 << 20          # a single text file above this is almost surely not a text corpus
 
 
 class ByteTokenizer:
-    """Bytes are tokens 0-255; 256 is end-of-text (also used as padding, which the loss masks out)."""
+    """Bytes are tokens 0-255; 256 is end-of-text: it starts every sample, ends a prompt/completion one and pads
+    (padding is never a target). It has no chat template: chat data needs model=hf."""
     vocab_size = 257
     eot_id = 256
     pad_id = 256
+    start_id = 256
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8", errors="replace"), dtype=np.uint8).astype(np.int32)
@@ -41,6 +48,7 @@ class HFTokenizer:
     data, which it would otherwise turn into no tokens)."""
 
     def __init__(self, path: str, setting: str = "model.name_or_path"):
+        self.path, self.setting = path, setting
         fix = (f"save the tokenizer beside the weights (tokenizer.save_pretrained('{path}')) or copy its files "
                "from the model this checkpoint was trained from")
         if not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
@@ -58,10 +66,29 @@ class HFTokenizer:
                             f"model's vocab_size={model_vocab} (config.json): they come from different models; "
                             f"{fix}")
         self.eot_id = self.tok.eos_token_id if self.tok.eos_token_id is not None else 0
+        # a sample starts with BOS (Llama), else with EOS as a separator (GPT-2, Qwen2); padding, never a
+        # target, is the pad token or else EOS
+        self.start_id = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.eot_id
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eot_id
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tok.encode(text, add_special_tokens=False), dtype=np.int32)
+
+    def check_chat(self) -> None:
+        """Chat data is rendered with the tokenizer's chat template and located by character offsets."""
+        if not self.tok.chat_template:
+            raise UserError(f"{self.setting}: the tokenizer in {self.path} has no chat template, which "
+                            "data.messages_field needs: save one beside it (tokenizer.chat_template = TEMPLATE; "
+                            f"tokenizer.save_pretrained('{self.path}') writes chat_template.jinja), or give the data "
+                            "as data.prompt_field + data.completion_field")
+        if not self.tok.is_fast:
+            raise UserError(f"{self.setting}: the tokenizer in {self.path} is a slow (Python) tokenizer without "
+                            "character offsets, which data.messages_field needs: save its fast version beside it "
+                            "(tokenizer.json)")
+
+    def chat(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, is-target mask): the assistant turns of the conversation rendered with the chat template."""
+        return chat_tokens(self.tok, messages)
 
 
 def _config_value(config: Path, key: str):
@@ -79,10 +106,14 @@ def make_tokenizer(model_cfg):
 
 @dataclass
 class Split:
-    """Samples stored flat: tokens[starts[i]:starts[i] + lengths[i]] is sample i."""
+    """Samples stored flat: tokens[starts[i]:starts[i] + lengths[i]] is sample i; is_target over the same range
+    says which of its tokens are targets (predicted from the token before: never the first), n_targets[i] counts
+    them. The loss and its token count use the targets; the router's cost uses lengths (every token computed)."""
     tokens: np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
+    is_target: np.ndarray
+    n_targets: np.ndarray
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -91,14 +122,30 @@ class Split:
         s = self.starts[i]
         return self.tokens[s:s + self.lengths[i]]
 
+    def target_mask(self, i: int) -> np.ndarray:
+        s = self.starts[i]
+        return self.is_target[s:s + self.lengths[i]]
+
+    def count_targets(self, ids) -> int:
+        """Target tokens of these samples: the global batch's loss divides by this."""
+        return int(self.n_targets[np.asarray(ids, dtype=np.int64)].sum()) if len(ids) else 0
+
     @classmethod
-    def build(cls, samples: list[np.ndarray]) -> "Split":
+    def build(cls, samples: list[np.ndarray], masks: list[np.ndarray | None] | None = None) -> "Split":
+        """masks[i] None (or no masks): plain text, every token but the first is a target."""
         lengths = np.array([len(s) for s in samples], dtype=np.int64)
         starts = np.zeros(len(samples), dtype=np.int64)
         if len(samples):
             starts[1:] = np.cumsum(lengths)[:-1]
         flat = np.concatenate(samples).astype(np.int32) if samples else np.zeros(0, np.int32)
-        return cls(flat, starts, lengths)
+        is_target = np.ones(len(flat), dtype=bool)
+        is_target[starts[lengths > 0]] = False
+        for i, m in enumerate(masks or []):
+            if m is not None:
+                is_target[starts[i]:starts[i] + lengths[i]] = m
+                is_target[starts[i]] = False
+        running = np.concatenate(([0], np.cumsum(is_target, dtype=np.int64)))
+        return cls(flat, starts, lengths, is_target, running[starts + lengths] - running[starts])
 
 
 @dataclass
@@ -107,6 +154,20 @@ class Corpus:
     val: Split
     n_documents: int
     description: str
+    max_len: int = 0
+    n_truncated: int = 0            # prompt/completion or chat samples cut to data.max_len (kept)
+    n_dropped: int = 0              # ... whose every target token the cut removed (left out)
+    n_without_targets: int = 0      # conversations without an assistant turn: nothing to learn (left out)
+
+    def counts_note(self) -> str:
+        """What data.max_len cut or left out, for the data line the command prints ('' when nothing)."""
+        notes = []
+        if self.n_truncated or self.n_dropped:
+            notes.append(f"{self.n_truncated} truncated to data.max_len={self.max_len}, {self.n_dropped} dropped "
+                         "(no target tokens left)")
+        if self.n_without_targets:
+            notes.append(f"{self.n_without_targets} without an assistant turn left out")
+        return "".join(f"; {n}" for n in notes)
 
 
 def _is_val(name: str, val_fraction: float) -> bool:
@@ -161,83 +222,101 @@ def _text_files(root: Path) -> list[Path]:
 
 
 def _read(p: Path) -> bytes:
-    try:
-        return p.read_bytes()
-    except OSError as e:
-        raise UserError(f"data file {p} cannot be read ({e.strerror or type(e).__name__}): "
-                        "make it readable or remove it") from None
-
-
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-               bool: "a boolean", type(None): "null"}
+    return read_bytes(p)
 
 
 def jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
-    """JSON Lines as the format defines them: one JSON object a line, and lines end at '\\n' only, never at
-    U+2028, U+0085 or the others str.splitlines() splits at (json.dumps(..., ensure_ascii=False) writes those
-    raw inside strings); CRLF line ends, a UTF-8 byte order mark, blank lines and a last line without '\\n'
-    all load."""
-    p = Path(os.path.expanduser(path))
-    if p.is_symlink() and not p.exists():
-        raise UserError(f"data.path={path!r} is a dangling symbolic link (to {os.readlink(p)}): fix it")
-    if p.is_dir():
-        raise UserError(f"data.path={path!r} is a folder, not a file: give a .jsonl file with one JSON object a "
-                        "line (data=text_dir reads a folder of text files)")
-    if not p.is_file():
-        raise UserError(f"data.path={path!r} is not a file: give a .jsonl file with one JSON object a line")
-    raw = _read(p)
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"data file {p} is not UTF-8 (line {line}, byte {e.start}): convert it to UTF-8") from None
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"line {n} of {p} is not valid JSON ({e.msg}): one JSON object a line") from None
-        except RecursionError:
-            raise UserError(f"line {n} of {p} is JSON nested too deeply to read: one JSON object a line") from None
-        if not isinstance(row, dict):
-            raise UserError(f"line {n} of {p} is a JSON {_JSON_TYPES[type(row)].split()[-1]}, not an object with "
-                            f"a {field!r} field: data=jsonl reads one object a line, e.g. {{\"{field}\": \"...\"}}")
-        if field not in row:
-            fields = ", ".join(map(repr, list(row)[:8])) or "none"
-            raise UserError(f"line {n} of {p} has no field {field!r} (its fields: {fields}): set data.text_field "
-                            "to the field holding the text")
-        if not isinstance(row[field], str):
-            raise UserError(f"line {n} of {p}: field {field!r} is {_JSON_TYPES[type(row[field])]}, not a string: "
-                            "set data.text_field to the field holding the text")
-        yield f"{n}", row[field]
+    """(line number, text) of a JSON Lines file of texts in `field` (records.jsonl_rows says what loads)."""
+    fields = Fields("text", ("text_field",), (field,))
+    for name, _, text in checked_records(jsonl_rows(path, fields), fields):
+        yield name, text
 
 
-def _pieces(tokens: np.ndarray, max_len: int, eot: int) -> Iterator[np.ndarray]:
+def _pieces(tokens: np.ndarray, max_len: int, start: int) -> Iterator[np.ndarray]:
     body = max_len - 1
     for i in range(0, len(tokens), body):
-        yield np.concatenate(([eot], tokens[i:i + body])).astype(np.int32)
+        yield np.concatenate(([start], tokens[i:i + body])).astype(np.int32)
+
+
+def _documents(data_cfg, fields: Fields) -> Iterator[tuple[str, str, object]]:
+    """(name, where, record) of every document or row; the name decides its side of the train/val split."""
+    if data_cfg.kind in ("jsonl", "parquet"):
+        yield from records(data_cfg, fields)
+        return
+    docs = stdlib_documents() if data_cfg.kind == "stdlib" else text_dir_documents(data_cfg.path)
+    for name, text in docs:
+        yield name, name, text
+
+
+def _prompt_completion(tokenizer, prompt: str, completion: str) -> tuple[np.ndarray, np.ndarray]:
+    """start + prompt + completion + end-of-text; the completion and the end-of-text (the model learns to stop)
+    are the targets. Prompt and completion are tokenized apart, so no token straddles the two."""
+    p, c = tokenizer.encode(prompt), tokenizer.encode(completion)
+    tokens = np.concatenate(([tokenizer.start_id], p, c, [tokenizer.eot_id])).astype(np.int32)
+    mask = np.zeros(len(tokens), dtype=bool)
+    mask[1 + len(p):] = True
+    return tokens, mask
+
+
+def _chat(tokenizer, messages: list[dict], where: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        return tokenizer.chat(messages)
+    except ChatError as e:
+        raise UserError(f"{where}: {e} ({tokenizer.setting})") from None
+
+
+def _check_chat(tokenizer, data_cfg) -> None:
+    if not hasattr(tokenizer, "chat"):
+        raise UserError(f"data.messages_field={data_cfg.messages_field}: chat data is rendered with the "
+                        "tokenizer's chat template, and model=gpt2 models (a byte-level tokenizer) have none: use "
+                        "model=hf model.name_or_path=CHECKPOINT, a checkpoint whose tokenizer has a chat template")
+    tokenizer.check_chat()
 
 
 def build_corpus(data_cfg, tokenizer) -> Corpus:
-    """Tokenize and split. Raises UserError for a missing path or an empty corpus."""
+    """Read, tokenize with target masks, truncate and split. Raises UserError for a missing path, a bad row (named
+    by its line or row), chat data without a chat template, or nothing left to train on."""
     if data_cfg.kind == "synthetic":
         return synthetic_corpus(data_cfg, tokenizer)
-    if data_cfg.kind in ("text_dir", "jsonl") and not data_cfg.path:
+    fields = record_fields(data_cfg)
+    if data_cfg.kind != "stdlib" and not data_cfg.path:
         raise UserError(f"data.path is required with data={data_cfg.kind}: add data.path=/your/path")
-    docs = {"stdlib": lambda: stdlib_documents(),
-            "text_dir": lambda: text_dir_documents(data_cfg.path),
-            "jsonl": lambda: jsonl_documents(data_cfg.path, data_cfg.text_field)}[data_cfg.kind]()
-    train, val, n_docs = [], [], 0
-    for name, text in docs:
+    if fields.format == "chat":
+        _check_chat(tokenizer, data_cfg)
+    max_len, sides, n_docs = data_cfg.max_len, {False: [], True: []}, 0
+    n_truncated = n_dropped = n_without_targets = 0
+    for name, where, record in _documents(data_cfg, fields):
         if data_cfg.max_documents and n_docs >= data_cfg.max_documents:
             break
         n_docs += 1
-        target = val if _is_val(name, data_cfg.val_fraction) else train
-        for part in text.split(data_cfg.split_on) if data_cfg.split_on else [text]:
-            if part.strip():
-                target.extend(_pieces(tokenizer.encode(part), data_cfg.max_len, tokenizer.eot_id))
+        side = sides[_is_val(name, data_cfg.val_fraction)]
+        if fields.format == "text":
+            for part in record.split(data_cfg.split_on) if data_cfg.split_on else [record]:
+                if part.strip():
+                    side.extend((p, None) for p in _pieces(tokenizer.encode(part), max_len, tokenizer.start_id))
+            continue
+        tokens, mask = (_prompt_completion(tokenizer, *record) if fields.format == "prompt_completion"
+                        else _chat(tokenizer, record, where))
+        if not mask[1:].any():          # the first token is never a target: nothing predicts it
+            n_without_targets += 1
+            continue
+        if len(tokens) > max_len:       # keep the start (the prompt, the first turns); the rest is cut
+            tokens, mask = tokens[:max_len], mask[:max_len]
+            if not mask[1:].any():
+                n_dropped += 1
+                continue
+            n_truncated += 1
+        side.append((tokens, mask))
+    train, val = sides[False], sides[True]
     where = data_cfg.path or "the standard library"
+    if not train and n_dropped:
+        raise UserError(f"no training sample is left: data.max_len={max_len} cuts every target token out of "
+                        f"{n_dropped} sample(s) of {where!r} (their prompts or first turns are longer): raise "
+                        "data.max_len or shorten the prompts")
+    if not train and n_without_targets:
+        raise UserError(f"no conversation of {where!r} has an assistant turn (data.messages_field="
+                        f"{data_cfg.messages_field}): the loss covers the assistant turns only, so there is nothing "
+                        "to learn; check the roles")
     if not train:
         raise UserError(f"the corpus at {where!r} has no training text (data={data_cfg.kind}): "
                         "point data.path at non-empty text")
@@ -246,7 +325,9 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
         val.append(train.pop())
         if not train:
             raise UserError(f"the corpus at {where!r} is too small: it needs at least two text samples")
-    return Corpus(Split.build(train), Split.build(val), n_docs, f"{data_cfg.kind}:{where}")
+    label = {"text": "", "prompt_completion": " (prompt/completion)", "chat": " (chat)"}[fields.format]
+    return Corpus(*(Split.build([t for t, _ in s], [m for _, m in s]) for s in (train, val)), n_docs,
+                  f"{data_cfg.kind}:{where}{label}", max_len, n_truncated, n_dropped, n_without_targets)
 
 
 def synthetic_corpus(data_cfg, tokenizer) -> Corpus:
@@ -263,7 +344,7 @@ def synthetic_corpus(data_cfg, tokenizer) -> Corpus:
     vocab = min(tokenizer.vocab_size, 256)
     samples = [np.concatenate(([tokenizer.eot_id], rng.integers(0, vocab, int(L) - 1))) for L in lengths]
     n_val = max(1, int(n * data_cfg.val_fraction))
-    return Corpus(Split.build(samples[n_val:]), Split.build(samples[:n_val]), n, "synthetic")
+    return Corpus(Split.build(samples[n_val:]), Split.build(samples[:n_val]), n, "synthetic", data_cfg.max_len)
 
 
 class GlobalBatchSampler:

@@ -27,7 +27,8 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
 def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = 0,
                    n_targets: int | None = None, target_index: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, int]:
-    """(sum of next-token losses over real targets, number of real targets). labels are -100 at padding.
+    """(sum of next-token losses over real targets, number of real targets). labels are -100 at every token
+    that is not a target: padding, and for masked data the prompt or the non-assistant turns.
 
     Samples are right-padded, so under causal attention no real token ever attends to a pad: no attention
     mask is passed, which keeps SDPA on its fused causal path (an explicit mask forces a slower kernel).
@@ -57,8 +58,17 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.T
     return total, n_targets
 
 
-def target_positions(lengths: list[int], width: int) -> tuple[int, torch.Tensor]:
-    """(number of real targets, their flat positions) in a right-padded batch of these sample lengths."""
+def target_positions(lengths: list[int], width: int, masks: list[np.ndarray] | None = None
+                     ) -> tuple[int, torch.Tensor]:
+    """(number of real targets, their flat positions) in a right-padded batch of these sample lengths. The loss
+    of row r at position t predicts token t + 1. Without masks every token but the first is a target (plain
+    text); masks[r][j] says whether token j of row r is (data.Split.target_mask: completions, assistant turns)."""
+    if masks is not None:
+        is_target = np.zeros((len(lengths), width + 1), dtype=bool)
+        for r, m in enumerate(masks):
+            is_target[r, :len(m)] = m
+        index = np.flatnonzero(is_target[:, 1:])            # token j is a target -> position j - 1 predicts it
+        return len(index), torch.from_numpy(index.astype(np.int64))
     per_row = np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)      # targets t = 0 .. n-2 of each row
     offsets = np.arange(int(per_row.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_row) - per_row, per_row)
     index = np.repeat(np.arange(len(per_row), dtype=np.int64) * width, per_row) + offsets

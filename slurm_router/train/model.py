@@ -1,7 +1,9 @@
-"""The model: a GPT-2-shaped causal LM built from a transformers config (no download) or a local checkpoint,
-optionally wrapped in a peft LoRA adapter."""
+"""The model: a causal LM built from a transformers config (model=gpt2_*: GPT-2-shaped, no download) or loaded
+from a local checkpoint (model=hf: any architecture AutoModelForCausalLM loads), wrapped in a peft LoRA adapter
+for a variant. Frozen weights in model.dtype, trainable weights in fp32 (docs/ARCHITECTURE.md, "The model")."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import warnings
@@ -10,42 +12,121 @@ from pathlib import Path
 
 import torch
 
-from slurm_router.config import UserError
+from slurm_router.config import UserError, check_target_modules, target_module_names
 
 # What transformers loads a causal LM's weights from, in its order of preference.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
 
-def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None = None,
-                lora: bool = True) -> torch.nn.Module:
-    """Same seed -> the same initial weights on every worker (replicas start identical)."""
+def frozen_dtype(model_cfg, device: torch.device | str | None = None) -> torch.dtype:
+    """model.dtype of the frozen weights: auto is bf16 on a GPU (half the bytes of fp32), fp32 on CPU."""
+    if model_cfg.dtype == "bf16" or (model_cfg.dtype == "auto" and torch.device(device or "cpu").type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None = None, lora: bool = True,
+                device: torch.device | str | None = None, gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """The model a task trains, on the CPU (the caller moves it to `device`, which decides model.dtype=auto).
+
+    Weights: base_weights (a folder: the base stage's save_pretrained cache; a file: a state dict) over the
+    checkpoint at model.name_or_path (model=hf) or a GPT-2 built from model_cfg. Same seed -> the same initial
+    weights on every worker (replicas start identical); the LoRA weights are seeded with seed + 1. A LoRA variant
+    keeps its frozen weights in model.dtype and its trainable LoRA weights in fp32 (peft's
+    autocast_adapter_dtype); full training (the base stage, model.lora.enabled=false) keeps fp32 master weights
+    whatever model.dtype says (autocast still computes in bf16 on a GPU)."""
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    adapt = lora and model_cfg.lora.enabled
+    dtype = frozen_dtype(model_cfg, device) if adapt else torch.float32
     torch.manual_seed(seed)
-    if model_cfg.kind == "hf":
-        model = AutoModelForCausalLM.from_pretrained(os.path.expanduser(model_cfg.name_or_path),
-                                                     local_files_only=True, torch_dtype=torch.float32)
+    folder = base_weights if base_weights and os.path.isdir(base_weights) else None
+    if folder or model_cfg.kind == "hf":
+        model = AutoModelForCausalLM.from_pretrained(folder or os.path.expanduser(model_cfg.name_or_path),
+                                                     local_files_only=True, dtype=dtype)
     else:
         # Dropout off: routing must never change the math, and dropout masks would depend on the split.
         config = GPT2Config(vocab_size=vocab_size, n_positions=model_cfg.n_positions, n_embd=model_cfg.n_embd,
                             n_layer=model_cfg.n_layer, n_head=model_cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
                             attn_pdrop=0.0, bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
         model = GPT2LMHeadModel(config)
-    if base_weights:
-        state = torch.load(base_weights, map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
-    if lora and model_cfg.lora.enabled:
+    if base_weights and not folder:
+        model.load_state_dict(torch.load(base_weights, map_location="cpu", weights_only=True))
+    if not folder and model_cfg.kind != "hf":
+        model.to(dtype)     # built in fp32 (the seeded init), kept in dtype; from_pretrained loaded it in dtype
+    if gradient_checkpointing:      # layer activations recomputed in backward; a KV cache is of no use in training
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if adapt:
         from peft import LoraConfig, get_peft_model
-        cfg = LoraConfig(r=model_cfg.lora.r, lora_alpha=model_cfg.lora.alpha, lora_dropout=model_cfg.lora.dropout,
-                         target_modules=list(model_cfg.lora.target_modules), task_type="CAUSAL_LM")
+        lc = model_cfg.lora
+        cfg = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, use_rslora=lc.use_rslora,
+                         use_dora=lc.use_dora, target_modules=lora_targets(model_cfg, model), task_type="CAUSAL_LM")
         with warnings.catch_warnings():
             # GPT-2's Conv1D layers make peft warn about fan_in_fan_out; peft handles it.
             warnings.simplefilter("ignore")
             torch.manual_seed(seed + 1)
-            model = get_peft_model(model, cfg)
-    return model
+            model = get_peft_model(model, cfg)    # autocast_adapter_dtype (default): LoRA weights in fp32
+    return model.train()        # from_pretrained returns a model in eval mode
+
+
+def lora_targets(model_cfg, model: torch.nn.Module) -> str | list[str] | None:
+    """peft's target_modules for model.lora.target_modules: auto -> None (peft's own default layers for this
+    architecture, e.g. q_proj and v_proj for Llama) or all-linear where peft has none; all-linear; a list."""
+    names = target_module_names(model_cfg.lora.target_modules)
+    if names is not None:
+        return names
+    if model_cfg.lora.target_modules == "auto":
+        from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+        return None if model.config.model_type in PEFT_DEFAULTS else "all-linear"
+    return "all-linear"
+
+
+def lora_layers(model: torch.nn.Module) -> list[str]:
+    """The dotted names of the layers peft's LoRA can adapt (linear, embedding, convolution)."""
+    from transformers.pytorch_utils import Conv1D
+    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
+    return [name for name, m in model.named_modules() if name and isinstance(m, kinds)]
+
+
+def check_architecture(model_cfg, where: str = "") -> None:
+    """model=hf, before anything is written: the checkpoint is a causal LM transformers knows, and
+    model.lora.target_modules names layers it has (UserError listing the ones it has). Its architecture is
+    built on the meta device from config.json: no memory, no weights read."""
+    model = meta_model(os.path.expanduser(model_cfg.name_or_path), model_cfg.name_or_path)
+    names = target_module_names(model_cfg.lora.target_modules, where) if model_cfg.lora.enabled else None
+    if names:
+        check_target_modules(names, lora_layers(model), type(model).__name__, where)
+
+
+@functools.lru_cache(maxsize=8)
+def meta_model(path: str, setting: str) -> torch.nn.Module:
+    """The causal LM of the checkpoint at `path` on the meta device (shapes and names only)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    where = f"model.name_or_path={setting!r}"
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:          # an unknown model_type, custom code, a config transformers cannot parse
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"{where}: transformers cannot read the config.json of {path} ({first}): give a "
+                        "causal-LM checkpoint saved with save_pretrained") from None
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise UserError(f"{where}: the checkpoint is a {config.model_type} model ({type(config).__name__}), not a "
+                        "causal language model AutoModelForCausalLM can load: give a decoder-only checkpoint "
+                        "(llama, qwen2, mistral, gpt2, ...)")
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"{where}: transformers cannot build the {config.model_type} model its config.json "
+                        f"describes ({first}): fix config.json or save the model again") from None
 
 
 def check_checkpoint(model_cfg, max_len: int) -> None:
@@ -130,6 +211,23 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     return total, sum(p.numel() for p in trainable_parameters(model))
+
+
+def parameter_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """(frozen, trainable) weight bytes, each parameter at its own dtype (tied weights counted once)."""
+    frozen = trainable = 0
+    for p in model.parameters():
+        if p.requires_grad:
+            trainable += p.numel() * p.element_size()
+        else:
+            frozen += p.numel() * p.element_size()
+    return frozen, trainable
+
+
+def adapter_input_features(model: torch.nn.Module) -> int:
+    """Per token, the input features of every LoRA-adapted layer (the memory model's adapter activations)."""
+    return sum(a.in_features for m in model.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
+               for a in m.lora_A.values())
 
 
 def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
