@@ -58,12 +58,15 @@ def _device_name(device: torch.device) -> str:
 
 def _model_shape(model, cfg, device: torch.device) -> dict:
     """What the memory model's seed needs (MemoryModel.from_model_bytes): the weights' real bytes, the shape,
-    and the activations' precision (bf16 under autocast, microbatch.autocast, or with bf16 frozen weights)."""
+    and the activations' precision (bf16 under autocast, microbatch.autocast, or with bf16 frozen weights).
+    Under autocast, fp32 frozen weights also get bf16 copies that backward keeps: the workspace."""
     c = model.config
     frozen, trainable = parameter_bytes(model)
     autocast = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
     bf16 = autocast or any(p.dtype == torch.bfloat16 for p in model.parameters())
+    copies = sum(2 * p.numel() for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32)
     return {"frozen_bytes": frozen, "trainable_bytes": trainable, "compute_bytes": 2 if bf16 else 4,
+            "workspace_bytes": copies if autocast else 0,
             "hidden_size": c.n_embd if hasattr(c, "n_embd") else c.hidden_size,
             "n_layers": getattr(c, "n_layer", None) or c.num_hidden_layers,
             "n_heads": getattr(c, "n_head", None) or getattr(c, "num_attention_heads", None),

@@ -72,6 +72,9 @@ def _files(root: Path) -> dict[str, Path]:
     _checkpoint(root, "hf_cut", gpt2, weights="cut")
     _checkpoint(root, "hf_noconfig", None)
     _checkpoint(root, "hf_short", {"model_type": "gpt2", "n_positions": 16})
+    _checkpoint(root, "hf_t5", {"model_type": "t5"})                       # whole, but not a causal LM
+    _checkpoint(root, "hf_llama", {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                   "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512})
     (_checkpoint(root, "hf_bin", gpt2, weights="none") / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + bytes(64))
     shards = _checkpoint(root, "hf_shards", gpt2, weights="none")
     (shards / "model.safetensors.index.json").write_text(json.dumps(
@@ -82,7 +85,26 @@ def _files(root: Path) -> dict[str, Path]:
     (root / "broken_run" / "manifest.json").write_text("{not json")
     (root / "no_config_run").mkdir()
     (root / "no_config_run" / "manifest.json").write_text(json.dumps({"stages": [], "tasks": {}}))
+    _format_files(root)
     return {p.name: p for p in root.iterdir()}
+
+
+def _format_files(root: Path) -> None:
+    """Prompt/completion, chat and parquet data (issue 13), each with one thing wrong."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def jsonl(name, *rows):
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    jsonl("pc_nofield.jsonl", {"prompt": "a", "completion": "b"}, {"prompt": "c", "answer": "d"})
+    jsonl("chat.jsonl", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    jsonl("chat_role.jsonl", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+          {"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]})
+    jsonl("chat_content.jsonl", {"messages": [{"role": "user", "content": ["hi"]}]})
+    jsonl("long_prompts.jsonl", *[{"prompt": "x" * 40, "completion": "y"}] * 5)
+    pq.write_table(pa.table({"body": ["x", "y"]}), root / "nocol.parquet")
+    pq.write_table(pa.table({"text": ["fine", None]}), root / "nulls.parquet")
+    (root / "corrupt.parquet").write_bytes(b"PAR1" + bytes(200) + b"PAR1")
 
 
 # (arguments, what the one line must say). {name} is a file or folder from _files() (or SPECIAL), in both.
@@ -109,7 +131,9 @@ CASES = [
     (["model.n_layer=100000"], "model.n_layer=100000 is out of range"),
     (["model.lora.dropout=2"], "model.lora.dropout=2.0 is out of range"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules is empty"),
-    (["model.lora.target_modules=[nosuchlayer]"], "'nosuchlayer' is not a layer"),
+    (["model.lora.target_modules=[nosuchlayer]"], "'nosuchlayer' is not a layer of GPT2LMHeadModel that LoRA can "
+                                                  "adapt: its layers are wte, wpe, c_attn, c_proj, c_fc, lm_head"),
+    (["model.lora.target_modules=5"], "model.lora.target_modules=5 is not valid: use auto"),
     (["router.memory_headroom=0"], "router.memory_headroom=0.0 is out of range"),
     (["router.device_slowdown=[1,-1]"], "must be all > 0"),
     (["router.affinity_boundaries=[64,32]"], "strictly increasing"),
@@ -174,6 +198,14 @@ CASES = [
     (["model=hf", "model.name_or_path={hf_short}"], "data.max_len=256 exceeds the n_positions=16 of"),
     (["model=hf", "model.name_or_path={hf_notok}"], "hf_notok has no tokenizer (none of tokenizer.json, "
                                                     "tokenizer_config.json"),
+    (["model=hf", "model.name_or_path={hf_t5}"], "the checkpoint is a t5 model (T5Config), not a causal language "
+                                                 "model AutoModelForCausalLM can load"),
+    (["model=hf", "model.name_or_path={hf_llama}", "model.lora.target_modules=[q_proj,c_attn]"],
+     "model.lora.target_modules: 'c_attn' is not a layer of LlamaForCausalLM that LoRA can adapt: its layers are "
+     "embed_tokens, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"),
+    (["model=hf", "model.name_or_path={hf_llama}", "+variants.attn.model.lora.target_modules=[wq,wv]",
+      "+variants.linear.model.lora.target_modules=all-linear"],
+     "variants.attn: model.lora.target_modules: 'wq' is not a layer of LlamaForCausalLM"),
     # run_root that cannot hold a run: found before anything is written (one line naming the path and the cause)
     (["run_root=/proc/slurm_router_test"], "run_root='/proc/slurm_router_test': cannot write in /proc"),
     (["run_root={a.txt}"], "a.txt is a file, not a folder: set run_root= to a folder you can write"),
@@ -204,6 +236,34 @@ CASES = [
     (["resume={broken_run}"], "the manifest is damaged"),
     (["resume={no_config_run}"], "config.yaml is missing or damaged"),
     (["resume={broken_run}", "train.steps=3"], "takes no other arguments"),
+    # prompt/completion, chat and parquet data (issue 13): found by build_corpus before anything is written
+    (["data=jsonl", "data.path={pc_nofield.jsonl}", "data.prompt_field=prompt", "data.completion_field=completion"],
+     "line 2 of {pc_nofield.jsonl} has no field 'completion' (its fields: 'prompt', 'answer'): set "
+     "data.completion_field"),
+    (["model=hf", "model.name_or_path={llama}", "data=jsonl", "data.path={chat_role.jsonl}",
+      "data.messages_field=messages"], "line 2 of {chat_role.jsonl}: message 2 has the role 'bot', not one of "
+                                       "system, user, assistant, tool"),
+    (["model=hf", "model.name_or_path={llama}", "data=jsonl", "data.path={chat_content.jsonl}",
+      "data.messages_field=messages"], "line 1 of {chat_content.jsonl}: message 1 (user) has content that is an "
+                                       "array, not a string"),
+    (["model=hf", "model.name_or_path={llama_nochat}", "data=jsonl", "data.path={chat.jsonl}",
+      "data.messages_field=messages"], "has no chat template, which data.messages_field needs: save one beside it"),
+    (["data=jsonl", "data.path={chat.jsonl}", "data.messages_field=messages"],
+     "model=gpt2 models (a byte-level tokenizer) have none: use model=hf"),
+    (["data=jsonl", "data.path={long_prompts.jsonl}", "data.prompt_field=prompt", "data.completion_field=completion",
+      "data.max_len=16"], "no training sample is left: data.max_len=16 cuts every target token out of 5 sample(s)"),
+    (["data=jsonl", "data.path={chat.jsonl}", "data.prompt_field=prompt"],
+     "data.prompt_field=prompt needs data.completion_field too"),
+    (["data=jsonl", "data.path={chat.jsonl}", "data.messages_field=messages", "data.prompt_field=p",
+      "data.completion_field=c"], "set only one of data.text_field (plain text), data.prompt_field + "
+                                  "data.completion_field, data.messages_field (chat)"),
+    (["data.messages_field=messages"], "data.messages_field applies to data=jsonl and data=parquet only"),
+    (["data=parquet"], "data.path is required with data=parquet"),
+    (["data=parquet", "data.path={nocol.parquet}"], "{nocol.parquet} has no column 'text' (its columns: 'body'): "
+                                                    "set data.text_field"),
+    (["data=parquet", "data.path={nulls.parquet}"], "row 2 of {nulls.parquet}: field 'text' is null, not a string"),
+    (["data=parquet", "data.path={emptydir}"], "is a folder with no .parquet files"),
+    (["data=parquet", "data.path={corrupt.parquet}"], "{corrupt.parquet} is not a readable parquet file ("),
 ]
 
 
@@ -248,7 +308,18 @@ def _tiny_fs(path: Path):
         _run("umount", str(path))
 
 
-SPECIAL = {"readonly": _read_only_dir, "tiny_fs": _tiny_fs}   # made only for the rows that name them
+@contextlib.contextmanager
+def _tiny_llama(path: Path, chat_template: bool = True):
+    """A tiny Llama-architecture checkpoint with its tokenizer (tests/tiny_checkpoints.py)."""
+    import io
+    from tiny_checkpoints import make_checkpoint
+    with contextlib.redirect_stderr(io.StringIO()):        # save_pretrained's progress bar
+        folder = make_checkpoint(path, "llama", chat_template=chat_template)
+    yield folder
+
+
+SPECIAL = {"readonly": _read_only_dir, "tiny_fs": _tiny_fs,     # made only for the rows that name them
+           "llama": _tiny_llama, "llama_nochat": lambda path: _tiny_llama(path, chat_template=False)}
 
 
 def _io_error_readable() -> bool:

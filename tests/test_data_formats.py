@@ -7,7 +7,6 @@ completion (+ the closing end-of-text) of a prompt/completion pair; the assistan
 in the Llama-style and ChatML templates of tests/tiny_checkpoints.py. The loss is then proven to be the
 cross-entropy over those positions only, and a real run's n_target_tokens to be the completions' token count.
 """
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +60,18 @@ def test_plain_text_targets_every_token_but_the_first():
         for i in range(0, len(split), 7):
             assert not split.target_mask(i)[0] and split.target_mask(i)[1:].all()
             assert split.sample(i)[0] == ByteTokenizer.eot_id
+
+
+@pytest.mark.parametrize("arch, first, pad", [("llama", "<s>", "</s>"), ("qwen2", "<|im_end|>", "<|endoftext|>")])
+def test_checkpoint_tokenizer_special_tokens(tmp_path, checkpoints, arch, first, pad):
+    """A text sample starts with BOS where the tokenizer has one (Llama), else with EOS (Qwen2, GPT-2); the pad
+    token is the tokenizer's own, or EOS where it has none (Llama)."""
+    tok = _hf(checkpoints[arch])
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"line {i}\n\nmore words {i}"} for i in range(12)])
+    corpus = build_corpus(_data(kind="jsonl", path=str(path)), tok)
+    assert {tok.tok.convert_ids_to_tokens(int(s.sample(i)[0])) for s in (corpus.train, corpus.val)
+            for i in range(len(s))} == {first}
+    assert tok.tok.convert_ids_to_tokens(tok.pad_id) == pad
 
 
 def test_prompt_completion_targets_are_the_completion_and_its_end(tmp_path, checkpoints):
@@ -146,7 +157,8 @@ def test_masked_loss_is_the_cross_entropy_over_the_completions_only(tmp_path):
     inputs, labels, n, index = batch_tensors(split, ids, 256, torch.device("cpu"), pad_to_multiple=8)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=512, n_embd=32, n_layer=2, n_head=2)).eval()
-    logits = model(input_ids=inputs).logits
+    with torch.no_grad():
+        logits = model(input_ids=inputs).logits
     manual, count = torch.zeros((), dtype=torch.float64), 0
     for r, i in enumerate(ids):
         tokens, mask = split.sample(i), split.target_mask(i)

@@ -107,8 +107,10 @@ def test_gpt2_builtin_models_are_checked_without_building_them():
     with torch.device("meta"):
         model = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=64, n_head=4))
     assert gpt2_lora_layers(3) == lora_layers(model)      # config.py's names are the real model's
-    cfg = OmegaConf.merge(OmegaConf.structured(__import__("slurm_router.config").config.Config),
-                          {"model": {"lora": {"target_modules": ["c_attn", "q_proj"]}}})
+    from slurm_router.__main__ import compose
+    validate(compose(["model.lora.target_modules=[c_attn,c_proj,c_fc]"]))
+    validate(compose(["model.lora.target_modules=all-linear", "+variants.a.model.lora.target_modules=[attn.c_attn]"]))
+    cfg = compose(["model.lora.target_modules=[c_attn,q_proj]"])
     with pytest.raises(UserError, match="'q_proj' is not a layer of GPT2LMHeadModel that LoRA can adapt: its "
                                         "layers are wte, wpe, c_attn, c_proj, c_fc, lm_head"):
         validate(cfg)
@@ -177,9 +179,10 @@ def test_gradient_checkpointing_gives_the_same_losses(checkpoints):
     cfg = _hf(checkpoints["llama"], **{"lora.target_modules": "all-linear"})
     plain = build_model(cfg, VOCAB, seed=0)
     recomputed = build_model(cfg, VOCAB, seed=0, gradient_checkpointing=True)
-    lm = recomputed.get_base_model()
-    assert lm.is_gradient_checkpointing and not lm.config.use_cache
-    assert not plain.get_base_model().is_gradient_checkpointing
+    def checkpointing(model) -> bool:
+        return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert checkpointing(recomputed) and not recomputed.get_base_model().config.use_cache
+    assert not checkpointing(plain)
     a, b = _losses(plain, steps=4), _losses(recomputed, steps=4)
     assert a[-1] < a[0]
     assert b == pytest.approx(a, rel=1e-5)
@@ -223,7 +226,7 @@ def _meta_lora_model(shape: dict, dtype, targets, checkpointing: bool = False, n
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets, task_type="CAUSAL_LM")).train()
 
@@ -296,6 +299,17 @@ def test_memory_seed_bound_with_gradient_checkpointing(meta_forward, shape):
     assert predicted < (plain_seed.predict(n * length, n, length) - plain_seed.coef[0]) / 2
 
 
+def test_memory_seed_on_a_gpu_counts_autocast_copies_of_fp32_frozen_weights():
+    from slurm_router.worker import _model_shape
+    cfg = OmegaConf.create({"train": {"precision": "auto", "gradient_checkpointing": False}})
+    gpu = torch.device("cuda", 0)           # only named: nothing is allocated on the meta device
+    shapes = {d: _model_shape(_meta_lora_model(LLAMA_1B, d, None), cfg, gpu) for d in (torch.bfloat16, torch.float32)}
+    bf16, fp32 = shapes[torch.bfloat16], shapes[torch.float32]
+    assert bf16["compute_bytes"] == fp32["compute_bytes"] == 2 and bf16["workspace_bytes"] == 0
+    assert fp32["frozen_bytes"] == 2 * bf16["frozen_bytes"] == 2 * fp32["workspace_bytes"]
+    assert bf16["trainable_bytes"] == fp32["trainable_bytes"]
+
+
 def test_memory_seed_fixed_term_is_what_training_holds(checkpoints):
     """On a real (tiny) model after an optimizer step: weights + gradients + Adam states, byte for byte."""
     from slurm_router.train.optim import make_optimizer
@@ -317,8 +331,8 @@ def test_lora_ab_on_a_llama_checkpoint_attention_only_vs_all_linear(tmp_path, ch
                    "data.n_samples=96", "data.mean_len=24", "data.max_len=48", "base.enabled=false",
                    "train.steps=3", "train.global_batch_size=8", "train.eval_batches=1", "train.eval_batch_size=4",
                    "train.gradient_checkpointing=true", "model.lora.use_rslora=true",
-                   "variants.attn.model.lora.target_modules=[q_proj,v_proj]",
-                   "variants.linear.model.lora.target_modules=all-linear",
+                   "+variants.attn.model.lora.target_modules=[q_proj,v_proj]",
+                   "+variants.linear.model.lora.target_modules=all-linear",
                    f"run_root={tmp_path / 'runs'}", "launcher=local", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)

@@ -111,3 +111,20 @@ def test_masked_targets_same_loss_curve(tmp_path, masked_reference, masked_data,
              if r["event"] == "step"]
     # only the completions are targets: far fewer than the tokens computed (n - 1 per sample without masks)
     assert all(0 < s["n_target_tokens"] < (s["n_tokens"] - s["n_samples"]) / 2 for s in steps)
+
+
+@pytest.mark.integration
+def test_chat_targets_same_loss_curve_on_a_llama_checkpoint(tmp_path):
+    """Chat data on a tiny Llama-architecture checkpoint (its tokenizer and chat template, assistant turns as
+    the only targets): 1 device with round_robin and 3 with balanced, split micro-batches, give the same curve."""
+    from tiny_checkpoints import chat_rows, make_checkpoint, write_jsonl
+    ckpt = make_checkpoint(tmp_path / "llama", "llama")
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(60))
+    chat = ["model=hf", f"model.name_or_path={ckpt}", "data=jsonl", f"data.path={data}", "data.messages_field=messages",
+            "data.max_len=192"]
+    (tmp_path / "one").mkdir(), (tmp_path / "three").mkdir()
+    reference = _losses(tmp_path / "one", *chat, "resources.devices_per_task=1", "router=round_robin")
+    losses = _losses(tmp_path / "three", *chat, "resources.devices_per_task=3", "router=balanced",
+                     "router.max_tokens_per_microbatch=400")
+    assert reference[-1] < reference[0], "the reference run did not learn"
+    assert losses == pytest.approx(reference, rel=RTOL)

@@ -11,7 +11,8 @@ token are the same; what differs per device is the budget, which the Router keep
 The seed (from_model_bytes), before anything is measured, and its bound (tests/test_hf_models.py checks it on
 GPT-2- and Llama-shaped models built on the meta device, frozen weights in fp32 and in bf16):
 - fixed: exactly the bytes of the weights, each at its own dtype, plus the gradients and Adam's m and v of the
-  trainable ones (as the trainable weights: fp32);
+  trainable ones (as the trainable weights: fp32), plus workspace_bytes (a worker's: the bf16 copies autocast
+  makes of fp32 frozen weights, which backward keeps);
 - activations (per token and per len^2): within a factor of 2 of the bytes autograd saves for backward with
   eager attention. The seed is an estimate of what is kept, not of the allocator's transient peak; the online
   fit and the OOM scale correct both after the first steps.
@@ -53,7 +54,7 @@ class MemoryModel:
         4 in fp32; adapter_features: per token, the input features of the LoRA-adapted layers.
 
         fixed:     frozen weights at their dtype + trainable weights, their gradients and Adam m and v, each the
-                   size of the trainable weights: frozen + 4 * trainable
+                   size of the trainable weights: frozen + 4 * trainable (+ workspace_bytes)
         per token: transformer activations ~34 * hidden bytes per layer at 2-byte precision (Korthikanti et al.
                    2022, "Reducing Activation Recomputation in Large Transformer Models"), scaled to
                    compute_bytes; each adapted layer's input again for its fp32 LoRA branch (4 bytes a feature);

@@ -141,7 +141,7 @@ class Split:
         is_target = np.ones(len(flat), dtype=bool)
         is_target[starts[lengths > 0]] = False
         for i, m in enumerate(masks or []):
-            if m is not None:
+            if m is not None and lengths[i]:
                 is_target[starts[i]:starts[i] + lengths[i]] = m
                 is_target[starts[i]] = False
         running = np.concatenate(([0], np.cumsum(is_target, dtype=np.int64)))
@@ -195,7 +195,7 @@ def text_dir_documents(path: str) -> Iterator[tuple[str, str]]:
     for p in _text_files(root):
         if p.stat().st_size > MAX_FILE_BYTES:
             raise UserError(f"data file {p} is larger than {MAX_FILE_BYTES >> 20} MiB: split it or remove it")
-        raw = _read(p)
+        raw = read_bytes(p)
         if b"\0" in raw[:8192]:
             raise UserError(f"data file {p} looks binary (NUL bytes): data=text_dir reads text files only")
         try:
@@ -219,10 +219,6 @@ def _text_files(root: Path) -> list[Path]:
             if p.is_file():
                 files.append(p)
     return sorted(files)
-
-
-def _read(p: Path) -> bytes:
-    return read_bytes(p)
 
 
 def jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
@@ -276,9 +272,9 @@ def _check_chat(tokenizer, data_cfg) -> None:
 def build_corpus(data_cfg, tokenizer) -> Corpus:
     """Read, tokenize with target masks, truncate and split. Raises UserError for a missing path, a bad row (named
     by its line or row), chat data without a chat template, or nothing left to train on."""
+    fields = record_fields(data_cfg)
     if data_cfg.kind == "synthetic":
         return synthetic_corpus(data_cfg, tokenizer)
-    fields = record_fields(data_cfg)
     if data_cfg.kind != "stdlib" and not data_cfg.path:
         raise UserError(f"data.path is required with data={data_cfg.kind}: add data.path=/your/path")
     if fields.format == "chat":

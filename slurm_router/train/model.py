@@ -58,7 +58,10 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
     if not folder and model_cfg.kind != "hf":
         model.to(dtype)     # built in fp32 (the seeded init), kept in dtype; from_pretrained loaded it in dtype
     if gradient_checkpointing:      # layer activations recomputed in backward; a KV cache is of no use in training
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name for it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if adapt:
         from peft import LoraConfig, get_peft_model

@@ -56,7 +56,7 @@ def record_fields(data_cfg) -> Fields:
                         "of data.text_field (plain text), data.prompt_field + data.completion_field, "
                         "data.messages_field (chat)")
     keys = FORMATS[fmt]
-    return Fields(fmt, keys, tuple(str(data_cfg[k]) for k in keys))
+    return Fields(fmt, keys, tuple(str(getattr(data_cfg, k)) for k in keys))
 
 
 def records(data_cfg, fields: Fields) -> Iterator[tuple[str, str, object]]:
