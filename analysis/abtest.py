@@ -12,9 +12,12 @@ user can load it or `python -m slurm_router.export RUN_DIR --merge OUT`.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from slurm_router.analysis.load import Task
+from slurm_router.layout import FULL_MODEL
 
 N_BOOT = 2000
 SEED = 0            # fixed: the same run gives the same report, every time it is regenerated
@@ -107,7 +110,7 @@ def compare_all(tasks: list[Task], adapters: dict[str, str | None] | None = None
                 row["sentence"] = verdict(na, nb, row)
                 won = na if row["diff"] < 0 else nb
                 if nb != "base" and row["sentence"].startswith(f"{won} beats"):
-                    row["sentence"] += f"; its adapter: {_adapter_text((adapters or {}).get(won))}"
+                    row["sentence"] += f"; {_weights_text((adapters or {}).get(won))}"
                 if nb != "base" and a["step"] != b["step"]:
                     row["sentence"] += f" [not final for both: {na} at step {a['step']}, {nb} at step {b['step']}]"
             except ValueError as e:
@@ -116,8 +119,11 @@ def compare_all(tasks: list[Task], adapters: dict[str, str | None] | None = None
     return rows
 
 
-def _adapter_text(path: str | None) -> str:
-    return path or "none saved yet (the task has not completed)"
+def _weights_text(path: str | None) -> str:
+    """'its adapter: PATH' (or 'its model: PATH' for a variant trained without LoRA, adapters.py)."""
+    if not path:
+        return "its adapter: none saved yet (the task has not completed)"
+    return f"its {'model' if Path(path).name == FULL_MODEL else 'adapter'}: {path}"
 
 
 def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] | None = None) -> dict | None:
@@ -141,4 +147,4 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
         what = (f"lowest held-out loss: {name} ({val_loss:.4f}), not a detectable win over "
                 f"{', '.join(n for n in others if not any(n in (r['a'], r['b']) for r in beaten))}")
     return {"variant": name, "val_loss": val_loss, "decided": decided, "adapter": adapter,
-            "sentence": f"{what}; its adapter: {_adapter_text(adapter)}"}
+            "sentence": f"{what}; {_weights_text(adapter)}"}

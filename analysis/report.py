@@ -116,7 +116,9 @@ def saved_weights(run_dir: Path, name: str) -> dict[str, str | None]:
     """A task's saved adapter folders (or whole model, trained without LoRA), as paths under the run dir the
     user gave; None where there is none (yet). Folders appear whole or not at all (adapters.write_folder)."""
     paths = RunLayout(run_dir).task(name)
-    whole = lambda d: str(d) if all((d / f).is_file() for f in ADAPTER_FILES) else None  # noqa: E731
+
+    def whole(folder: Path) -> str | None:
+        return str(folder) if all((folder / f).is_file() for f in ADAPTER_FILES) else None
     model = str(paths.full_model) if (paths.full_model / "config.json").is_file() else None
     return {"adapter": whole(paths.adapter) or model, "adapter_best": whole(paths.adapter_best)}
 

@@ -7,6 +7,7 @@ folder), gpt2_tiny without one (the seed-built base saved in the run dir), and m
 import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def load_adapter(adapter: Path):
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
 
 
-def export(*args) -> "subprocess.CompletedProcess":  # noqa: F821
+def export(*args) -> subprocess.CompletedProcess:
     return run_cli(*map(str, args), module="slurm_router.export")
 
 

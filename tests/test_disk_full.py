@@ -52,9 +52,11 @@ def test_a_manifest_write_on_a_read_only_file_system_is_one_line(tmpfs):
 
 def test_a_base_cache_that_does_not_fit_leaves_no_part_of_it(tmpfs):
     fs = tmpfs("64k")
-    weights = fs / "base" / "abc" / "model.pt"
+    weights = fs / "base" / "abc"       # a cache entry: a save_pretrained folder of ~400 kB of weights
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=64, n_embd=64, n_layer=1, n_head=2))
     with pytest.raises(WriteError) as e:
-        base_cache.save({"w": torch.zeros(100_000)}, weights, {"val_loss": 1.0})
+        base_cache.save(model, weights, {"val_loss": 1.0})
     _one_line(e, weights, "No space left on device")
     assert _files(fs) == [] and base_cache.check(weights) == base_cache.ABSENT
 

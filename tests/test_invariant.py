@@ -12,7 +12,7 @@ COMMON = ["base.enabled=false", "train.steps=6", "train.global_batch_size=12", "
           "train.lr=1e-2", "train.eval_batches=1", "train.eval_batch_size=4", "data.max_documents=40",
           "data.max_len=128", "launcher.cpu_slots=4"]
 RTOL = 2e-5
-OOM_CAP_BYTES = 12_000_000     # fp32; sums over a different split of the same samples differ only in reduction order
+OOM_CAP_BYTES = 16_000_000     # fp32; sums over a different split of the same samples differ only in reduction order
 
 
 def _losses(tmp_path, *args) -> list[float]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from slurm_router import base_cache
@@ -67,9 +66,11 @@ def _run(tmp_path, cached_base=False):
     run_dir = tmp_path / "run"
     cache = tmp_path / "cache"
     cache.mkdir()
-    weights = cache / "model.pt"
+    weights = cache / "abc"     # a cache entry: a save_pretrained folder (slurm_router/base_cache.py)
     if cached_base:             # a whole cache: weights, their sha256 sidecar, meta.json last
-        base_cache.save({"w": torch.zeros(1)}, weights, {"val_loss": 1.5})
+        from transformers import GPT2Config, GPT2LMHeadModel
+        tiny = GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+        base_cache.save(tiny, weights, {"val_loss": 1.5})
     stages = [Stage("base", [_task(run_dir, "base", "base", 0, str(weights))], cached=cached_base),
               Stage("variants", [_task(run_dir, f"v{i}", "variants", i) for i in range(3)], depends_on=["base"])]
     cfg = OmegaConf.create({"experiment": "e", "launcher": {"kind": "slurm"}})

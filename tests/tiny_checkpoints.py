@@ -76,6 +76,8 @@ def make_checkpoint(folder: str | Path, arch: str = "llama", vocab_size: int = 5
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()           # save_pretrained's bars would land in the tests' stderr
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     specials = SPECIAL[arch]

@@ -164,7 +164,7 @@ def _reuse_cached(stage: Stage, manifest) -> bool:
         elif not result.is_file():
             shutil.copy(base_cache.meta_path(t.save_weights), result)
             manifest.set_task(t.name, state=TaskState.CACHED.value)
-            print(f"base stage: reusing the cached base model {Path(t.save_weights).parent}")
+            print(f"base stage: reusing the cached base model {t.save_weights}")
     if rebuild:
         stage.tasks, stage.cached = rebuild, False
     return not rebuild

@@ -30,7 +30,7 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
                 device: torch.device | str | None = None, gradient_checkpointing: bool = False) -> torch.nn.Module:
     """The model a task trains, on the CPU (the caller moves it to `device`, which decides model.dtype=auto).
 
-    Weights: base_weights (a folder: the base stage's save_pretrained cache; a file: a state dict) over the
+    Weights: base_weights (a folder: the base stage's save_pretrained cache, base_cache.py) instead of the
     checkpoint at model.name_or_path (model=hf) or a GPT-2 built from model_cfg. Same seed -> the same initial
     weights on every worker (replicas start identical); the LoRA weights are seeded with seed + 1. A LoRA variant
     keeps its frozen weights in model.dtype and its trainable LoRA weights in fp32 (peft's
@@ -43,7 +43,7 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
     adapt = lora and model_cfg.lora.enabled
     dtype = frozen_dtype(model_cfg, device) if adapt else torch.float32
     torch.manual_seed(seed)
-    folder = base_weights if base_weights and os.path.isdir(base_weights) else None
+    folder = base_weights or None
     if folder or model_cfg.kind == "hf":
         model = AutoModelForCausalLM.from_pretrained(folder or os.path.expanduser(model_cfg.name_or_path),
                                                      local_files_only=True, dtype=dtype)
@@ -53,8 +53,6 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
                             n_layer=model_cfg.n_layer, n_head=model_cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
                             attn_pdrop=0.0, bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
         model = GPT2LMHeadModel(config)
-    if base_weights and not folder:
-        model.load_state_dict(torch.load(base_weights, map_location="cpu", weights_only=True))
     if not folder and model_cfg.kind != "hf":
         model.to(dtype)     # built in fp32 (the seeded init), kept in dtype; from_pretrained loaded it in dtype
     if gradient_checkpointing:      # layer activations recomputed in backward; a KV cache is of no use in training
@@ -232,7 +230,3 @@ def adapter_input_features(model: torch.nn.Module) -> int:
     return sum(a.in_features for m in model.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
                for a in m.lora_A.values())
 
-
-def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full model's weights, LoRA merged out (for the base stage's cache)."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
