@@ -3,6 +3,8 @@
     python -m slurm_router +experiment=lora_ab                  # here, on the GPUs (or CPU) present
     python -m slurm_router +experiment=lora_ab launcher=slurm   # one Slurm array job per stage
     python -m slurm_router +experiment=lora_ab router=round_robin train.steps=20 resources.devices_per_task=2
+    python -m slurm_router +experiment=lora_ab seeds=3                 # every variant once per training seed
+    python -m slurm_router -m model.lora.r=4,8 train.lr=1e-3,3e-3      # a sweep: the grid's 4 variants, one run
     python -m slurm_router resume=runs/lora_ab/<timestamp>      # continue an interrupted run's unfinished tasks
 """
 from __future__ import annotations
@@ -22,9 +24,12 @@ if __name__ == "__main__":      # a Ctrl-C while the imports below load: one lin
 
 from slurm_router.config import UserError
 
-USAGE = """usage: python -m slurm_router [+experiment=NAME] [group=option ...] [key=value ...]
+USAGE = """usage: python -m slurm_router [-m] [+experiment=NAME] [group=option ...] [key=value ...]
   groups: model data router launcher experiment (see conf/); e.g. +experiment=lora_ab router=round_robin
   values: train.steps=20 train.lr=1e-3 resources.devices_per_task=2 data=text_dir data.path=/my/texts
+  seeds:  seeds=3 runs every variant with 3 training seeds (seed, seed+1, seed+2), or seeds=[0,5,9]
+  sweep:  -m (--multirun) model.lora.r=4,8 train.lr=range(1,4) router=round_robin,balanced: Hydra's sweep syntax,
+          the grid's variants in one run (named from their overrides, e.g. r4_lr1e-3)
   resume: resume=RUN_DIR continues that run's unfinished tasks from their checkpoints with the run's own
           launcher (a Slurm run is submitted again); resume=RUN_DIR launcher=local continues them here"""
 
@@ -54,18 +59,9 @@ def _free_form_overrides(overrides: list[str]) -> list[str]:
     (`variants.r8.train.lr=1e-3`) need no '+' either, but only for a variant the experiment has: a typo must not
     add a variant; a new one is added on purpose with `+variants.NAME...`. The merged variant is still checked
     against the schema (config.variant_configs)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
     from slurm_router.config import FREE_FORM_KEYS
-    parser, parsed = OverridesParser.create(), []
-    for line in overrides:
-        try:
-            parsed.append(parser.parse_overrides([line])[0])
-        except OverrideParseException as e:
-            first = str(e).strip().splitlines()[0]
-            raise UserError(f"cannot read the override {line!r} ({first}): write key=value, e.g. train.lr=1e-3; "
-                            "names are letters, digits, '_' and '-'") from None
+    from slurm_router.sweep import parse_overrides
+    parsed = parse_overrides(overrides)
     free = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete())
             and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in FREE_FORM_KEYS)]
     variant_edits = [o for o in free if o.key_or_group.split(".")[0] == "variants"]
@@ -153,18 +149,20 @@ def _tokenizer(cfg):
                         "give a complete local transformers checkpoint (config, weights, tokenizer files)") from None
 
 
-def run(overrides: list[str]) -> int:
+def run(overrides: list[str], multirun: bool = False) -> int:
     resume = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "resume"]
     if resume:
         others = [o for o in overrides if o not in resume]
-        if len(resume) > 1 or others not in ([], ["launcher=local"]):
+        if len(resume) > 1 or others not in ([], ["launcher=local"]) or multirun:
             raise UserError("resume=RUN_DIR takes no other arguments but launcher=local: the run continues with "
                             "its own config.yaml")
         return resume_run(resume[0].split("=", 1)[1], here=bool(others))
-    cfg = compose(overrides)
+    cfg = compose_grid(overrides, multirun)
     from slurm_router.config import validate
     from slurm_router.launch.registry import launcher_class
     variants = validate(cfg)
+    from slurm_router.plan import check_fits_base
+    check_fits_base(cfg, variants)
     from slurm_router.rundir import create_run_dir, new_run_dir
     run_id, run_dir = new_run_dir(cfg)                 # in a run_root that can be written, or one line now
     _check_models(cfg, variants)
@@ -172,7 +170,7 @@ def run(overrides: list[str]) -> int:
     launcher.check(cfg)
     from slurm_router.train.data import build_corpus
     corpus = build_corpus(cfg.data, _tokenizer(cfg))   # fail on bad data before any file is written
-    print(f"experiment {cfg.experiment}: {len(variants)} variant(s) {', '.join(variants)}; "
+    print(f"experiment {cfg.experiment}: {_variants_line(variants)}; "
           f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples"
           f"{corpus.counts_note()}")
 
@@ -183,6 +181,28 @@ def run(overrides: list[str]) -> int:
     from slurm_router.runlock import own_run
     own_run(manifest)                                  # the one writer of this run dir from here (runlock.py)
     return launch(launcher(cfg, manifest), stages)
+
+
+def compose_grid(overrides: list[str], multirun: bool = False):
+    """compose(), and with -m the grid of the sweep overrides as the variants (slurm_router.sweep)."""
+    from slurm_router.sweep import expand_grid, split_sweeps
+    fixed, sweeps = split_sweeps(overrides, multirun)
+    cfg = compose(fixed)
+    if sweeps:
+        cfg.variants = expand_grid(cfg, sweeps, fixed, compose)
+    return cfg
+
+
+def _variants_line(variants: dict) -> str:
+    """'2 variant(s) r8, r32 x 3 training seeds (0, 1, 2) = 6 tasks' (a long list shows its ends)."""
+    from slurm_router.config import training_seeds
+    names = list(variants)
+    shown = ", ".join(names if len(names) <= 12 else [*names[:5], "...", *names[-5:]])
+    seeds = training_seeds(next(iter(variants.values())))
+    if len(seeds) == 1:
+        return f"{len(names)} variant(s) {shown}"
+    listed = ", ".join(map(str, seeds if len(seeds) <= 8 else [*seeds[:3], "...", *seeds[-3:]]))
+    return f"{len(names)} variant(s) {shown} x {len(seeds)} training seeds ({listed}) = {len(names) * len(seeds)} tasks"
 
 
 def resume_run(arg: str, here: bool = False) -> int:
@@ -260,19 +280,24 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before[1] is None else before[1])
 
 
+MULTIRUN = ("-m", "--multirun")       # Hydra's flag: the sweep overrides' grid becomes the run's variants
+
+
 def _main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip().splitlines()[0])
         print(USAGE)
         return 0
+    multirun = any(a in MULTIRUN for a in argv)
+    argv = [a for a in argv if a not in MULTIRUN]
     bad = [a for a in argv if a.startswith("-")]
     if bad:
-        print(f"error: unknown option {bad[0]}: arguments are Hydra overrides like train.steps=20 "
+        print(f"error: unknown option {bad[0]}: arguments are -m (a sweep) and Hydra overrides like train.steps=20 "
               "(see python -m slurm_router --help)", file=sys.stderr)
         return 2
     from slurm_router.runlock import release_all
     try:
-        code = run(argv)
+        code = run(argv, multirun)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2

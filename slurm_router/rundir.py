@@ -163,8 +163,8 @@ def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stag
             paths.dir.mkdir(parents=True)
             atomic_write_text(paths.task_file, t.to_json())
             state = TaskState.CACHED if stage.cached else TaskState.PENDING
-            tasks[t.name] = {"stage": t.stage, "variant": t.variant, "index": t.index, "devices": t.devices,
-                             "state": state.value, "task_dir": str(paths.dir)}
+            tasks[t.name] = {"stage": t.stage, "variant": t.variant, "seed": t.seed, "index": t.index,
+                             "devices": t.devices, "state": state.value, "task_dir": str(paths.dir)}
     data = {"run_id": run_id, "experiment": cfg.experiment, "run_dir": str(run_dir), "launcher": launcher,
             "created": time.time(), "host": platform.node(), "command": sys.argv, "git_commit": _git_commit(),
             "versions": _versions(), "state": "running",

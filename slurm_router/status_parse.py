@@ -257,7 +257,7 @@ def local_status(manifest: dict) -> list[TaskStatus]:
         out.append(
             TaskStatus(
                 stage=str(info.get("stage", "")),
-                variant=str(info.get("variant", name)),
+                variant=str(name),          # the task's name (r8, or r8-s1 with seeds): one row per task
                 job_id=str(info.get("job_id") or info.get("pid") or "-"),
                 state=local_word(info.get("state")),
                 elapsed_s=info.get("elapsed_s"),

@@ -152,9 +152,10 @@ class Worker:
         if spec.base_weights:           # the cache is verified (size, sha256) before its weights are loaded
             from slurm_router.base_cache import verify_before_load
             verify_before_load(spec.base_weights)
+        # the base's init from the config's seed; the LoRA init and the data order from the task's training seed
         self.model = build_model(cfg.model, self.tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora,
-                                 device=self.device, gradient_checkpointing=cfg.train.gradient_checkpointing
-                                 ).to(self.device)
+                                 device=self.device, gradient_checkpointing=cfg.train.gradient_checkpointing,
+                                 lora_seed=spec.seed).to(self.device)
         if cfg.train.compile:
             compile_backbone(self.model)
         self.params = trainable_parameters(self.model)
@@ -174,7 +175,7 @@ class Worker:
             self.router.set_device_memory(d, t)
         slowdowns = list(cfg.router.device_slowdown) or [1.0]
         self.slowdown = float(slowdowns[self.rank % len(slowdowns)])   # testing aid: a slower device
-        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cfg.seed)
+        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, spec.seed)
         self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
         self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
 

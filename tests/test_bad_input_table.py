@@ -264,6 +264,59 @@ CASES = [
     (["data=parquet", "data.path={nulls.parquet}"], "row 2 of {nulls.parquet}: field 'text' is null, not a string"),
     (["data=parquet", "data.path={emptydir}"], "is a folder with no .parquet files"),
     (["data=parquet", "data.path={corrupt.parquet}"], "{corrupt.parquet} is not a readable parquet file ("),
+    # seed replicates (issue 14): seeds=N or a list of distinct whole numbers >= 0, set once at the top level
+    (["seeds=0"], "seeds=0 is out of range: it must be >= 1 and <= 1000"),
+    (["seeds=-2"], "seeds=-2 is out of range"),
+    (["seeds=[]"], "seeds=[] is empty: give at least one seed"),
+    (["seeds=[0,5,0]"], "seeds=[0,5,0]: seed 0 is listed twice"),
+    (["seeds=1.5"], "seeds=1.5 is not a whole number: seeds=N (N training seeds from seed on) or a list"),
+    (["seeds=three"], "seeds='three' is not a whole number"),
+    (["seeds=[0,x]"], "seeds=[0,x]: 'x' is not a whole number >= 0"),
+    (["seeds=[1,-1]"], "seeds=[1,-1]: -1 is not a whole number >= 0"),
+    (["seeds=5000"], "seeds=5000 is out of range"),
+    (["+experiment=lora_ab", "variants.r8.seeds=2"], "variants.r8.seeds: seeds is set once, at the top level"),
+    # Hydra sweeps (issue 14): -m expands the grid; each bad sweep is a line naming its override
+    (["train.lr=1e-3,3e-3"], "train.lr=1e-3,3e-3 is a sweep (several values): add -m"),
+    (["-m", "train.lr=3e-3"], "-m (--multirun) needs at least one sweep override to expand"),
+    (["--multirun", "train.steps=2"], "-m (--multirun) needs at least one sweep override"),
+    (["-m", "train.lr=range(1,"], "cannot read the override 'train.lr=range(1,'"),
+    (["-m", "train.lr=choice(1e-3"], "cannot read the override 'train.lr=choice(1e-3'"),
+    (["-m", "train.lr=range(a,b)"], "cannot read the override 'train.lr=range(a,b)'"),
+    (["-m", "train.lr=range(3,1)"], "train.lr=range(3,1): the sweep has no values"),
+    (["-m", "train.lr=interval(0,1)"], "train.lr=interval(0,1): interval() draws from a continuous range"),
+    (["-m", "train.nope=1,2"], "train.nope=1,2: unknown key 'train.nope': valid keys under train are "
+                               "checkpoint_every, compile,"),
+    (["-m", "model.lora.rank=4,8"], "model.lora.rank=4,8: unknown key 'model.lora.rank': valid keys under "
+                                    "model.lora are alpha, dropout, enabled, r,"),
+    (["-m", "lr=1e-3,3e-3"], "lr=1e-3,3e-3: unknown key 'lr': valid keys at the top level are"),
+    (["-m", "train.steps=1.5,2"], "train.steps=1.5,2: train.steps: Value '1.5' of type 'float' could not be converted"),
+    (["-m", "train.lr.x=1,2"], "train.lr.x=1,2: train.lr is a number and has no keys under it"),
+    (["-m", "train.lr=0.001,1e-3"], "train.lr=0.001,1e-3: two of its values give the variant name part 'lr1e-3'"),
+    (["-m", "data=text_dir", "data.path='a/b','a b'"], "data.path='a/b','a b': two of its values give the "
+                                                        "variant name part 'path-a-b'"),
+    (["-m", "+experiment=lora_ab", "+variants.r8_path-a.train.lr=1e-3", "data=text_dir", "data.path=a_path-c,c"],
+     "gives two variants named 'r8_path-a_path-c'"),
+    (["-m", "train.lr=1e-3,3e-3", "train.lr=1e-4,3e-4"], "train.lr=1e-4,3e-4: train.lr is swept twice"),
+    (["-m", "train.lr=1e-3,3e-3", "train.lr=1e-4"], "train.lr=1e-3,3e-3: train.lr is also set to one value"),
+    (["-m", "launcher=local,sbatch"], "launcher=local,sbatch: launcher cannot be swept: a run has one launcher"),
+    (["-m", "+experiment=lora_ab,other"], "+experiment=lora_ab,other: experiment cannot be swept: one experiment "
+                                          "per run"),
+    (["-m", "+experiment=lora_ab", "base.steps=10,20"], "base.steps=10,20: base.steps cannot be swept: the base "
+                                                        "stage is trained once"),
+    (["-m", "seeds=1,3"], "seeds=1,3: seeds cannot be swept"),
+    (["-m", "seed=1,3"], "seed=1,3: seed cannot be swept: seed is the base model's init and the held-out eval "
+                         "batches"),
+    (["-m", "+experiment=lora_ab", "model=gpt2_tiny,gpt2_small"], "variants.r8_model-gpt2_small: model.n_layer=12 "
+     "differs from the base stage's model.n_layer=2: every variant fine-tunes the one base"),
+    (["+experiment=lora_ab", "+variants.x.model.n_embd=64"], "variants.x: model.n_embd=64 differs from the base "
+                                                             "stage's model.n_embd=128"),
+    (["-m", "+experiment=lora_ab", "variants.r8.train.lr=1e-3,3e-3"], "variants.r8.train.lr=1e-3,3e-3: "
+                                                                      "variants.r8.train.lr cannot be swept"),
+    (["-m", "router=round_robin,nope"], "router=round_robin,nope: router=nope: no such router in conf/router/; "
+                                        "choose one of: affinity, balanced, least_loaded, round_robin"),
+    (["-m", "train.lr=glob(*)"], "train.lr=glob(*): glob() picks options of a config group"),
+    (["-m", "train.lr=1e-3,-1"], "variants.lr-1: train.lr=-1.0 is out of range: it must be > 0"),
+    (["-m", "resume={broken_run}", "train.lr=1,2"], "takes no other arguments"),
 ]
 
 

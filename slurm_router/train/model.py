@@ -27,15 +27,17 @@ def frozen_dtype(model_cfg, device: torch.device | str | None = None) -> torch.d
 
 
 def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None = None, lora: bool = True,
-                device: torch.device | str | None = None, gradient_checkpointing: bool = False) -> torch.nn.Module:
+                device: torch.device | str | None = None, gradient_checkpointing: bool = False,
+                lora_seed: int | None = None) -> torch.nn.Module:
     """The model a task trains, on the CPU (the caller moves it to `device`, which decides model.dtype=auto).
 
     Weights: base_weights (a folder: the base stage's save_pretrained cache, base_cache.py) instead of the
     checkpoint at model.name_or_path (model=hf) or a GPT-2 built from model_cfg. Same seed -> the same initial
-    weights on every worker (replicas start identical); the LoRA weights are seeded with seed + 1. A LoRA variant
-    keeps its frozen weights in model.dtype and its trainable LoRA weights in fp32 (peft's
-    autocast_adapter_dtype); full training (the base stage, model.lora.enabled=false) keeps fp32 master weights
-    whatever model.dtype says (autocast still computes in bf16 on a GPU)."""
+    weights on every worker (replicas start identical); the LoRA weights are seeded with lora_seed + 1 (a
+    replicate's training seed; default: seed). A LoRA variant keeps its frozen weights in model.dtype and its
+    trainable LoRA weights in fp32 (peft's autocast_adapter_dtype); full training (the base stage,
+    model.lora.enabled=false) keeps fp32 master weights whatever model.dtype says (autocast still computes in
+    bf16 on a GPU)."""
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
@@ -69,7 +71,7 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
         with warnings.catch_warnings():
             # GPT-2's Conv1D layers make peft warn about fan_in_fan_out; peft handles it.
             warnings.simplefilter("ignore")
-            torch.manual_seed(seed + 1)
+            torch.manual_seed((seed if lora_seed is None else lora_seed) + 1)
             model = get_peft_model(model, cfg)    # autocast_adapter_dtype (default): LoRA weights in fp32
     return model.train()        # from_pretrained returns a model in eval mode
 
