@@ -51,10 +51,16 @@ class Task:
     end: dict | None = None         # rank 0's last `end` row of the last attempt
     ended: bool = False             # an `end` row of the last attempt exists
     problems: list[str] = field(default_factory=list)   # damage left out of the report, in words
+    seed: int | None = None         # the training seed of this replicate (manifest, task.json, or the run's seed)
 
     @property
     def stage(self) -> str:
         return str(self.meta.get("stage", ""))
+
+    @property
+    def variant(self) -> str:
+        """The variant this task trains (a replicate r8-s1 trains r8); the task's name for older manifests."""
+        return str(self.meta.get("variant") or self.name)
 
     @property
     def has_events(self) -> bool:
@@ -157,11 +163,12 @@ def _last_attempt(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df.sort_values(["attempt", "time"], kind="stable").drop_duplicates(keys, keep="last")
 
 
-def load_task(run_dir: Path, name: str, meta: dict) -> Task:
+def load_task(run_dir: Path, name: str, meta: dict, run_seed: int | None = None) -> Task:
     task_dir = RunLayout(run_dir).task(name).dir
     if meta.get("task_dir") and not task_dir.is_dir():
         task_dir = Path(meta["task_dir"])
-    task = Task(name, meta, files=TaskPaths(task_dir).events_files())
+    paths = TaskPaths(task_dir)
+    task = Task(name, meta, files=paths.events_files(), seed=task_seed(meta, paths.task_file, run_seed))
     frames = []
     for path in task.files:
         rows = usable_rows(read_rows(path, task.problems), path, task.problems)
@@ -199,8 +206,31 @@ def load_task(run_dir: Path, name: str, meta: dict) -> Task:
 
 def load_run(run_dir: Path) -> tuple[dict, list[Task]]:
     manifest = load_manifest(run_dir)
-    return manifest, [load_task(run_dir, name, meta if isinstance(meta, dict) else {"state": meta})
+    seed = run_seed(run_dir)
+    return manifest, [load_task(run_dir, name, meta if isinstance(meta, dict) else {"state": meta}, seed)
                       for name, meta in manifest.get("tasks", {}).items()]
+
+
+def task_seed(meta: dict, task_file: Path, run_seed: int | None) -> int | None:
+    """A task's training seed: its manifest entry's `seed`, else its task.json's, else the run's `seed` (runs
+    made before seed replicates trained every task with it)."""
+    if isinstance(meta.get("seed"), int):
+        return meta["seed"]
+    try:
+        seed = json.loads(task_file.read_text()).get("seed")
+    except (OSError, ValueError, AttributeError):
+        seed = None
+    return seed if isinstance(seed, int) else run_seed
+
+
+def run_seed(run_dir: Path) -> int | None:
+    """The run's `seed` from its config.yaml (None when it is unreadable: the report goes on without it)."""
+    import yaml
+    try:
+        seed = (yaml.safe_load(RunLayout(run_dir).config.read_text()) or {}).get("seed")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return seed if isinstance(seed, int) else None
 
 
 def _number_list(v) -> bool:

@@ -28,34 +28,102 @@ def _grid(n: int, title: str, sharex: bool = False):
     return fig, list(axes.flat[:n])
 
 
-def _save(fig, out: Path, name: str) -> str:
-    """The figure as out/name, written atomically (WriteError, one line, when the disk refuses)."""
+def _save(fig, out: Path, name: str, fit_text: bool = False) -> str:
+    """The figure as out/name, written atomically (WriteError, one line, when the disk refuses). fit_text: the
+    canvas grows to hold text drawn outside the axes."""
     fig.tight_layout()
     png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=DPI)
+    fig.savefig(png, format="png", dpi=DPI, bbox_inches="tight" if fit_text else None)
     plt.close(fig)
     atomic_write(out / name, png.getvalue())
     return name
 
 
+def smooth(y, window: int):
+    """A centred rolling mean over `window` points (fewer at the ends)."""
+    import pandas as pd
+    return pd.Series(np.asarray(y, float)).rolling(window, center=True, min_periods=1).mean().to_numpy()
+
+
 def loss_curves(tasks: list[Task], base_val_loss: float | None, out: Path) -> str | None:
+    """Training loss (raw, faint, and smoothed) and held-out loss over the eval steps: one line per task (a seed
+    replicate), one colour per variant."""
     variants = [t for t in tasks if t.stage != "base" and (len(t.steps) or len(t.evals))]
     if not variants:
         return None
+    names = list(dict.fromkeys(t.variant for t in variants))
+    colour = {v: f"C{i % 10}" for i, v in enumerate(names)}
+    n_seeds = {v: sum(t.variant == v for t in variants) for v in names}
+    longest = max((len(t.steps) for t in variants), default=0)
+    window = max(1, longest // 10) | 1
     fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(12.8, 4))
+    labelled: set[tuple] = set()
+
+    def label(ax, v: str) -> str | None:
+        if (id(ax), v) in labelled:
+            return None
+        labelled.add((id(ax), v))
+        return f"{v} ({n_seeds[v]} seeds)" if n_seeds[v] > 1 else v
     for t in variants:
+        c = colour[t.variant]
         if len(t.steps):
-            train_ax.plot(t.steps["step"], t.steps["loss"], label=t.name, lw=1.2)
+            train_ax.plot(t.steps["step"], t.steps["loss"], color=c, lw=0.7, alpha=0.3)
+            train_ax.plot(t.steps["step"], smooth(t.steps["loss"], window), color=c, lw=1.5,
+                          label=label(train_ax, t.variant))
         if len(t.evals):
-            val_ax.plot(t.evals["step"], t.evals["val_loss"], marker="o", label=t.name)
+            val_ax.plot(t.evals["step"], t.evals["val_loss"], color=c, marker="o", ms=3, lw=1.2,
+                        label=label(val_ax, t.variant))
     if base_val_loss is not None:
         val_ax.axhline(base_val_loss, color="grey", ls="--", lw=1, label="base")
-    train_ax.set(title="training loss (global, token-weighted)", xlabel="step", ylabel="loss (nats/token)")
-    val_ax.set(title="held-out loss", xlabel="step", ylabel="loss (nats/token)")
+    smoothed = f"bold: rolling mean over {window} steps" if window > 1 else "too few steps to smooth"
+    train_ax.set(title=f"training loss per seed (faint: raw; {smoothed})", xlabel="step",
+                 ylabel="loss (nats/token)")
+    val_ax.set(title="held-out loss at each evaluation (train.eval_every)", xlabel="step",
+               ylabel="loss (nats/token)")
     for ax in (train_ax, val_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save(fig, out, "loss.png")
+
+
+def forest(summary: dict, out: Path) -> str | None:
+    """Each variant's held-out loss minus the best variant's, with its 95% interval: filled where the verdict
+    calls it a difference (after Holm's correction), hollow where not. The base is shown only when there is no
+    other variant (its gap would flatten the variants' differences; the tables have it)."""
+    best = (summary.get("winner") or {}).get("variant")
+    if not best:
+        return None
+    rows = []
+    for r in summary.get("ab", []):
+        if "diff" not in r or best not in (r["a"], r["b"]):
+            continue
+        other = r["b"] if r["a"] == best else r["a"]
+        sign = 1 if r["a"] == other else -1         # other minus best
+        lo, hi = sorted((sign * r["ci_low"], sign * r["ci_high"]))
+        rows.append((other, sign * r["diff"], lo, hi, bool(r.get("significant")), r.get("p_holm", r.get("p"))))
+    if any(r[0] != "base" for r in rows):
+        rows = [r for r in rows if r[0] != "base"]
+    if not rows:
+        return None
+    rows.sort(key=lambda x: x[1])
+    fig, ax = plt.subplots(figsize=(7.6, 1.6 + 0.45 * (len(rows) + 1)))
+    y = np.arange(len(rows), 0, -1)
+    ax.scatter([0], [len(rows) + 1], color="black", marker="D", zorder=3)
+    for yi, (name, diff, lo, hi, sig, p) in zip(y, rows):
+        ax.errorbar(diff, yi, xerr=[[diff - lo], [hi - diff]], fmt="o", color="black" if sig else "grey",
+                    mfc="black" if sig else "white", capsize=3, zorder=3)
+        ax.annotate(f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (f"  p={p:.2g}" if p is not None else ""),
+                    (1.01, yi), xycoords=("axes fraction", "data"), va="center", fontsize=8)
+    ax.axvline(0, color="grey", lw=1, ls="--")
+    ax.set_yticks([len(rows) + 1, *y], [f"{best} (best)", *[r[0] for r in rows]])
+    seeds = (summary.get("winner") or {}).get("n_seeds") or 1
+    rests = f"{seeds} seeds per variant" if seeds > 1 else "1 seed: eval-sample noise only"
+    ax.set(xlabel=f"held-out loss minus {best}'s (nats/token), 95% interval",
+           title=f"difference to the best variant ({rests})\nfilled: a difference the verdict calls; hollow: none "
+                 "detectable")
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_ylim(0.4, len(rows) + 1.6)
+    return _save(fig, out, "forest.png", fit_text=True)
 
 
 def device_load(tasks: list[Task], out: Path) -> str | None:
@@ -117,9 +185,9 @@ def memory_timeline(tasks: list[Task], out: Path) -> str | None:
     return _save(fig, out, "memory.png")
 
 
-def all_plots(tasks: list[Task], base_val_loss: float | None, out: Path) -> list[str]:
-    names = [loss_curves(tasks, base_val_loss, out), device_load(tasks, out), step_timeline(tasks, out),
-             memory_timeline(tasks, out)]
+def all_plots(tasks: list[Task], base_val_loss: float | None, out: Path, summary: dict | None = None) -> list[str]:
+    names = [loss_curves(tasks, base_val_loss, out), forest(summary or {}, out), device_load(tasks, out),
+             step_timeline(tasks, out), memory_timeline(tasks, out)]
     return [n for n in names if n]
 
 

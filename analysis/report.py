@@ -9,6 +9,10 @@ running or requeued run still gets a report of what exists, and says what is mis
 included: left out and named, never a reason to refuse). A diverged variant (its loss went non-finite) is
 listed as diverged at step N with its lr, and the verdict is among the others. The verdict names the winner
 and the path of its adapter (summary.json: `winner`; each variant's `adapter` and `adapter_best`).
+
+Seed replicates (`seeds=3`): summary.json's `variants` stays one entry per task (r8-s0, r8-s1, ...; the
+variant's name when it has one seed), `by_variant` gives each variant's mean, std and per-seed held-out losses
+and every replicate's adapter, and `ab` rows compare variants over seeds and eval batches (abtest.py).
 """
 from __future__ import annotations
 
@@ -28,8 +32,14 @@ DEFINITIONS = [
     "Losses are token-weighted means in nats per token; 'final' is the last held-out evaluation, 'best' the lowest.",
     f"Warm-up: the first {WARMUP_FRACTION:.0%} of steps (at least one) are left out of tokens/s, samples/s, "
     "step-time percentiles and MFU.",
-    "A/B: paired bootstrap over the eval batches (every task evaluates the same batches); +/- is the bootstrap "
-    "standard error, the interval the 2.5-97.5 percentiles of 2000 resamples (seed 0).",
+    "Verdict: the difference of two variants' mean held-out losses over their seeds, paired by eval batch (every "
+    "task evaluates the same batches) and by seed (the same data order). Its variance has a seeds part (training "
+    "noise: LoRA init, data order) and an eval-batches part (which held-out samples were drawn), from the two-way "
+    "ANOVA of seeds x eval batches; +/- is its standard error, the 95% interval adds each part's standard error "
+    "times its own Student t quantile in quadrature (Banerjee), the p-value inverts that interval. With one seed "
+    "it is a paired t-test over eval batches and covers eval-sample noise only. With more than two variants the "
+    "pairs' p-values get Holm's correction (not the comparisons with the base). Calibration on simulated runs: "
+    "benchmarks/results/verdict_calibration.md.",
     "Balance ratio of a step: max / mean over devices of busy time before the gradient sync (1.0 = all devices "
     "finish together); reported as the mean and p95 over steps. Cost balance ratio: the router's planned cost, "
     "max / mean (mean over steps).",
@@ -146,12 +156,14 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
         summary["base"]["val_loss"] = starts[0]
     summary["diverged"] = [diverged_line(t.name, t.diverged) for t in tasks if t.diverged]
     adapters = {n: v["adapter"] for n, v in summary["variants"].items()}
+    summary["by_variant"] = abtest.variant_table(tasks, adapters)
     summary["ab"] = abtest.compare_all(tasks, adapters)
     summary["winner"] = abtest.winner(tasks, summary["ab"], adapters)
     for row in summary["ab"]:
-        if row["b"] == "base" and row["a"] in summary["variants"]:
-            summary["variants"][row["a"]]["vs_base"] = {k: row.get(k) for k in ("diff", "se", "ci_low", "ci_high",
-                                                                                 "sentence")}
+        vs_base = {k: row.get(k) for k in ("diff", "se", "ci_low", "ci_high", "p", "sentence")}
+        for table in (summary["by_variant"], summary["variants"]):     # a variant; its task when it has one seed
+            if row["b"] == "base" and row["a"] in table:
+                table[row["a"]]["vs_base"] = vs_base
     summary["missing"] = [line for s in per_task.values() for line in s["missing"]]
     tables = {"steps_detail": pd.concat([metrics.per_step_table(t) for t in tasks] or [pd.DataFrame()]),
               "devices": pd.concat([metrics.device_table(t).assign(task=t.name) for t in tasks
@@ -169,7 +181,7 @@ def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None
     summary, tasks, tables = analyze(run_dir, peak_tflops)
     out = Path(out) if out else RunLayout(run_dir).report
     make_dir(out)
-    summary["plots"] = plots.all_plots(tasks, summary["base"]["val_loss"], out)
+    summary["plots"] = plots.all_plots(tasks, summary["base"]["val_loss"], out, summary)
     summary = finite(summary)
     steps = tables["steps_detail"]
     compat = (steps[steps["task"].isin(list(summary["variants"]))].rename(columns={
@@ -208,6 +220,7 @@ def document(summary: dict, tables: dict) -> list[tuple]:
     winner = [summary["winner"]["sentence"]] if summary.get("winner") else []
     verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]]
     b += [("h", 2, "Verdict"), ("ul", verdict or ["no variants to compare"])]
+    b += _seeds_section(summary)
     if summary["missing"]:
         b += [("h", 2, "What is missing"), ("ul", summary["missing"])]
     b += _variants_section(summary, tasks) + _balance_section(tasks, tables["devices"]) + _time_section(tasks)
@@ -218,6 +231,29 @@ def document(summary: dict, tables: dict) -> list[tuple]:
         b.append(("h", 2, "Plots"))
         b += [("img", p, p.removesuffix(".png").replace("_", " ")) for p in summary["plots"]]
     return b + [("h", 2, "Definitions"), ("ul", DEFINITIONS)]
+
+
+def _seeds_section(summary: dict) -> list[tuple]:
+    """Per variant, its held-out loss over seeds (shown when a variant has more than one seed)."""
+    by_variant = summary.get("by_variant") or {}
+    if not any(v["n_seeds"] > 1 for v in by_variant.values()):
+        return []
+    rows = []
+    for name, v in by_variant.items():
+        vs = v.get("vs_base") or {}
+        rows.append({"variant": name, "seeds": v["n_seeds"], "held-out mean": fmt(v["val_loss_mean"], ".4f"),
+                     "std over seeds": fmt(v["val_loss_std"], ".4f"),
+                     "range": f"{min(v['val_loss_per_seed']):.4f} to {max(v['val_loss_per_seed']):.4f}"
+                     if v["val_loss_per_seed"] else "-",
+                     "per seed": ", ".join(f"s{r['seed']} {r['val_loss']:.4f}" for r in v["replicates"]
+                                           if r["val_loss"] is not None) or "-",
+                     "best seed": "-" if v["best_seed"] is None else str(v["best_seed"]),
+                     "vs base (95% CI)": f"{vs['diff']:+.4f} ({vs['ci_low']:+.4f} to {vs['ci_high']:+.4f})"
+                     if vs.get("diff") is not None else "-"})
+    return [("h", 2, "Variants over seeds"), ("table", pd.DataFrame(rows)),
+            ("p", "Held-out loss (nats per token) of each seed replicate after training; the mean is what the "
+                  "verdict compares, the std (n-1) is the training noise one seed alone cannot show. The winner's "
+                  "adapter is its best seed's; every replicate's adapter is in summary.json (by_variant).")]
 
 
 def _state(s: dict) -> str | None:
@@ -319,6 +355,10 @@ def print_table(summary: dict) -> None:
                   str(v.get("oom_retries", "-")), str(v.get("steps")), str(v.get("devices")), str(v.get("policy")))
     console = Console(width=140)
     console.print(t)
+    for name, v in (summary.get("by_variant") or {}).items():
+        if v["n_seeds"] > 1:
+            console.print(f"{name}: held-out {v['val_loss_mean']:.4f} +/- {v['val_loss_std']:.4f} (std over "
+                          f"{v['n_seeds']} seeds)", highlight=False)
     if summary.get("winner"):
         console.print(summary["winner"]["sentence"], highlight=False)
     for line in summary.get("diverged", []):

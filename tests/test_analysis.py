@@ -113,7 +113,7 @@ def test_ab_point_estimate_is_the_plain_difference_of_token_weighted_losses(run_
 def test_report_files_and_the_html_renders_in_chromium(run_dir, tmp_path):
     report = run_dir / "report"
     s = summary_of(run_dir)
-    assert s["plots"] == ["loss.png", "device_load.png", "step_time.png", "memory.png"]
+    assert s["plots"] == ["loss.png", "forest.png", "device_load.png", "step_time.png", "memory.png"]
     for name in ("report.md", "report.html", "steps.csv", "steps_detail.csv", "devices.csv", "variants.csv",
                  "ab.csv", "evals.csv", *s["plots"]):
         assert (report / name).stat().st_size > 0, name

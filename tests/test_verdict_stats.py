@@ -1,0 +1,265 @@
+"""The verdict over seed replicates: its statistics against scipy's textbook tests, its calibration on simulated
+loss tables (hundreds of A/A and A/B experiments, no training: benchmarks/verdict_calibration.py has the
+simulation and writes the figures), its sentences and report on a synthetic run directory, and one real A/A
+run (two identical variants, several seeds) on this machine."""
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from conftest import run_cli, run_dir_of
+from slurm_router.analysis import abtest, stats
+from slurm_router.analysis.load import Task, load_run
+from slurm_router.analysis.report import write_report
+from verdict_calibration import REGIMES, Noise, band, holm_fwer, old_rejects, rate, simulate
+
+B = 32
+
+
+def rep(sums, tokens):
+    return {"loss_sums": np.asarray(sums, float), "tokens": np.asarray(tokens, float)}
+
+
+def held_out(r) -> float:
+    return r["loss_sums"].sum() / r["tokens"].sum()
+
+
+# ---- the statistics against scipy's textbook tests ---------------------------------------------------------------
+
+def test_one_seed_is_a_paired_t_test_over_eval_batches():
+    a, b = simulate(np.random.default_rng(0), n_seeds=1, effects=(0.0, 0.004))
+    r = stats.compare(a, b)
+    per_batch = stats.contributions(**a[0]) - stats.contributions(**b[0])     # exact: their mean is the diff
+    t = sps.ttest_1samp(per_batch, 0.0)
+    assert r.diff == pytest.approx(held_out(a[0]) - held_out(b[0]), abs=1e-12)
+    assert r.p == pytest.approx(t.pvalue, rel=1e-6) and (r.ci_low, r.ci_high) == pytest.approx(
+        tuple(t.confidence_interval(0.95)), rel=1e-6)
+    assert r.method == "batches" and not r.training_noise and r.n_batches == B
+
+
+def test_seeds_alone_is_a_paired_t_test_over_seeds():
+    """No eval-batch spread in the difference (every batch moves alike): the test is scipy's ttest_rel over the
+    seeds' held-out losses, with S - 1 df."""
+    tokens = np.full(B, 100.0)
+    hardness = np.linspace(2, 3, B)
+    shift_a, shift_b = [0.01, -0.02, 0.015, 0.0], [0.0, -0.01, 0.0, 0.002]
+    a = {s: rep((hardness + d) * tokens, tokens) for s, d in enumerate(shift_a)}
+    b = {s: rep((hardness + d) * tokens, tokens) for s, d in enumerate(shift_b)}
+    r = stats.compare(a, b)
+    t = sps.ttest_rel([held_out(a[s]) for s in a], [held_out(b[s]) for s in b])
+    assert r.method == "crossed" and r.n_seeds_paired == 4 and r.training_noise
+    assert r.diff == pytest.approx(np.mean(shift_a) - np.mean(shift_b))
+    assert r.p == pytest.approx(t.pvalue, rel=1e-6)
+
+
+def test_pairing_the_base_unshared_seeds_and_eval_batches_that_differ():
+    rng = np.random.default_rng(3)
+    a, b, base = simulate(rng, n_seeds=3, effects=(0.0, 0.0, 0.05))
+    r = stats.compare(a, {"base": base[0]}, b_fixed=True)         # one fixed model: pairs with every seed
+    assert r.method == "crossed" and (r.n_seeds_a, r.n_seeds_b) == (3, 1)
+    assert r.diff == pytest.approx(np.mean([held_out(x) for x in a.values()]) - held_out(base[0]))
+    shifted = {s + 10: x for s, x in b.items()}                   # other seeds: paired by eval batch only
+    assert stats.compare(a, shifted).method == "welch"
+    assert stats.compare({0: a[0]}, shifted).method == "batches"  # one seed on one side: no training noise
+    other = {0: rep(b[0]["loss_sums"], b[0]["tokens"] + 1)}
+    with pytest.raises(ValueError, match="different eval batches .*token counts differ"):
+        stats.compare({0: a[0]}, other)
+    with pytest.raises(ValueError, match="cannot be paired"):
+        stats.compare({0: a[0]}, {0: rep([1.0], [1])})
+
+
+def test_holm_adjusts_step_down():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002]) and stats.holm([0.9]) == [0.9]
+
+
+# ---- calibration on simulated loss tables -------------------------------------------------------------------------
+
+DRAWS = 1000
+LO, HI = band(DRAWS)        # binomial 99% band of an observed rate over 1000 draws when the true rate is 5%
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize("n_seeds", [3, 5])
+def test_a_over_a_says_no_difference_at_most_at_the_stated_rate(regime, n_seeds):
+    """Two equally good variants: 'a difference' in at most 5% of experiments (the upper end of the binomial
+    99% band over 1000 draws, 6.9%), and not a test that never fires (at least 1.5%: it is conservative, down to
+    ~2-3%, where the seeds and the eval batches both matter; benchmarks/results/verdict_calibration.md)."""
+    fpr = rate(lambda a, b: stats.compare(a, b).p < 0.05, DRAWS, seed=11 + n_seeds, n_seeds=n_seeds,
+               noise=REGIMES[regime])
+    assert 0.015 <= fpr <= HI, f"{regime}, {n_seeds} seeds: false-positive rate {fpr:.1%}"
+
+
+def test_a_over_a_is_exact_when_training_noise_dominates():
+    """The seeds' part alone: the interval is Student's t over the seeds, false positives at 5% +- sampling."""
+    fpr = rate(lambda a, b: stats.compare(a, b).p < 0.05, DRAWS, seed=4, n_seeds=3,
+               noise=Noise(variant_batch=0.0, replicate_batch=0.0003))
+    assert LO <= fpr <= HI, f"{fpr:.1%} outside the 99% band [{LO:.1%}, {HI:.1%}]"
+
+
+def test_holm_keeps_the_family_wise_rate_with_four_variants():
+    with_holm, without = holm_fwer(DRAWS, seed=9)
+    assert with_holm <= HI and without > 2 * HI, (with_holm, without)
+
+
+def test_one_seed_verdicts_are_fooled_by_training_noise():
+    """Why seeds: with training noise, the one-seed bootstrap claims a difference between equally good variants
+    in most experiments (the sentence of a one-seed verdict says its interval leaves training noise out)."""
+    assert rate(old_rejects, 200, seed=1, n_seeds=1) > 0.3
+
+
+def test_a_real_effect_is_found_with_seeds():
+    rng = np.random.default_rng(6)
+    found = sum(stats.compare(*simulate(rng, 5, effects=(0.0, 0.02))).p < 0.05 for _ in range(100))
+    assert found >= 90
+
+
+# ---- sentences and the report on a synthetic run directory -------------------------------------------------------
+
+def fake_run(root: Path, effects: dict, seeds: list[int], steps: int = 20, eval_every: int = 5,
+             seed_in_manifest: bool = True) -> Path:
+    """A run dir as slurm_router writes it (manifest, config.yaml, task.json, rank-0 events) with simulated
+    eval tables: variants x seeds replicates (task <variant>-s<seed>; <variant> with one seed) and a base."""
+    rng = np.random.default_rng(0)
+    *tables, base = simulate(rng, len(seeds), B, (*effects.values(), 0.08))
+    tokens, base_sums = base[0]["tokens"], base[0]["loss_sums"]
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text("experiment: lora_ab\nseed: 0\n")
+    tasks = {}
+
+    def write(name, variant, stage, seed, final_sums):
+        d = root / "tasks" / name
+        d.mkdir(parents=True)
+        (d / "task.json").write_text(json.dumps({"name": name, "variant": variant, "stage": stage, "seed": seed}))
+        ident = {"host": "h", "run_id": "r", "task": name, "variant": variant, "stage": stage, "attempt": 0,
+                 "device": 0, "policy": "balanced"}
+        rows = [{"event": "start", **ident, "time": 0.0, "steps": steps, "world": 1, "device_type": "cpu"}]
+        for step in range(steps + 1):
+            if step % eval_every == 0 or step == steps:
+                sums = base_sums + (final_sums - base_sums) * step / steps
+                rows.append({"event": "eval", **ident, "time": step + 0.5, "step": step,
+                             "val_loss": sums.sum() / tokens.sum(), "val_tokens": int(tokens.sum()),
+                             "batch_loss_sums": sums.tolist(), "batch_tokens": tokens.tolist()})
+            if step < steps:
+                rows.append({"event": "step", **ident, "time": step + 1.0, "step": step, "loss": 2.7 - 0.01 * step,
+                             "n_tokens": 4000, "n_samples": 16, "t_step_s": 0.1, "busy_s_all": [0.09]})
+        rows.append({"event": "end", **ident, "time": steps + 2.0, "exit_state": "completed"})
+        (d / "events-rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tasks[name] = {"stage": stage, "variant": variant, "index": len(tasks), "devices": 1, "state": "completed",
+                       "task_dir": str(d), "elapsed_s": 3.0, **({"seed": seed} if seed_in_manifest else {})}
+    write("base", "base", "base", 0, base_sums)
+    for (variant, _), table in zip(effects.items(), tables):
+        for j, seed in enumerate(seeds):
+            write(variant if len(seeds) == 1 else f"{variant}-s{seed}", variant, "variants", seed,
+                  list(table.values())[j]["loss_sums"])
+    (root / "manifest.json").write_text(json.dumps({
+        "run_id": "r", "experiment": "lora_ab", "run_dir": str(root), "launcher": "local", "host": "h",
+        "state": "completed", "tasks": tasks, "jobs": []}))
+    return root
+
+
+def test_a_one_seed_verdict_says_what_its_interval_leaves_out(tmp_path):
+    s = write_report(fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.02}, [0]))
+    pair = next(r for r in s["ab"] if r["b"] == "r32")
+    assert pair["sentence"].startswith("r32 beats r8 by 0.0")
+    assert "paired t-test over 32 eval batches of 1 seed" in pair["sentence"]
+    assert "eval-sample noise only, not training noise" in pair["sentence"] and "seeds=3" in pair["sentence"]
+    assert set(s["variants"]) == {"r8", "r32"} and s["by_variant"]["r8"]["n_seeds"] == 1
+    assert s["variants"]["r8"]["vs_base"]["diff"] == pytest.approx(s["by_variant"]["r8"]["vs_base"]["diff"])
+    md = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert "## Variants over seeds" not in md and pair["sentence"] in md
+    assert s["plots"][:2] == ["loss.png", "forest.png"]
+
+
+def test_three_seeds_three_variants_verdict_and_report(tmp_path):
+    run = fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.03, "r4": 0.0}, [0, 1, 2], seed_in_manifest=False)
+    s = write_report(run)             # seeds from task.json (the manifest entries have none here)
+    assert sorted(s["variants"]) == sorted(f"{v}-s{i}" for v in ("r8", "r32", "r4") for i in range(3))
+    v = s["by_variant"]["r32"]
+    losses = [s["variants"][f"r32-s{i}"]["val_loss"] for i in range(3)]
+    assert v["n_seeds"] == 3 and v["seeds"] == [0, 1, 2] and v["val_loss_per_seed"] == pytest.approx(losses)
+    assert v["val_loss_mean"] == pytest.approx(np.mean(losses)) and v["val_loss_std"] == pytest.approx(
+        np.std(losses, ddof=1))
+    pairs = {(r["a"], r["b"]): r for r in s["ab"]}
+    assert set(pairs) == {("r8", "r32"), ("r8", "r4"), ("r32", "r4"), ("r8", "base"), ("r32", "base"),
+                          ("r4", "base")}
+    for (a, b), r in pairs.items():
+        assert "3 seeds x 32 eval batches" in r["sentence"], r["sentence"]
+        assert ("Holm-adjusted for 3 comparisons" in r["sentence"]) == (b != "base")
+        assert r["diff"] == pytest.approx(s["by_variant"][a]["val_loss_mean"] - (
+            s["base"]["val_loss"] if b == "base" else s["by_variant"][b]["val_loss_mean"]), abs=1e-9)
+    assert pairs[("r8", "r32")]["significant"] and pairs[("r8", "r32")]["sentence"].startswith("r32 beats r8")
+    w = s["winner"]
+    best = min(range(3), key=lambda i: losses[i])
+    assert (w["variant"], w["n_seeds"], w["seed"], w["task"]) == ("r32", 3, best, f"r32-s{best}")
+    assert "mean of 3 seeds" in w["sentence"] and f"(seed {best}: the lowest held-out loss of its 3 seeds)" in \
+        w["sentence"]
+    report = run / "report"
+    md = (report / "report.md").read_text()
+    assert "## Variants over seeds" in md and re.search(r"\| r32 \| 3 \| 2\.\d{4} \| 0\.\d{4} \|", md), md
+    assert s["plots"][:2] == ["loss.png", "forest.png"] and (report / "forest.png").stat().st_size > 0
+
+
+def test_seeds_of_a_run_made_before_replicates_come_from_its_config(tmp_path):
+    run = fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.02}, [0], seed_in_manifest=False)
+    for task in (run / "tasks").iterdir():          # an old task.json: no seed field
+        spec = json.loads((task / "task.json").read_text())
+        spec.pop("seed")
+        (task / "task.json").write_text(json.dumps(spec))
+    (run / "config.yaml").write_text("experiment: lora_ab\nseed: 7\n")
+    s = write_report(run)
+    assert s["by_variant"]["r8"]["seeds"] == [7] and s["winner"]["variant"] == "r32"
+
+
+def test_a_replicate_not_trained_yet_is_left_out_and_the_count_says_so():
+    def task(name, variant, seed, step, shift):
+        t = Task(name, {"stage": "variants", "variant": variant}, seed=seed)
+        t.evals = pd.DataFrame([{"step": st, "val_loss": 3.0, "batch_loss_sums": [300 + sh, 310 + sh],
+                                 "batch_tokens": [100, 100]} for st, sh in ((0, 0), (step, shift))])
+        return t
+    tasks = [task("r8-s0", "r8", 0, 5, -10), task("r8-s1", "r8", 1, 5, -12), task("r8-s2", "r8", 2, 0, 0),
+             task("r32-s0", "r32", 0, 5, -11), task("r32-s1", "r32", 1, 5, -9)]
+    (row,) = [r for r in abtest.compare_all(tasks) if r["b"] == "r32"]
+    assert row["n_seeds_a"] == 2 and row["n_seeds_paired"] == 2 and "2 seeds x 2 eval batches" in row["sentence"]
+
+
+# ---- one real A/A run ---------------------------------------------------------------------------------------------
+
+AA = ["base.enabled=true", "base.steps=8", "seeds=4", "train.steps=12", "train.eval_every=6", "train.eval_batches=8",
+      "data.max_documents=60"]
+
+
+@pytest.mark.integration
+def test_a_real_a_over_a_run_says_no_difference(tmp_path, base_cache):
+    """One configuration trained with 4 seeds, its replicates taken as two identical variants: a (seeds 0, 1) and
+    b (seeds 2, 3). On this real training noise the verdict says 'no difference detectable'. (Two identical
+    variants of one run share their seeds, and a replicate is a function of its seed: they would be the same
+    computation, a difference of exactly 0.)"""
+    proc = run_cli(*AA, f"base.cache_dir={base_cache}", f"run_root={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = run_dir_of(proc)
+    s = json.loads((run_dir / "report" / "summary.json").read_text())
+    (main,) = s["by_variant"].values()
+    assert main["n_seeds"] == 4 and main["val_loss_std"] > 0, "the seeds moved the held-out loss: training noise"
+    tasks = load_run(run_dir)[1]
+    for t in tasks:
+        if t.stage != "base":
+            assert len(t.evals) == 3, "evaluated during training (train.eval_every): a held-out curve per seed"
+            t.meta = {**t.meta, "variant": "a" if t.seed < 2 else "b"}
+    (pair,) = [r for r in abtest.compare_all(tasks) if r["b"] != "base"]
+    assert pair["sentence"].startswith("a vs b: no difference detectable"), pair["sentence"]
+    assert "a 2 seeds, b 2 seeds (not the same ones) x 8 eval batches" in pair["sentence"]
+    assert pair["ci_low"] <= 0 <= pair["ci_high"] and pair["p"] >= 0.05
+
+
+def test_one_eval_batch_of_one_seed_gives_no_verdict_rather_than_an_exact_one():
+    """No spread to measure the noise by: the pair says so instead of a zero-width interval and p < 1e-6."""
+    from slurm_router.analysis import stats
+    a = {0: {"loss_sums": [40.0], "tokens": [10.0]}}
+    b = {0: {"loss_sums": [41.0], "tokens": [10.0]}}
+    with pytest.raises(ValueError, match="1 eval batch of 1 seed.*seeds=3"):
+        stats.compare(a, b)
