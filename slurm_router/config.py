@@ -492,7 +492,7 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
                             "the same training seeds): set seeds= outside the variant")
         try:
             # unsafe_merge takes over its inputs: a fresh copy, and the overrides as plain containers
-            out[name] = OmegaConf.unsafe_merge(pickle.loads(common), OmegaConf.to_container(overrides or {}))
+            out[name] = OmegaConf.unsafe_merge(pickle.loads(common), OmegaConf.to_container(overrides) if overrides else {})
         except OmegaConfBaseException as e:
             raise explain(e, where=f"variants.{name}: ") from None
     return out

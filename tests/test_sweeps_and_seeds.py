@@ -223,3 +223,11 @@ def test_three_seeds_on_slurm_are_one_array_job_of_six_tasks(tmp_path):
     assert sorted(rows) == sorted(f"{job['job_id']}_{i}" for i in range(6)), rows
     assert set(rows.values()) == {"COMPLETED"}, rows
     assert sorted(t["variant"] for t in job["tasks"]) == sorted(f"{v}-s{s}" for v in ("r8", "r32") for s in range(3))
+
+
+def test_a_variant_with_no_overrides_is_the_experiment_itself():
+    """`variants={a: {}, b: null}` (an A/A pair): each is the experiment's config as it is, not a traceback."""
+    from slurm_router.__main__ import compose
+    variants = validate(compose(["+experiment=lora_ab", "++variants={a: {}, b: null}"]))
+    assert list(variants) == ["r8", "r32", "a", "b"]
+    assert variants["a"].model.lora.r == variants["b"].model.lora.r == 8 and variants["a"].train.lr == 5e-3
