@@ -18,6 +18,7 @@ from tiny_checkpoints import make_checkpoint, prompt_completion_rows, write_json
 
 FAST = ["train.global_batch_size=8", "train.eval_batch_size=8", "train.eval_batches=2", "data.max_len=64",
         "data.max_documents=60", "launcher=local"]
+NO_EVERY = "train.eval_every=0"       # lora_ab evaluates every 25 steps: here only at the start and the end
 # The base stage of 4 steps, then 6 steps a variant, evaluated every 2, checkpointed at step 4 (the resume test);
 # a high lr, so that a variant's best held-out loss is not always its last
 WITH_BASE = ["base.enabled=true", "base.steps=4", "base.global_batch_size=8", "train.steps=6", "train.eval_every=2",
@@ -44,7 +45,7 @@ def llama_run(tmp_path_factory) -> tuple[Path, Path]:
     data = write_jsonl(tmp / "train.jsonl", prompt_completion_rows(96))
     return _run(tmp, "model=hf", f"model.name_or_path={checkpoint}", "data=jsonl", f"data.path={data}",
                 "data.prompt_field=prompt", "data.completion_field=completion", "data.val_fraction=0.1",
-                "train.steps=4", *[a for a in FAST if not a.startswith("data.max_documents")]), checkpoint
+                "train.steps=4", NO_EVERY, *[a for a in FAST if not a.startswith("data.max_documents")]), checkpoint
 
 
 # ---- what the test reuses from the worker: its data and batching, nothing of its model code ------------------
@@ -251,7 +252,7 @@ def test_a_resumed_task_ends_with_the_same_adapters(gpt2_run):
 # ---- no base stage: the seed-built base is saved once in the run dir ---------------------------------------------
 @pytest.mark.integration
 def test_without_a_base_stage_the_seed_built_base_is_saved_for_the_adapters(tmp_path):
-    run_dir = _run(tmp_path, "base.enabled=false", "train.steps=3", *FAST)
+    run_dir = _run(tmp_path, "base.enabled=false", "train.steps=3", NO_EVERY, *FAST)
     bases = {json.loads((run_dir / "tasks" / v / "adapter" / "adapter_config.json").read_text())
              ["base_model_name_or_path"] for v in ("r8", "r32")}
     assert len(bases) == 1 and Path(bases.pop()).parent == run_dir / "base-init", "one base, shared"
