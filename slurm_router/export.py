@@ -52,8 +52,13 @@ def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, s
         if not won:
             raise UserError(f"{run_dir}: no variant has a final held-out loss yet, so the report names no winner: "
                             f"name a VARIANT (its variants: {listed})")
-        variant, why = won["variant"], f"the report's winner ({won['sentence']})"
+        # with seeds=N the winner is a variant of N replicates: its best seed's task holds the adapter named
+        variant, why = won.get("task") or won["variant"], f"the report's winner ({won['sentence']})"
     elif variant not in names:
+        replicates = [n for n in names if manifest["tasks"][n].get("variant") == variant]
+        if replicates:
+            raise UserError(f"{run_dir}: {variant} ran {len(replicates)} training seeds: name one of its replicates "
+                            f"({', '.join(replicates)}), or leave VARIANT out for the report's winner")
         raise UserError(f"{run_dir}: no variant {variant!r}; its variants: {listed}")
     else:
         why = "as named"

@@ -204,6 +204,13 @@ def test_lora_ab_with_three_seeds(tmp_path, base_cache):
         assert len({losses[f"{v}-s{s}"][0] for s in (0, 1, 2)}) == 3
     for s in (0, 1, 2):                                 # and only with the seed: step 0 is the base on one batch
         assert losses[f"r8-s{s}"][0] == pytest.approx(losses[f"r32-s{s}"][0], rel=1e-6)
+    # export: the winner's adapter is its best seed's; a variant of 3 replicates is named by one of them
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    won = run_cli(str(run_dir), module="slurm_router.export")
+    assert won.returncode == 0 and f"tasks/{summary['winner']['task']}/adapter" in won.stdout, won.stderr
+    which = run_cli(str(run_dir), "r8", "--merge", str(tmp_path / "out"), module="slurm_router.export")
+    assert which.returncode == 2 and "r8 ran 3 training seeds: name one of its replicates (r8-s0" in which.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slurm
