@@ -3,6 +3,8 @@
     python -m slurm_router.analysis runs/lora_ab/2026-11-23_07-30-00
     python -m slurm_router.analysis RUN_A RUN_B [--out DIR]     # each run's report, plus comparison.* in
                                                                 # RUN_A/report (or DIR)
+    python -m slurm_router.analysis RUN_DIR --to mlflow         # replay the run's events into a tracker
+                                                                # (tensorboard | mlflow | wandb; trackers.py)
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from slurm_router.analysis.report import ReportError, print_table, report_run
 from slurm_router.checkpoint import WriteError
 from slurm_router.layout import RunLayout
+from slurm_router.trackers import KINDS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
                                                  "of several (default: the first run's report/)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak (bf16 dense) TFLOP/s for MFU, when "
                                                           "the events do not name the GPU model")
+    parser.add_argument("--to", choices=KINDS, help="replay each task's events into this experiment tracker "
+                                                    "(the run's tracker.* settings; W&B offline unless WANDB_MODE)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.to:
+        return _replay(args.run_dirs, args.to)
     single = len(args.run_dirs) == 1
     runs = []
     for run_dir in args.run_dirs:
@@ -48,6 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         table = write_comparison(runs, out)
         print(table[["run", "variant", "val_loss", "tokens_per_s", "speedup", "balance_ratio"]].to_string(index=False))
         print(f"comparison: {out / 'comparison.md'}")
+    return 0
+
+
+def _replay(run_dirs: list[Path], kind: str) -> int:
+    from slurm_router.config import UserError
+    from slurm_router.trackers import replay
+    if len(run_dirs) != 1:
+        print(f"error: --to {kind} replays one run: give one RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        lines = replay(run_dirs[0], kind)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
     return 0
 
 

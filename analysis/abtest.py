@@ -16,10 +16,9 @@ variant, and names its adapter (tasks/<task>/adapter/, slurm_router/adapters.py)
 lowest held-out loss (the verdict is about the variant; the best replicate is the one to use), and the
 report lists every replicate's adapter.
 
-paired_bootstrap() is the verdict before seeds (one training run per variant; resampling eval batches):
-compare.py still uses it for the same variant across runs (routing never changes the math), and
-benchmarks/verdict_calibration.py shows how often it claims a difference between identical variants once
-training noise exists.
+paired_bootstrap() is the verdict before seeds (one training run per variant; resampling eval batches), kept as
+the baseline of benchmarks/verdict_calibration.py, which shows how often it claims a difference between
+identical variants once training noise exists.
 """
 from __future__ import annotations
 
@@ -68,23 +67,6 @@ def paired_bootstrap(a: dict, b: dict, n_boot: int = N_BOOT, seed: int = SEED) -
             "n_batches": n, "same_tokens": bool(np.array_equal(a["tokens"], b["tokens"]))}
 
 
-def verdict(name_a: str, name_b: str, r: dict) -> str:
-    """A plain sentence; A's loss minus B's is r['diff'] (lower held-out loss is better)."""
-    nd = 3 if max(abs(r["ci_low"]), abs(r["ci_high"])) >= 0.01 else 4      # keep small effects readable
-    rough = " (few eval batches: a rough interval)" if r["n_batches"] < 10 else ""
-    how = f"paired bootstrap over {r['n_batches']} eval batches"
-    if abs(r["diff"]) < NEGLIGIBLE:
-        return (f"{name_a} vs {name_b}: no difference detectable: {r['diff']:+.2g} nats per token, below "
-                f"{NEGLIGIBLE:g} (float rounding, not an effect; {how})")
-    if r["ci_low"] <= 0 <= r["ci_high"]:
-        return (f"{name_a} vs {name_b}: no difference detectable: {r['diff']:+.{nd}f} +/- {r['se']:.{nd}f} nats per "
-                f"token (95% CI {r['ci_low']:+.{nd}f} to {r['ci_high']:+.{nd}f} includes 0; {how}){rough}")
-    winner, loser = (name_a, name_b) if r["diff"] < 0 else (name_b, name_a)
-    lo, hi = sorted((abs(r["ci_low"]), abs(r["ci_high"])))
-    return (f"{winner} beats {loser} by {abs(r['diff']):.{nd}f} +/- {r['se']:.{nd}f} nats per token "
-            f"(95% CI {lo:.{nd}f} to {hi:.{nd}f}, {how}){rough}")
-
-
 def base_batches(tasks: list[Task]) -> tuple[dict | None, str]:
     """The base model's eval batches: the base stage's last eval, else any variant's step-0 eval (a variant
     starts from the base weights, so its step-0 eval IS the base's, e.g. when the base stage was cached)."""
@@ -115,21 +97,32 @@ class Replicate:
 
 
 def replicates(tasks: list[Task]) -> dict[str, list[Replicate]]:
-    """Every variant (in the order its first task appears) -> its replicates, diverged ones left out (the report
-    lists them as diverged). A replicate whose only evaluation is its step-0 one is not trained yet."""
+    """Every variant (in the order its first task appears) -> its replicates, diverged and pruned ones left out
+    (the report lists them as such). A replicate whose only evaluation is its step-0 one is not trained yet."""
     out: dict[str, list[Replicate]] = {}
     for t in tasks:
-        if t.stage == "base" or t.diverged:
+        if t.stage == "base" or t.diverged or t.pruned:
             continue
         b = eval_batches(t)
         out.setdefault(t.variant, []).append(Replicate(t.name, t.seed, b if b and b["step"] > 0 else None))
     return out
 
 
+def pruned(tasks: list[Task]) -> dict[str, list[dict]]:
+    """Variant -> its replicates that prune=true stopped: [{task, seed, step, detail}] (slurm_router/prune.py)."""
+    out: dict[str, list[dict]] = {}
+    for t in tasks:
+        if t.stage != "base" and t.pruned:
+            out.setdefault(t.variant, []).append({"task": t.name, "seed": t.seed, **t.pruned})
+    return out
+
+
 def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = None) -> dict[str, dict]:
     """Per variant, over its trained seeds: n_seeds, seeds, the held-out loss's mean, std (n-1; None with one
-    seed) and per-seed values, the best seed, and each replicate's task, loss and adapter."""
+    seed) and per-seed values, the best seed, and each replicate's task, loss and adapter; `pruned`: its
+    replicates that prune=true stopped (a variant whose every replicate was pruned has n_seeds 0)."""
     out = {}
+    stopped = pruned(tasks)
     for variant, reps in replicates(tasks).items():
         done = [r for r in reps if r.batches is not None]
         losses = [r.val_loss for r in done]
@@ -142,7 +135,13 @@ def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = No
             "best_seed": best.seed if best else None, "best_task": best.task if best else None,
             "replicates": [{"task": r.task, "seed": r.seed, "val_loss": r.val_loss,
                             "step": r.batches["step"] if r.batches else None,
-                            "adapter": (adapters or {}).get(r.task)} for r in reps]}
+                            "adapter": (adapters or {}).get(r.task)} for r in reps],
+            "pruned": stopped.get(variant, [])}
+    for variant, reps in stopped.items():
+        out.setdefault(variant, {
+            "n_seeds": 0, "seeds": [], "tasks": [r["task"] for r in reps], "val_loss_mean": None,
+            "val_loss_std": None, "val_loss_per_seed": [], "best_seed": None, "best_task": None, "replicates": [],
+            "pruned": reps})
     return out
 
 
@@ -158,8 +157,8 @@ def compare_all(tasks: list[Task], adapters: dict[str, str | None] | None = None
     rows = []
     for na, nb in pairs:
         row = {"a": na, "b": nb}
-        side_a = _done(groups[na])
-        side_b = ({"base": base} if base else {}) if nb == "base" else _done(groups[nb])
+        side_a = trained(groups[na])
+        side_b = ({"base": base} if base else {}) if nb == "base" else trained(groups[nb])
         missing = [n for n, side in ((na, side_a), (nb, side_b)) if not side]
         if missing:
             row["sentence"] = f"{na} vs {nb}: no verdict ({', '.join(missing)}: no held-out loss after training yet)"
@@ -181,7 +180,8 @@ def compare_all(tasks: list[Task], adapters: dict[str, str | None] | None = None
     return rows
 
 
-def _done(reps: list[Replicate]) -> dict:
+def trained(reps: list[Replicate]) -> dict:
+    """{seed: eval batches} of the replicates trained so far (what stats.compare takes for one side)."""
     return {r.key: r.batches for r in reps if r.batches is not None}
 
 
@@ -276,13 +276,16 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
     others = [n for _, n in scored if n != name]
     beaten = [r for r in rows if r["b"] != "base" and name in (r["a"], r["b"]) and r.get("significant")
               and (r["a"] if r["diff"] < 0 else r["b"]) == name]
-    decided = bool(others) and len(beaten) == len(others)
+    # a variant every replicate of which was pruned lost to the best one at that evaluation (prune.py)
+    lost = [n for n in pruned(tasks) if n not in groups]
+    decided = bool(others or lost) and len(beaten) == len(others)
     adapter, why = best_adapter(groups[name], adapters)
     loss = f"held-out loss {val_loss:.4f}" + (f", mean of {len(done)} seeds" if len(done) > 1 else "")
-    if not others:
+    if not others and not lost:
         what = f"{name}: {loss} (the only variant with one)"
     elif decided:
-        what = f"winner: {name} ({loss}; beats {', '.join(others)})"
+        beats = others + [f"{n} (pruned)" for n in lost]
+        what = f"winner: {name} ({loss}; beats {', '.join(beats)})"
     else:
         what = (f"lowest held-out loss: {name} ({loss}), not a detectable win over "
                 f"{', '.join(n for n in others if not any(n in (r['a'], r['b']) for r in beaten))}")

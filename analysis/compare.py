@@ -1,7 +1,8 @@
 """Several runs side by side (e.g. two router policies on the same experiment): one row per (run, task),
-speed-up against the first run, and, for a task present in several runs, the held-out losses compared by
-the same paired bootstrap (routing must not change the math, so 'no difference detectable' is expected
-between policies)."""
+speed-up against the first run, and, for a variant present in several runs, its held-out loss compared with the
+first run's by the verdict's statistics (abtest.py, stats.compare: over its seeds and eval batches, paired by
+seed and eval batch when both runs ran the same seeds). Routing must not change the math, so 'no difference
+detectable' (float rounding) is expected between policies; another lr or data order is a real difference."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from slurm_router.analysis import abtest, plots
+from slurm_router.analysis import abtest, plots, stats
 from slurm_router.analysis.load import Task, atomic_write, make_dir
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import fmt, pct, to_html, to_markdown
@@ -39,21 +40,27 @@ def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dic
                          "useful_token_fraction": v.get("useful_token_fraction"),
                          "step_time_p50_s": (v.get("step_time_s") or {}).get("p50"),
                          "oom_retries": v.get("oom_retries"), "device_hours": v.get("device_hours")})
+    return rows, across_runs(labels, [tasks for _, _, tasks in runs])
+
+
+def across_runs(labels: list[str], runs: list[list[Task]]) -> list[str]:
+    """Each variant of each later run against the same variant of the first run, one sentence each (a diverged
+    or pruned replicate has no result and is left out, as in the verdict)."""
     sentences = []
-    ref_label, (_, _, ref_tasks) = labels[0], runs[0]
-    ref = {t.name: abtest.eval_batches(t) for t in ref_tasks if t.stage != "base" and not t.diverged}
-    for label, (_, _, tasks) in zip(labels[1:], runs[1:]):
-        for t in tasks:
-            a, b = abtest.eval_batches(t), ref.get(t.name)
-            if t.stage == "base" or t.diverged or a is None or b is None:      # a diverged one has no result
+    ref = {v: abtest.trained(reps) for v, reps in abtest.replicates(runs[0]).items()}
+    for label, tasks in zip(labels[1:], runs[1:]):
+        for variant, reps in abtest.replicates(tasks).items():
+            a, b = abtest.trained(reps), ref.get(variant)
+            if not a or not b:
                 continue
             try:
-                r = abtest.paired_bootstrap(a, b)
+                r = stats.compare(a, b).as_dict()
             except ValueError as e:
-                sentences.append(f"{t.name}: {label} vs {ref_label}: no verdict ({e})")
+                sentences.append(f"{variant}: {label} vs {labels[0]}: no verdict ({e})")
                 continue
-            sentences.append(f"{t.name}: " + abtest.verdict(label, ref_label, r))
-    return rows, sentences
+            r["significant"] = bool(r["p"] < 1 - abtest.LEVEL and abs(r["diff"]) >= abtest.NEGLIGIBLE)
+            sentences.append(f"{variant}: " + abtest.sentence(label, labels[0], r))
+    return sentences
 
 
 def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd.DataFrame:

@@ -92,6 +92,15 @@ class Task:
         return {"step": None if step is None else int(step), "lr": (self.start or {}).get("lr"),
                 "detail": self.end.get("detail")}
 
+    @property
+    def pruned(self) -> dict | None:
+        """{step, detail} when prune=true stopped this task at an evaluation (slurm_router/prune.py), else None."""
+        if not self.end or self.end.get("exit_state") != "pruned":
+            return None
+        step = self.end.get("step")
+        return {"step": None if step is None else int(step),
+                "detail": self.end.get("detail") or f"{self.name}: pruned at step {step}"}
+
 
 def load_manifest(run_dir: Path) -> dict:
     path = RunLayout(run_dir).manifest

@@ -7,7 +7,8 @@ Figures and their definitions live in metrics.py (balance, useful tokens, MFU), 
 and jobfacts.py (seff-like job facts and advice); plots.py draws, render.py writes md and html. A failed,
 running or requeued run still gets a report of what exists, and says what is missing (damaged event lines
 included: left out and named, never a reason to refuse). A diverged variant (its loss went non-finite) is
-listed as diverged at step N with its lr, and the verdict is among the others. The verdict names the winner
+listed as diverged at step N with its lr, and the verdict is among the others; so is a variant that prune=true
+stopped early (slurm_router/prune.py): its line says at which evaluation and why. The verdict names the winner
 and the path of its adapter (summary.json: `winner`; each variant's `adapter` and `adapter_best`).
 
 Seed replicates (`seeds=3`): summary.json's `variants` stays one entry per task (r8-s0, r8-s1, ...; the
@@ -71,6 +72,8 @@ def summarize_task(task: Task, facts: dict, peak_tflops: float | None = None) ->
     s.update(metrics.losses(task))
     if task.diverged:           # no trained model to judge: its last losses are not a result
         s.update(diverged=task.diverged, state="diverged", val_loss=None, train_loss=None)
+    if task.pruned:             # stopped early on purpose: its last held-out loss is at the step it stopped
+        s.update(pruned=task.pruned, state="pruned")
     s.update(metrics.throughput(task))
     s.update(metrics.balance(task))
     s["oom_retries"] = metrics.oom_retries(task)
@@ -101,7 +104,7 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     """What this task's report lacks, in words ('r32: no events yet')."""
     state = (facts.get("state") or "").upper()
     n, want = s["steps"], task.expected_steps
-    if state == "CACHED" or task.diverged:      # a diverged task is listed with the verdict, not as missing
+    if state == "CACHED" or task.diverged or task.pruned:   # listed with the verdict, not as missing
         return []
     never = (facts.get("reason") or "").partition("DependencyNeverSatisfied: ")[2]
     if never and not task.has_events:           # cancelled by Slurm: the stage it waited on failed (status_parse)
@@ -155,6 +158,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
     if starts:
         summary["base"]["val_loss"] = starts[0]
     summary["diverged"] = [diverged_line(t.name, t.diverged) for t in tasks if t.diverged]
+    summary["pruned"] = [t.pruned["detail"] for t in tasks if t.stage != "base" and t.pruned]
     adapters = {n: v["adapter"] for n, v in summary["variants"].items()}
     summary["by_variant"] = abtest.variant_table(tasks, adapters)
     summary["ab"] = abtest.compare_all(tasks, adapters)
@@ -218,7 +222,8 @@ def document(summary: dict, tables: dict) -> list[tuple]:
             f"state {summary.get('state')}")
     b: list[tuple] = [("h", 1, f"{summary['experiment']}: run report"), ("p", head)]
     winner = [summary["winner"]["sentence"]] if summary.get("winner") else []
-    verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]]
+    verdict = (winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]]
+               + summary.get("pruned", []))
     b += [("h", 2, "Verdict"), ("ul", verdict or ["no variants to compare"])]
     b += _seeds_section(summary)
     if summary["missing"]:
@@ -257,15 +262,18 @@ def _seeds_section(summary: dict) -> list[tuple]:
 
 
 def _state(s: dict) -> str | None:
-    """A task's state in the tables: 'diverged', else the job's (Slurm's word) or the manifest's."""
-    return "diverged" if s.get("diverged") else (s.get("job") or {}).get("state") or s.get("state")
+    """A task's state in the tables: 'diverged' or 'pruned', else the job's (Slurm's word) or the manifest's."""
+    if s.get("diverged") or s.get("pruned"):
+        return "diverged" if s.get("diverged") else "pruned"
+    return (s.get("job") or {}).get("state") or s.get("state")
 
 
 def _variants_section(summary: dict, tasks: dict[str, dict]) -> list[tuple]:
     base = summary["base"].get("val_loss")
     rows = [{"task": n, "state": _state(s),
              "steps": "cached" if s.get("state") == "cached" else f"{s['steps']}/{s.get('expected_steps') or '?'}"
-             + (f" (diverged at step {s['diverged']['step']})" if s.get("diverged") else ""),
+             + (f" (diverged at step {s['diverged']['step']})" if s.get("diverged") else "")
+             + (f" (pruned at step {s['pruned']['step']})" if s.get("pruned") else ""),
              "final held-out": fmt(s.get("val_loss"), ".4f"),
              "best held-out (step)": f"{s['best_val_loss']:.4f} ({s['best_val_loss_step']})"
              if "best_val_loss" in s else "-",
@@ -349,6 +357,7 @@ def print_table(summary: dict) -> None:
     t.add_row("base", fmt(base, ".4f"), *[""] * (len(cols) - 2))
     for name, v in summary["variants"].items():
         val = "diverged" if v.get("diverged") else fmt(v.get("val_loss"), ".4f")
+        val += f" (pruned at {v['pruned']['step']})" if v.get("pruned") else ""
         t.add_row(name, val, fmt(v.get("train_loss"), ".4f"),
                   fmt(v.get("tokens_per_s"), ",.0f"), fmt(v.get("balance_ratio"), ".3f"),
                   fmt(v.get("cost_balance_ratio"), ".3f"), pct(v.get("useful_token_fraction"), 0),
@@ -365,5 +374,10 @@ def print_table(summary: dict) -> None:
         console.print(line, highlight=False)
     for row in summary.get("ab", []):
         console.print(row["sentence"], highlight=False)
+    for line in summary.get("pruned", []):
+        console.print(line, highlight=False)
     for line in summary.get("missing", []):
         console.print(f"missing: {line}", highlight=False)
+    from slurm_router.trackers import tracker_lines     # tracker=...: where to look, and the `wandb sync` line
+    for line in tracker_lines(summary["run_dir"]):
+        print(line, flush=True)

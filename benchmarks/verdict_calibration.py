@@ -131,10 +131,68 @@ def power(effect: float, n_seeds: int, n_draws: int, seed: int = 5) -> float:
     return wins / n_draws
 
 
+def prune_rates(n_draws: int, seed: int, effects=(0.0, 0.0, 0.0), n_seeds: int = 3, looks: int = 4,
+                noise: Noise = Noise(), single_seed_ok: bool = False) -> tuple[float, float]:
+    """prune=true (slurm_router/prune.py) over `looks` evaluations of len(effects) variants (the first is the
+    best; effect > 0 is worse by that much): (the share of draws where a variant as good as the best is ever
+    pruned, the share where each worse variant is pruned, averaged). Each look draws fresh tables: evaluations
+    of one run are correlated over time, which only lowers the first rate (Bonferroni holds under any
+    dependence). single_seed_ok: what the rule would do if it pruned on eval-sample noise alone."""
+    from slurm_router import prune
+    rng = np.random.default_rng(seed)
+    names = [f"v{i}" for i in range(len(effects))]
+    equal = [n for n, e in zip(names, effects) if e == effects[0]]
+    worse = [n for n, e in zip(names, effects) if e > effects[0]]
+    false_prunes, caught = 0, 0
+    for _ in range(n_draws):
+        gone = set()
+        for look in range(looks):
+            groups = dict(zip(names, simulate(rng, n_seeds, effects=effects, noise=noise)))
+            gone |= {n for n in names if n not in gone and prune.decide(groups, n, look + 1, looks,
+                                                                       single_seed_ok=single_seed_ok)}
+        false_prunes += bool(gone & set(equal))
+        caught += len(gone & set(worse))
+    return false_prunes / n_draws, caught / (n_draws * max(1, len(worse)))
+
+
 def band(n_draws: int, p: float = ALPHA, level: float = 0.99) -> tuple[float, float]:
     """The binomial `level` band of an observed rate over n_draws when the true rate is p."""
     lo, hi = sps.binom.interval(level, n_draws, p)
     return lo / n_draws, hi / n_draws
+
+
+def prune_section(n: int) -> list[str]:
+    """prune=true: how often an equally good variant is stopped, and how often a worse one is."""
+    lines = ["", "## prune=true: early stops (slurm_router/prune.py)", "",
+             f"3 variants, 4 in-training evaluations (each a fresh draw), {n} simulated runs per cell, default "
+             "noise. A/A: all three equally good, the share of runs where any variant is ever pruned (wanted: at "
+             "most 5%). A/B: one variant worse by the effect (nats per token), the share of runs where it is "
+             "pruned at some evaluation.", "",
+             "| seeds | A/A: any pruned | worse by 0.005 | worse by 0.01 | worse by 0.02 |", "|---:|---:|---:|---:|---:|"]
+    for S in (2, 3, 5):
+        aa, _ = prune_rates(n, 11, n_seeds=S)
+        caught = [prune_rates(n, 12, effects=(0.0, 0.0, e), n_seeds=S)[1] for e in (0.005, 0.01, 0.02)]
+        lines.append(f"| {S} | **{aa:.1%}** | " + " | ".join(f"{c:.0%}" for c in caught) + " |")
+    lines += ["", "With one seed the interval cannot include training noise: without that rule, the same A/A runs "
+              f"prune a variant {prune_rates(n, 11, n_seeds=1, single_seed_ok=True)[0]:.0%} of the time, so "
+              "prune=true needs seeds >= 2 (and waits for a second seed of each side before it decides)."]
+    return lines
+
+
+def write_prune_section(n: int) -> None:
+    """Replace (or insert, before the real run's section) the prune section of the results file."""
+    t0 = time.time()
+    section = "\n".join(prune_section(n)[1:]) + f"\n\n(this section: `--prune-only`, {time.time() - t0:.0f} s)\n"
+    text = RESULTS.read_text()
+    head, _, rest = text.partition("## prune=true")
+    if rest:                                    # drop the old section: up to the next heading
+        nxt = rest.find("\n## ")
+        rest = rest[nxt + 1:] if nxt >= 0 else ""
+    else:
+        head, sep, rest = text.partition("## A real run")
+        rest = sep + rest
+    RESULTS.write_text(head + section + ("\n" + rest if rest else ""))
+    print(section)
 
 
 AA_ROWS = [(1, 32, True), (2, 32, True), (3, 32, True), (5, 32, True), (10, 32, True), (3, 16, True),
@@ -174,8 +232,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--run", type=Path, help="also report the noise sizes of this real run with seeds")
+    parser.add_argument("--prune-only", action="store_true",
+                        help="recompute only the prune=true section of the results file (the rest stays)")
     args = parser.parse_args()
     n = args.draws
+    if args.prune_only:
+        return write_prune_section(min(n, 1000))
     t0 = time.time()
     lo, hi = band(n)
     lines = ["# Verdict calibration (simulated loss tables)", "",
@@ -218,6 +280,7 @@ def main() -> None:
               "", "| effect | 2 seeds | 3 seeds | 5 seeds | 10 seeds |", "|---:|---:|---:|---:|---:|"]
     for effect in (0.002, 0.005, 0.01, 0.02):
         lines.append(f"| {effect} | " + " | ".join(f"{power(effect, S, n):.0%}" for S in (2, 3, 5, 10)) + " |")
+    lines += prune_section(min(n, 1000))
     if args.run:
         lines += real_run(args.run)
     lines += ["", f"Computed in {time.time() - t0:.0f} s."]

@@ -15,7 +15,7 @@ fi
 
 # torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build onto a CPU machine.
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.13.0"
-python3 -m pip install -q -e ".[test]"
+python3 -m pip install -q -e ".[test,tracking]"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/slurm_test_cluster.sh

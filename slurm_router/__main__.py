@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+from pathlib import Path
 
 if __name__ == "__main__":      # a Ctrl-C while the imports below load: one line and 130, as main() does later
     import signal
@@ -25,9 +26,10 @@ if __name__ == "__main__":      # a Ctrl-C while the imports below load: one lin
 from slurm_router.config import UserError
 
 USAGE = """usage: python -m slurm_router [-m] [+experiment=NAME] [group=option ...] [key=value ...]
-  groups: model data router launcher experiment (see conf/); e.g. +experiment=lora_ab router=round_robin
+  groups: model data router launcher tracker experiment (see conf/); e.g. +experiment=lora_ab router=round_robin
   values: train.steps=20 train.lr=1e-3 resources.devices_per_task=2 data=text_dir data.path=/my/texts
-  seeds:  seeds=3 runs every variant with 3 training seeds (seed, seed+1, seed+2), or seeds=[0,5,9]
+  seeds:  seeds=3 runs every variant with 3 training seeds (seed, seed+1, seed+2), or seeds=[0,5,9];
+          prune=true (with seeds >= 2 and train.eval_every) stops clear losers at an evaluation
   sweep:  -m (--multirun) model.lora.r=4,8 train.lr=range(1,4) router=round_robin,balanced: Hydra's sweep syntax,
           the grid's variants in one run (named from their overrides, e.g. r4_lr1e-3)
   resume: resume=RUN_DIR continues that run's unfinished tasks from their checkpoints with the run's own
@@ -109,11 +111,14 @@ def _one_line_errors():
 
 def _missing_option(e) -> UserError:
     text = str(e)
-    m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    m = re.search(r"Could not (?:find|load) '([^/']+)/([^']+)'", text)     # load: one of a list (tracker=[a,b])
     # the launcher schemas sit in the launcher group too (ConfigStore): they are not options to pick
     options = [o for o in re.findall(r"^\t(\S+)$", text, flags=re.M) if not o.endswith("_schema")]
     if m:
         group, option = m.groups()
+        if not options:             # Hydra lists them only for a single option, not for one of a list
+            from slurm_router.config import conf_dir
+            options = sorted(p.stem for p in (Path(conf_dir()) / group).glob("*.yaml"))
         return UserError(f"{group}={option}: no such {group} in conf/{group}/; choose one of: "
                          f"{', '.join(options) or '(none)'}")
     return UserError(text.strip().splitlines()[0])

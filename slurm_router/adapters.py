@@ -103,14 +103,8 @@ def write_folder(path: str | os.PathLike, write, replace: bool = True) -> bool:
         raise
 
 
-def quiet_transformers() -> None:
-    """No progress bars or advice lines from save_pretrained in a task's log."""
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
 # ---- the base an adapter sits on ----------------------------------------------------------------------------
+
 def init_key(cfg) -> str:
     """What shapes a seed-built base: the model (not its LoRA) and the seed."""
     from omegaconf import OmegaConf
@@ -129,8 +123,7 @@ def save_init_base(run_dir: str, cfg, tokenizer) -> Path:
     from slurm_router.train.byte_tokenizer import to_transformers
     from slurm_router.train.model import build_model
     with torch.random.fork_rng(devices=[]):         # the training's RNG streams are not disturbed
-        model = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)
-    quiet_transformers()
+        model = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)     # transformers quieted
     hf_tok = to_transformers(tokenizer, cfg.model.get("n_positions"))
     write_folder(folder, lambda tmp: (model.save_pretrained(tmp), hf_tok.save_pretrained(tmp)), replace=False)
     return folder
@@ -197,6 +190,7 @@ class AdapterSaver:
         return out
 
     def _save(self, model, folder: Path, step: int, val_loss: float) -> None:
+        from slurm_router.train.model import quiet_transformers
         quiet_transformers()
         base = self.base if self.spec.lora else None
         record = json.dumps({"task": self.spec.name, "step": step, "val_loss": val_loss,

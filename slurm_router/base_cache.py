@@ -31,7 +31,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurm_router.checkpoint import WriteError, atomic_write_text, sidecar_path, verify_file
+from slurm_router.checkpoint import WriteError, atomic_write_text, file_sha256, sidecar_path, verify_file
 from slurm_router.config import UserError, check_writable_dir, nearest_existing
 from slurm_router.layout import BASE_META, BASE_WEIGHTS
 
@@ -162,7 +162,8 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
     (one safetensors file), the tokenizer (a transformers one; default: the byte tokenizer), the weights'
     sidecar and meta.json last, and is renamed into place. WriteError if the disk refuses (one line; nothing
     half-written stays)."""
-    from slurm_router.adapters import quiet_transformers, write_folder
+    from slurm_router.adapters import write_folder
+    from slurm_router.train.model import quiet_transformers
     from slurm_router.train.byte_tokenizer import transformers_byte_tokenizer
     folder = Path(folder)
     meta_path(folder).unlink(missing_ok=True)
@@ -178,14 +179,10 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
         model.save_pretrained(tmp, max_shard_size="1000GB")
         tokenizer.save_pretrained(tmp)
         weights = weights_file(tmp)
-        sha, n = hashlib.sha256(), 0
-        with open(weights, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                sha.update(block)
-                n += len(block)
+        sha, n = file_sha256(weights)
         atomic_write_text(sidecar_path(weights), json.dumps(
             {"format": FORMAT, "kind": "base weights", "file": weights.name, "time": time.time(),
-             "sha256": sha.hexdigest(), "bytes": n}, indent=1))
+             "sha256": sha, "bytes": n}, indent=1))
         atomic_write_text(meta_path(tmp), json.dumps(result, indent=1))
     write_folder(folder, write)
 

@@ -176,6 +176,16 @@ def _sidecars(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return _steps(ckpt_dir, SIDECAR_GLOB)
 
 
+def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
+    """(sha256 hex digest, size in bytes) of a file, read in 1 MiB blocks. OSError if it cannot be read."""
+    sha, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+            n += len(block)
+    return sha.hexdigest(), n
+
+
 def verify_file(path: str | os.PathLike) -> str | None:
     """None if the file is whole: its size and sha256 match its sidecar's; else why not, in words."""
     path = Path(path)
@@ -191,13 +201,10 @@ def verify_file(path: str | os.PathLike) -> str | None:
         size = path.stat().st_size
         if size != want_bytes:
             return f"{size} bytes, expected {want_bytes} (truncated or overwritten)"
-        sha = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                sha.update(block)
+        sha, _ = file_sha256(path)
     except OSError as e:
         return f"unreadable ({e.strerror or e})"
-    if sha.hexdigest() != want_sha:
+    if sha != want_sha:
         return "sha256 mismatch (the file was damaged after it was saved)"
     return None
 

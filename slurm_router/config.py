@@ -103,6 +103,17 @@ class LocalLauncherConfig(LauncherConfig):
 
 
 @dataclass
+class ContainerConfig:
+    """launcher.container: each task runs inside this image (slurm_router/launch/container.py); the job's own
+    shell (sbatch) or submitit's process stays outside, and requeues from there. image=None: no container."""
+    image: Optional[str] = None             # apptainer: a .sif file (or docker://..., library://...); pyxis: a name
+    runtime: str = "apptainer"              # apptainer (apptainer exec --nv) | pyxis (srun --container-image)
+    # more binds, SRC[:DST]; the run dir, data.path, model.name_or_path and the base cache are bound already
+    mounts: List[str] = field(default_factory=list)
+    runtime_cmd: str = "apptainer"          # apptainer: the program (a path, or a name on the compute node's PATH)
+
+
+@dataclass
 class SlurmLauncherConfig(LauncherConfig):
     """Shared by both Slurm launchers (submitit and sbatch)."""
     partition: Optional[str] = None
@@ -118,6 +129,18 @@ class SlurmLauncherConfig(LauncherConfig):
     wait: bool = False                      # return once every task AND the report job have ended
     max_requeues: int = 3                   # time-limit requeues per task (slurm_router.requeue)
     signal_delay_s: int = 120               # USR2 this long before the time limit: checkpoint, then requeue
+    # a task that failed for a reason not its own (a worker killed by a signal, NODE_FAIL) runs again from its
+    # checkpoint, away from that node, up to this many times (slurm_router.retry)
+    max_failures: int = 0
+    # How the job runs (launch/container.py, launch/snapshot.py). setup: shell lines the job runs before the
+    # task (module load, source a venv, export), as written: shell by design, trusted like your own sbatch
+    # script, in the directory the run was submitted from; every other value here is quoted for the shell.
+    setup: List[str] = field(default_factory=list)
+    python: Optional[str] = None            # the task's interpreter; None: the submitter's (python3 in a container)
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    snapshot: bool = True                   # copy the checkout's source to RUN_DIR/code/ at submission; jobs import it
+    mail_type: Any = None                   # Slurm's --mail-type: END,FAIL or [END, FAIL] (MAIL_TYPES)
+    mail_user: Optional[str] = None         # Slurm's --mail-user (unset: Slurm mails the submitting user)
 
 
 @dataclass
@@ -189,12 +212,30 @@ class ResourcesConfig:
 
 
 @dataclass
+class TrackerConfig:
+    """Experiment trackers that rank 0 of each task logs to, from the rows it writes to the events file
+    (slurm_router/trackers.py): tracker=tensorboard | mlflow | wandb, several as tracker=[tensorboard,mlflow]
+    (conf/tracker/). Packages: pip install -e '.[tracking]'."""
+    tensorboard: bool = False
+    mlflow: bool = False
+    wandb: bool = False
+    dir: Optional[str] = None               # default RUN_DIR/trackers: tensorboard/, mlruns/, wandb/ in it
+    mlflow_uri: Optional[str] = None        # default $MLFLOW_TRACKING_URI, else a file store in <dir>/mlruns
+    mlflow_experiment: Optional[str] = None     # default: the experiment's name
+    wandb_project: Optional[str] = None     # default $WANDB_PROJECT, else the experiment's name
+    wandb_entity: Optional[str] = None
+    wandb_mode: Optional[str] = None        # offline | online; default $WANDB_MODE, else offline (no internet there)
+
+
+@dataclass
 class Config:
     experiment: str = "default"
     seed: int = 0                           # the base model's init and the held-out eval batches
     # training seeds (LoRA init, data order), one task per variant and seed: N (seed, seed+1, ..., seed+N-1) or a
     # list [0, 5, 9]; 1 = one task per variant, named as the variant (training_seeds)
     seeds: Any = 1
+    # stop a clear loser at an in-training evaluation (train.eval_every), by the verdict's statistics: prune.py
+    prune: bool = False
     run_root: str = "runs"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -204,6 +245,7 @@ class Config:
     base: BaseStageConfig = field(default_factory=BaseStageConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     variants: Dict[str, Any] = field(default_factory=dict)   # name -> overrides, e.g. {model: {lora: {r: 8}}}
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)   # picked by the tracker group (conf/tracker/)
 
 
 CHOICES = {
@@ -232,6 +274,7 @@ RANGES = {
     "launcher.cpu_slots": (1, 4096, True), "launcher.timeout_min": (1, None, True), "launcher.mem_gb": (0, None, False),
     "launcher.cpus_per_task": (1, 4096, True), "launcher.array_parallelism": (1, None, True),
     "launcher.max_requeues": (0, 1000, True), "launcher.signal_delay_s": (0, 3600, True),
+    "launcher.max_failures": (0, 1000, True),
     "train.steps": (1, 10_000_000, True), "train.global_batch_size": (1, 1 << 20, True), "train.lr": (0, 10, False),
     "train.warmup_steps": (0, None, True), "train.weight_decay": (0, 10, True), "train.grad_clip": (0, None, True),
     "train.eval_every": (0, None, True), "train.eval_batches": (1, 100_000, True),
@@ -383,7 +426,8 @@ def explain(error: Exception, where: str = "") -> UserError:
 
 
 EXPERIMENT_HINT = ("experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: pick one "
-                   "with +experiment=NAME (its options live under train., data., model., ...)")
+                   "with +experiment=NAME (its options live under train., data., model., ...; seeds= and prune= "
+                   "are set at the top level)")
 
 
 def _not_a_group(key: str, msg: str, where: str = "") -> UserError:
@@ -433,6 +477,53 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         raise UserError(f"{where}router.device_slowdown={list(cfg.router.device_slowdown)} must be all > 0")
     if list(cfg.router.affinity_boundaries) != sorted(set(cfg.router.affinity_boundaries)):
         raise UserError(f"{where}router.affinity_boundaries must be strictly increasing token lengths")
+    check_job_values(cfg.launcher, where)
+    from slurm_router.trackers import check_tracker        # tracker=...: a known mode, its packages installed
+    check_tracker(cfg.get("tracker"), where)
+
+
+# Slurm's --mail-type names (sbatch(1), 22.05 on); a list is comma-separated
+MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
+              "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+CONTAINER_RUNTIMES = ("apptainer", "pyxis")
+
+
+def mail_types(value: Any, where: str = "") -> list[str]:
+    """launcher.mail_type as Slurm's names: 'END,FAIL', [END, FAIL] or None ([]). UserError for an unknown one."""
+    if value is None:
+        return []
+    is_list = isinstance(value, (list, tuple)) or OmegaConf.is_list(value)
+    names = [str(v).strip().upper() for v in value] if is_list else str(value).upper().split(",")
+    bad = next((n for n in names if n.strip() not in MAIL_TYPES), None)
+    if bad is not None:
+        raise UserError(f"{where}launcher.mail_type={value!r}: {bad.strip()!r} is not a Slurm mail type: use "
+                        f"{', '.join(MAIL_TYPES)} (several: launcher.mail_type='END,FAIL')")
+    return [n.strip() for n in names]
+
+
+def check_job_values(launcher: DictConfig, where: str = "") -> None:
+    """The Slurm launchers' job options (setup, python, container, mail): what is wrong, found before any file is
+    written. The apptainer image must exist here (the run dir holds its absolute path)."""
+    if "mail_type" in launcher:
+        mail_types(launcher.mail_type, where)
+    if launcher.get("mail_user") is not None and not str(launcher.mail_user).strip():
+        raise UserError(f"{where}launcher.mail_user is empty: give an address, or leave it unset")
+    if launcher.get("python") is not None and not str(launcher.python).strip():
+        raise UserError(f"{where}launcher.python is empty: give an interpreter, or leave it unset (the submitter's)")
+    container = launcher.get("container")
+    if container is None:
+        return
+    if container.runtime not in CONTAINER_RUNTIMES:
+        raise UserError(f"{where}launcher.container.runtime={container.runtime!r} is not valid: choose one of "
+                        f"{', '.join(CONTAINER_RUNTIMES)}")
+    image = container.image
+    if image is not None and not str(image).strip():
+        raise UserError(f"{where}launcher.container.image is empty: give an image, or leave it unset (no container)")
+    if image and container.runtime == "apptainer" and "://" not in image \
+            and not Path(os.path.expanduser(image)).is_file():
+        raise UserError(f"{where}launcher.container.image={image!r}: no such image file "
+                        f"({Path(os.path.expanduser(image)).absolute()}): give the path of a .sif image, or a URI "
+                        "such as docker://... that apptainer pulls")
 
 
 SEEDS_HINT = "seeds=N (N training seeds from seed on) or a list of distinct whole numbers >= 0, e.g. seeds=[0,5,9]"
@@ -490,6 +581,9 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
         if overrides is not None and "seeds" in overrides:
             raise UserError(f"variants.{name}.seeds: seeds is set once, at the top level (every variant runs with "
                             "the same training seeds): set seeds= outside the variant")
+        if overrides is not None and "prune" in overrides:
+            raise UserError(f"variants.{name}.prune: prune is set once, at the top level (it compares the variants "
+                            "with each other): set prune= outside the variant")
         try:
             # unsafe_merge takes over its inputs: a fresh copy, and the overrides as plain containers
             out[name] = OmegaConf.unsafe_merge(pickle.loads(common), OmegaConf.to_container(overrides) if overrides else {})
@@ -509,4 +603,24 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
         check_values(vcfg, where=f"variants.{name}: ")
     if not variants:
         variants = {"main": cfg.copy()}
+    if cfg.prune:
+        check_prune(cfg, variants)
     return variants
+
+
+def check_prune(cfg: DictConfig, variants: dict[str, DictConfig]) -> None:
+    """prune=true compares variants at their in-training evaluations: it needs two variants that evaluate."""
+    if len(variants) < 2:
+        raise UserError("prune=true compares variants with each other, and this run has one: give two or more "
+                        "variants (variants: or a -m sweep), or leave prune off")
+    if len(training_seeds(cfg)) < 2:
+        raise UserError("prune=true needs seeds >= 2 (e.g. seeds=3): with one training seed per variant its interval "
+                        "cannot include training noise, and eval-sample noise alone would stop equally good "
+                        "variants (prune.py)")
+    for name, vcfg in variants.items():
+        if not vcfg.train.eval_every or vcfg.train.eval_every >= vcfg.train.steps:
+            own = (vcfg.train.eval_every, vcfg.train.steps) != (cfg.train.eval_every, cfg.train.steps)
+            where = f"variants.{name}: " if own else ""     # the variant's own setting, or everyone's
+            raise UserError(f"{where}prune=true needs train.eval_every > 0 and below train.steps={vcfg.train.steps} "
+                            f"(it decides at the in-training evaluations; train.eval_every={vcfg.train.eval_every}): "
+                            "set e.g. train.eval_every=25")

@@ -184,10 +184,10 @@ class RequeueRow(Row):
 class EndRow(Row):
     """how an attempt ended"""
     KIND: ClassVar[str] = "end"
-    exit_state: str = _req("completed | interrupted | failed | diverged")
+    exit_state: str = _req("completed | interrupted | failed | diverged | pruned")
     error: str = _opt()
-    detail: str = _opt()
-    step: int | None = _opt("diverged: the step whose loss was not finite")
+    detail: str = _opt("pruned (rank 0): why, in one sentence (prune.py)")
+    step: int | None = _opt("diverged: the step whose loss was not finite; pruned: the evaluation it stopped at")
     val_loss: float = _opt("rank 0 of a completed task")
     train_loss: float = _opt("rank 0 of a completed task")
     steps: int = _opt("rank 0 of a completed task")
@@ -231,8 +231,9 @@ def parse_row(d: dict) -> Row:
 class EventWriter:
     """Appends rows to one events file, filling in the identity fields and the time."""
 
-    def __init__(self, path: str | os.PathLike, **identity: Any):
+    def __init__(self, path: str | os.PathLike, sink: Any = None, **identity: Any):
         self.path = Path(path)
+        self.sink = sink        # rank 0's experiment trackers (trackers.TrackerSink): each row, once it is written
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.identity = {"host": socket.gethostname(), **identity}
         unknown = sorted(set(self.identity) - set(IDENTITY))
@@ -254,15 +255,20 @@ class EventWriter:
         elif fields:
             raise TypeError("write(row) takes a typed row alone, or write(kind, **fields)")
         given = {"time": time.time(), **self.identity}
-        out = dataclasses.replace(row, **{k: v for k, v in given.items() if getattr(row, k) is OMIT}).to_dict()
+        row = dataclasses.replace(row, **{k: v for k, v in given.items() if getattr(row, k) is OMIT})
+        out = row.to_dict()
         if order is not None:
             out = {k: out[k] for k in (EVENT, "time", *self.identity, *order)}
         self._f.write(json.dumps(out, separators=(",", ":"), default=_jsonable) + "\n")
+        if self.sink is not None:
+            self.sink.log(row)
 
     def close(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
+        if self.sink is not None:
+            self.sink.close()
 
 
 def _jsonable(x: Any) -> Any:

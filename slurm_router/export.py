@@ -107,7 +107,8 @@ def _out_folder(out: Path) -> Path:
 def merge(folder: Path, out: Path) -> Path:
     """The adapter in `folder` merged into its base, saved with its tokenizer in `out`, whole or not at all.
     A full model folder (a variant trained without LoRA) is copied as it is."""
-    from slurm_router.adapters import quiet_transformers, write_folder
+    from slurm_router.adapters import write_folder
+    from slurm_router.train.model import quiet_transformers
     if not (folder / ADAPTER_FILES[0]).is_file():
         write_folder(out, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True))
         return folder

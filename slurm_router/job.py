@@ -14,7 +14,8 @@ one after-stop policy): requeued under Slurm on USR2 within the budget, else int
 `python -m slurm_router resume=RUN_DIR` continues from the newest valid checkpoint. A worker that dies
 (SIGKILL, segfault, an exception) stops the whole task at once: the supervisor kills the other workers (they
 would wait on the dead one in their next collective), an `end` row says exit_state=failed and the job exits 1
-with one line naming the rank and the signal. Retrying on the surviving devices instead would change the
+with one line naming the rank and the signal (under Slurm, a worker killed by a signal requeues the task instead
+while launcher.max_failures allows: slurm_router.retry). Retrying on the surviving devices instead would change the
 device count mid-run and the task's memory plan; a clean stop is simpler and loses at most checkpoint_every
 steps. How signals are never lost: slurm_router.supervisor.
 
@@ -98,6 +99,11 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
         return run_srun_worker(spec, resume, supervisor)
     spec.attempt = next_attempt(spec.task_dir)
     note_slurm_restart(spec)
+    from slurm_router.retry import after_failure, count_node_failures
+    refused = count_node_failures(spec)         # Slurm requeued it after NODE_FAIL: launcher.max_failures
+    if refused:
+        task_event(spec, "end", exit_state="failed", error=refused)
+        raise TaskFailed(refused)
     try:
         outcome = supervisor.run_workers(spec, resume)
     except TaskStopped as stopped:      # before any worker started: the newest checkpoint stands
@@ -109,6 +115,9 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
         msg = (f"{spec.name}: {e}; the task stopped (the other workers were killed); "
                f"{'resume continues from ' + ckpt if ckpt else 'no checkpoint yet: resume restarts it'}")
         task_event(spec, "end", exit_state="failed", error=msg)
+        retried = after_failure(spec, str(e), checkpoint_step(spec))     # not its own error: launcher.max_failures
+        if retried:
+            raise retried from None
         raise TaskFailed(msg) from None
     if outcome is TaskOutcome.STOPPED:
         raise TaskStopped(checkpoint_step(spec), supervisor.signum or signal.SIGTERM)
@@ -125,7 +134,12 @@ class TaskRunner(Supervised, Checkpointable):
     submitit requeues this callable if it says so. The supervisor lives on the instance (never pickled)."""
 
     def __call__(self, task_file: str) -> dict | None:
-        return run_task(task_file, self.supervisor)
+        from slurm_router.retry import TaskRetried
+        try:
+            return run_task(task_file, self.supervisor)
+        except TaskRetried as e:        # requeued itself (retry.py): end this attempt as submitit's requeue does
+            print(f"warning: {e}", file=sys.stderr, flush=True)
+            sys.exit(e.exit_code)
 
     def checkpoint(self, task_file: str):
         from slurm_router.plan import TaskSpec
@@ -198,11 +212,15 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
 
 def _run(task_file: str, supervisor: TaskSupervisor) -> int:
     from slurm_router.checkpoint import CheckpointError, WriteError
+    from slurm_router.retry import TaskRetried
     try:
         result = run_task(task_file, supervisor)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except TaskRetried as e:                        # requeued itself (launcher.max_failures): not an error
+        print(f"warning: {e}", file=sys.stderr)
+        return e.exit_code
     except (TaskFailed, WriteError) as e:          # WriteError: disk full or no permission, one line
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -4,8 +4,10 @@
       config.yaml  manifest.json          the resolved config; tasks, states, job ids, versions
       run.lock  manifest.lock             who writes this run now (runlock.py); the manifest's own short lock
       submit*.sbatch                      launcher=sbatch's rendered scripts
+      code/  code.diff  pip-freeze.txt    launcher.snapshot: the submitted source, its uncommitted diff, pip freeze
       tasks/<name>/                       TaskPaths: task.json, events-rank<N>.jsonl, result.json,
-                                          attempts.json, checkpoints/step-<N>.pt (+ .json sha256 sidecar),
+                                          attempts.json, evals.jsonl (prune=true: prune.py),
+                                          checkpoints/step-<N>.pt (+ .json sha256 sidecar),
                                           adapter/ (+ adapter-best/ with train.eval_every): peft's format;
                                           model/ instead for a variant without LoRA (full fine-tuning)
       base-init/<key>/                    the seed-built base an adapter sits on when there is no base stage
@@ -27,6 +29,13 @@ MANIFEST_LOCK = "manifest.lock"     # held for each read-modify-write of manifes
 TASK_FILE = "task.json"
 RESULT_FILE = "result.json"
 ATTEMPTS_FILE = "attempts.json"
+CODE_DIR = "code"                   # launcher.snapshot: the tracked source as submitted; jobs import it (snapshot.py)
+CODE_DIFF = "code.diff"             # ... `git diff HEAD` of a dirty checkout at submission
+PIP_FREEZE = "pip-freeze.txt"       # ... the submitting interpreter's `pip freeze`
+REQUEUE_REQUEST = "requeue-request"  # logs/requeue-request.<job id>: a containerised task asks its batch script
+TRACKERS_DIR = "trackers"           # RUN_DIR/trackers/: tensorboard/, mlruns/, wandb/ (tracker.dir's default)
+TRACKER_FILE = "tracker.json"       # RUN_DIR/tasks/<task>/tracker.json: each tracker's run, for later attempts
+EVALS_FILE = "evals.jsonl"          # prune=true: rank 0's in-training evaluations, read by the other tasks (prune.py)
 # The base stage's cache entry <cache>/base/<hash>/ is a transformers checkpoint folder (base_cache.py):
 BASE_WEIGHTS = "model.safetensors"  # its weights, with a model.json sha256 sidecar
 BASE_META = "meta.json"             # the base task's result, written last: the entry is complete
@@ -149,6 +158,23 @@ class RunLayout:
 
     def task(self, name: str) -> TaskPaths:
         return TaskPaths(self.tasks / str(name))
+
+    @property
+    def code(self) -> Path:
+        """code/: launcher.snapshot's copy of the tracked source, first on every job's PYTHONPATH."""
+        return self.root / CODE_DIR
+
+    @property
+    def code_diff(self) -> Path:
+        return self.root / CODE_DIFF
+
+    @property
+    def pip_freeze(self) -> Path:
+        return self.root / PIP_FREEZE
+
+    def requeue_request(self, job_id: str) -> Path:
+        """logs/requeue-request.<job id>: a task inside a container asks the batch script to requeue it."""
+        return self.logs / f"{REQUEUE_REQUEST}.{job_id}"
 
     def init_base(self, key: str) -> Path:
         """base-init/<key>/: the seed-built base (no base stage) its variants' adapters name, saved once."""

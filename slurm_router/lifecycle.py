@@ -16,7 +16,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1             # a worker died or raised
 EXIT_USAGE = 2              # the user's mistake (bad config, unusable checkpoints): one line said why
 EXIT_STOPPED = 75           # stopped on a signal after a checkpoint; resume continues (EX_TEMPFAIL)
-EXIT_REQUEUE = 76           # a packed task stopped after a checkpoint and asks its pack to be requeued
+EXIT_REQUEUE = 76           # stopped after a checkpoint, asks its pack (or, in a container, its batch script) to requeue
 EXIT_INTERRUPTED = 130      # the launcher itself after Ctrl-C (128 + SIGINT, as shells report it)
 
 

@@ -121,16 +121,27 @@ def slurm_job_ref() -> str | None:
     return f"{array}_{index}" if array and index else os.environ.get("SLURM_JOB_ID")
 
 
+# The job's end time (epoch seconds), exported by the batch script outside a container (launch/container.py):
+# inside one there is seldom a squeue to ask.
+JOB_END_ENV = "SLURM_ROUTER_JOB_END_TIME"
+
+
+def _time_left_from_env() -> float | None:
+    end = os.environ.get(JOB_END_ENV, "")
+    return float(end) - time.time() if end.isdigit() else None
+
+
 def time_left_s(job_id: str) -> float | None:
-    """Seconds left before the job's time limit (squeue %L), None when unknown or unlimited."""
+    """Seconds left before the job's time limit (squeue %L; in a container, JOB_END_ENV), None when unknown or
+    unlimited."""
     try:
         out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True,
                              timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return _time_left_from_env()
     m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", out.splitlines()[0] if out else "")
     if not m:
-        return None
+        return _time_left_from_env()
     d, h, mi, s = (int(x or 0) for x in m.groups())
     return ((d * 24 + h) * 60 + mi) * 60 + s
 
@@ -177,7 +188,20 @@ def requeue_self(spec, decision: Decision, step: int, scontrol: bool = True) -> 
                        timeout=60)
 
 
-REQUEUERS = ("scontrol", "submitit", "pack")
+REQUEUERS = ("scontrol", "submitit", "pack", "outside")
+# Set by a batch script that runs the task inside a container (launch/container.py): the file the task writes
+# when it wants its array task requeued; the script, outside the container, then runs `scontrol requeue`.
+REQUEUE_REQUEST_ENV = "SLURM_ROUTER_REQUEUE_REQUEST"
+
+
+def request_requeue_outside(why: str) -> bool:
+    """Inside a container (REQUEUE_REQUEST_ENV set): write the request file the batch script acts on; True.
+    Otherwise False: whoever asked requeues itself."""
+    path = os.environ.get(REQUEUE_REQUEST_ENV)
+    if not path:
+        return False
+    atomic_write_text(Path(path), json.dumps({"why": why, "job": slurm_job_ref(), "time": time.time()}))
+    return True
 
 
 def after_stop(spec, signum: int, step: int | None, requeue_by: str) -> TaskOutcome:
@@ -186,15 +210,21 @@ def after_stop(spec, signum: int, step: int | None, requeue_by: str) -> TaskOutc
 
     requeue_by: who puts the allocation back in the queue when the verdict is a requeue: "scontrol" (this
     process, now: STOPPED), "submitit" (its checkpoint() after this returns: REQUEUE) or "pack" (the pack
-    runner, once for all its tasks: REQUEUE). Otherwise STOPPED (interrupted: resume= continues) or FAILED
-    (the time limit hit more often than launcher.max_requeues allows)."""
+    runner, once for all its tasks: REQUEUE) or "outside" (the batch script outside the task's container, told
+    by a request file: REQUEUE; chosen here for "scontrol" when REQUEUE_REQUEST_ENV is set). Otherwise STOPPED
+    (interrupted: resume= continues) or FAILED (the time limit hit more often than launcher.max_requeues
+    allows)."""
     if requeue_by not in REQUEUERS:
         raise ValueError(f"requeue_by={requeue_by!r}, expected one of {REQUEUERS}")
+    if requeue_by == "scontrol" and os.environ.get(REQUEUE_REQUEST_ENV):
+        requeue_by = "outside"
     spec.attempt = current_attempt(spec.task_dir)
     decision = decide(spec, signum)
     where = f"checkpoint at step {step}" if step is not None else "no checkpoint yet"
     if decision.requeue:
         requeue_self(spec, decision, step or 0, scontrol=requeue_by == "scontrol")
+        if requeue_by == "outside":
+            request_requeue_outside(f"{spec.name}: {decision.detail}")
         print(f"{spec.name}: {decision.detail}; {where}; requeued", flush=True)
         return TaskOutcome.STOPPED if requeue_by == "scontrol" else TaskOutcome.REQUEUE
     if decision.reason == "timeout":

@@ -76,8 +76,10 @@ def plan_resume(arg: str) -> tuple[Manifest, object, list[Stage]]:
 
 
 def renew_timeout_budget(specs: list[TaskSpec]) -> None:
-    """A resume is the user's decision to go on: each task gets launcher.max_requeues time-limit requeues
-    afresh (its attempt count and requeue history stay)."""
+    """A resume is the user's decision to go on: each task gets launcher.max_requeues time-limit requeues and
+    launcher.max_failures retries afresh (its attempt count, requeue and failure history stay)."""
     from slurm_router.requeue import reset_timeouts
+    from slurm_router.retry import renew
     for spec in specs:
         reset_timeouts(spec.task_dir)
+        renew(spec.task_dir)

@@ -1,9 +1,11 @@
-"""State of every task of a run, from squeue (live) and sacct (history); wait for or cancel its jobs.
+"""State of every task of a run, from squeue (live) and sacct (history); wait for, follow or cancel its jobs.
 
-    python -m slurm_router.status runs/lora_ab/2024-01-01_12-00-00 [--wait] [--cancel] [--json]
+    python -m slurm_router.status runs/lora_ab/2024-01-01_12-00-00 [--wait] [--follow] [--cancel] [--json]
+    python -m slurm_router.status [--run-root runs]          # the recent runs (slurm_router.run_list)
 
-A task's state comes from squeue, else sacct, else its own files in the run dir (status_parse says why).
-Parsing is pure, in slurm_router.status_parse; this module queries, waits, cancels and prints.
+A task's state comes from squeue, else sacct, else its own files in the run dir (status_parse says why); its
+progress (step/total, losses, tokens/s, ETA, retries) from its own files (slurm_router.task_progress).
+Parsing is pure, in slurm_router.status_parse; this module queries, waits, follows, cancels and prints.
 """
 from __future__ import annotations
 
@@ -25,12 +27,13 @@ from slurm_router.status_parse import (FAILED_STATES, LOCAL_STATES, SACCT_FIELDS
                                        TERMINAL_STATES, Runner, SlurmRow, TaskStatus, expand_array_indices,
                                        format_duration, local_status, local_word, merge_status, never_runs,
                                        normalize_state, parse_duration, parse_sacct, parse_squeue, task_job_id)
+from slurm_router.task_progress import read_progress
 
 __all__ = ["FAILED_STATES", "LOCAL_STATES", "SACCT_FIELDS", "SQUEUE_FIELDS", "SUCCESS_STATES", "TERMINAL_STATES",
            "SlurmRow", "TaskStatus", "expand_array_indices", "format_duration", "local_status", "local_word",
            "merge_status", "never_runs", "normalize_state", "parse_duration", "parse_sacct", "parse_squeue",
-           "task_job_id", "collect_status", "live_tasks", "cancel_run", "cancel_never_runnable", "wait_for_run",
-           "wait_for_job", "main"]
+           "task_job_id", "collect_status", "attach_progress", "live_tasks", "cancel_run", "cancel_never_runnable",
+           "wait_for_run", "wait_for_job", "LogFollower", "follow_run", "task_json", "main"]
 
 TAIL_LINES = 20
 UNKNOWN_GRACE_S = 600.0     # a wait gives up on a task Slurm has had no record of for this long
@@ -90,7 +93,24 @@ def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskSta
     for t in tasks:
         if t.state in FAILED_STATES:
             t.out_tail, t.err_tail = tail(t.log_path), tail(t.err_path)
+    attach_progress(manifest, tasks)
     return tasks
+
+
+def attach_progress(manifest: dict, tasks: list[TaskStatus]) -> None:
+    """Each task's progress from its folder (task_progress: the newest rows, read from the end of its events);
+    requeues counted from its starts too (attempts.json: a requeue Slurm forgot, a resume); a retry
+    (launcher.max_failures) said in its reason."""
+    infos = manifest.get("tasks") or {}
+    for t in tasks:
+        task_dir = (infos.get(t.variant) or {}).get("task_dir") if isinstance(infos, dict) else None
+        if not task_dir:
+            continue
+        t.progress = read_progress(task_dir, running=t.state == "RUNNING")
+        t.requeues = max(t.requeues, t.progress.attempts - 1)
+        note = t.progress.retry_note
+        if note and note not in (t.reason or ""):
+            t.reason = f"{t.reason}; {note}" if t.reason else note
 
 
 def local_tasks(manifest: dict) -> list[TaskStatus]:
@@ -225,6 +245,70 @@ def wait_for_job(job_id: str, runner: Runner = run_command, poll_s: float = 5.0,
         time.sleep(poll_s)
 
 
+class LogFollower:
+    """--follow: the new complete lines of the tasks' logs (stdout, stderr), each prefixed with its task's name.
+    A log met for the first time starts at its end if the task had already ended, with its last `backlog` lines
+    if the task runs, from its start if it began since."""
+
+    def __init__(self, out=sys.stdout, backlog: int = 10):
+        self.out, self.backlog = out, backlog
+        self.offsets: dict[str, int] = {}
+        self.partial: dict[str, bytes] = {}
+
+    def poll(self, tasks: list[TaskStatus], first: bool = False) -> None:
+        seen: set[str] = set()
+        for t in tasks:
+            for path, tag in ((t.log_path, t.variant), (t.err_path, f"{t.variant}:err")):
+                if path and path not in seen:           # packed tasks share their array task's logs
+                    seen.add(path)
+                    start = "end" if first and t.terminal else "backlog" if first else "start"
+                    self._read(path, tag, start)
+        self.out.flush()
+
+    def _read(self, path: str, tag: str, start: str) -> None:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return                                      # not written yet (a pending task)
+        if path not in self.offsets:
+            self.offsets[path] = (size if start == "end" else 0 if start == "start"
+                                  else self._backlog_offset(path, size))
+        offset = self.offsets[path] if size >= self.offsets[path] else 0        # truncated: from its start
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(size - offset)
+        self.offsets[path] = offset + len(data)
+        *lines, rest = (self.partial.pop(path, b"") + data).split(b"\n")
+        if rest:
+            self.partial[path] = rest
+        for line in lines:
+            print(f"[{tag}] {line.decode(errors='replace')}", file=self.out)
+
+    def _backlog_offset(self, path: str, size: int) -> int:
+        """Where the last `backlog` complete lines of the file start (looked for in its last 64 KiB)."""
+        start = max(0, size - (64 << 10))
+        with open(path, "rb") as f:
+            f.seek(start)
+            *complete, rest = f.read(size - start).split(b"\n")
+        keep = complete[1 if start else 0:][-self.backlog:]     # a read from mid-file starts mid-line
+        return size - len(rest) - sum(len(line) + 1 for line in keep)
+
+
+def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, runner: Runner = run_command,
+               timeout_s: float | None = None) -> list[TaskStatus]:
+    """--follow: print the tasks' new log lines until every task has ended (or timeout_s); the last statuses."""
+    follower = LogFollower(out)
+    first = True
+
+    def show(tasks: list[TaskStatus]) -> None:
+        nonlocal first
+        follower.poll(tasks, first)
+        first = False
+    tasks = wait_for_run(manifest, runner, poll_s=poll_s, timeout_s=timeout_s, on_poll=show)
+    follower.poll(tasks)                                # what was written between the last poll and the end
+    return tasks
+
+
 # ---------------------------------------------------------------- presentation
 
 
@@ -235,12 +319,19 @@ def _summary(tasks: list[TaskStatus]) -> str:
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no tasks"
 
 
+def _steps(t: TaskStatus) -> str:
+    """'7/12' (steps done of the task's total), '-/12' before its first step."""
+    done, total = t.progress.step, t.progress.steps
+    return "-" if done is None and total is None else f"{'-' if done is None else done}/{total or '?'}"
+
+
 def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
     header = f"run {manifest.get('run_id', '?')} ({manifest.get('experiment', '?')}, launcher={manifest.get('launcher', '?')}): {_summary(tasks)}"
-    columns = ("stage", "variant", "job", "state", "elapsed", "requeues", "exit", "node", "log")
+    columns = ("stage", "variant", "job", "state", "step", "ETA", "elapsed", "requeues", "exit", "node", "log")
     rows = [
-        (t.stage, t.variant, t.job_id, t.state + (f" ({t.reason})" if t.reason else ""),
-         format_duration(t.elapsed_s), str(t.requeues), t.exit_code or "-", t.node or "-", t.log_path or "-")
+        (t.stage, t.variant, t.job_id, t.state + (f" ({t.reason})" if t.reason else ""), _steps(t),
+         format_duration(t.progress.eta_s), format_duration(t.elapsed_s), str(t.requeues), t.exit_code or "-",
+         t.node or "-", t.log_path or "-")
         for t in tasks
     ]
     try:
@@ -274,6 +365,20 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
                     print("\n".join(lines))
 
 
+JSON_ORDER = ("task", "stage", "variant", "job_id", "state", "reason", "terminal", "step", "steps", "train_loss",
+              "val_loss", "val_step", "tokens_per_s", "eta_s", "elapsed_s", "requeues", "attempts", "retry", "retries",
+              "exit_code", "node", "log_path", "err_path", "out_tail", "err_tail")
+
+
+def task_json(t: TaskStatus) -> dict:
+    """One task as status --json prints it: Slurm's view (state, job_id, elapsed_s, requeues, exit_code, node,
+    reason, log_path, err_path) and its progress (step, steps, train_loss, val_loss, val_step, tokens_per_s,
+    eta_s, attempts, retries), flat."""
+    fields = {**asdict(t), **asdict(t.progress), "task": t.variant, "retry": t.progress.retry_note,
+              "terminal": t.terminal}
+    return {k: fields[k] for k in JSON_ORDER}
+
+
 def to_json(manifest: dict, tasks: list[TaskStatus]) -> str:
     return json.dumps(
         {
@@ -282,7 +387,7 @@ def to_json(manifest: dict, tasks: list[TaskStatus]) -> str:
             "launcher": manifest.get("launcher"),
             "all_terminal": all(t.terminal for t in tasks),
             "all_completed": bool(tasks) and all(t.state in SUCCESS_STATES for t in tasks),
-            "tasks": [asdict(t) | {"terminal": t.terminal} for t in tasks],
+            "tasks": [task_json(t) for t in tasks],
         },
         indent=2,
     )
@@ -306,10 +411,16 @@ def stop_local_run(manifest: dict) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m slurm_router.status RUN_DIR [--wait] [--cancel] [--json]"""
+    """python -m slurm_router.status [RUN_DIR] [--wait] [--follow] [--cancel] [--json] [--run-root DIR]"""
     parser = argparse.ArgumentParser(prog="python -m slurm_router.status", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", help="a run directory (holds manifest.json)")
+    parser.add_argument("run_dir", nargs="?", help="a run directory (holds manifest.json); without it, the recent "
+                        "runs under --run-root")
+    parser.add_argument("--run-root", default="runs", help="where runs are (the config's run_root; default runs)")
+    parser.add_argument("--limit", type=int, default=20, help="without RUN_DIR: the newest this many runs")
     parser.add_argument("--wait", action="store_true", help="poll until every task ended; exit 0 only if all COMPLETED")
+    parser.add_argument("--follow", action="store_true",
+                        help="print the tasks' log lines as they come, each prefixed with its task's name, until "
+                             "every task ended; exit 0 only if all COMPLETED")
     parser.add_argument("--cancel", action="store_true",
                         help="scancel this run's jobs (only its own job ids); a local run: stop it as Ctrl-C does")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
@@ -317,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this long (exit 1)")
     args = parser.parse_args(argv)
     try:
+        if args.run_dir is None:
+            from slurm_router.run_list import print_runs
+            print_runs(args.run_root, args.limit, as_json=args.json)
+            return 0
         manifest = Manifest.load(args.run_dir).data
     except UserError as exc:                    # NotARunDir: one line, exit 2, as every bad input
         print(f"error: {exc}", file=sys.stderr)
@@ -325,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         ids = cancel_run(manifest)
         stopped = None if ids else stop_local_run(manifest)
         print(f"scancel {' '.join(ids)}" if ids else stopped or "nothing to cancel", file=sys.stderr)
+    if args.follow:
+        tasks = follow_run(manifest, poll_s=args.poll_s, timeout_s=args.timeout_s)
+        print(f"run {manifest.get('run_id', '?')}: {_summary(tasks)}", file=sys.stderr)
+        return 0 if tasks and all(t.state in SUCCESS_STATES for t in tasks) else 1
     if args.wait:
         def progress(tasks: list[TaskStatus]) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {_summary(tasks)}", file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from slurm_router.lifecycle import TaskState
+from slurm_router.task_progress import Progress
 
 # CACHED is ours, not Slurm's: a task whose result an earlier run already produced (nothing submitted).
 SUCCESS_STATES = frozenset({"COMPLETED", "CACHED"})
@@ -62,6 +63,7 @@ class TaskStatus(SlurmRow):
     err_path: str | None = None
     out_tail: list[str] = field(default_factory=list)
     err_tail: list[str] = field(default_factory=list)
+    progress: Progress = field(default_factory=Progress)   # from the task's own files (slurm_status.attach_progress)
 
     @property
     def terminal(self) -> bool:

@@ -62,3 +62,11 @@ class Telemetry:
         if self._nvml is not None:
             return float(self._pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu)
         return float(self._proc.cpu_percent(None))
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU model (for MFU in the report), or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+    return platform.processor() or platform.machine() or "cpu"

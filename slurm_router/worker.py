@@ -27,12 +27,14 @@ from slurm_router.cpu import worker_threads
 from slurm_router.layout import TaskPaths
 from slurm_router.microbatch import CpuMemorySim, DeviceStep, MicroBatchRunner, batch_tensors, loss_sum
 from slurm_router.plan import TaskSpec
+from slurm_router.prune import Pruned
 from slurm_router.router import MemoryModel, MicroBatch, Router, RouterSettings
 from slurm_router.step_stats import StepStats
-from slurm_router.telemetry import Telemetry
+from slurm_router.telemetry import Telemetry, device_name
+from slurm_router.trackers import task_sink
 from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, make_tokenizer
-from slurm_router.train.model import (adapter_input_features, build_model, compile_backbone, count_parameters,
-                                      parameter_bytes, trainable_parameters)
+from slurm_router.train.model import (build_model, compile_backbone, count_parameters, memory_shape,
+                                      trainable_parameters)
 from slurm_router.train.optim import lr_at, make_optimizer
 from slurm_router.train import state as train_state
 
@@ -46,32 +48,6 @@ def train(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None
     """Train spec's task as rank `rank` of `world`, from checkpoint `resume` if given. Returns the result (rank 0),
     None (other ranks), or Stopped after a stop signal (checkpoint saved at a step end, every rank agreeing)."""
     return Worker(spec, rank, world, master, resume).run()
-
-
-def _device_name(device: torch.device) -> str:
-    """The GPU model (for MFU in the report), or the CPU's."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def _model_shape(model, cfg, device: torch.device) -> dict:
-    """What the memory model's seed needs (MemoryModel.from_model_bytes): the weights' real bytes, the shape,
-    and the activations' precision (bf16 under autocast, microbatch.autocast, or with bf16 frozen weights).
-    Under autocast, fp32 frozen weights also get bf16 copies that backward keeps: the workspace."""
-    c = model.config
-    frozen, trainable = parameter_bytes(model)
-    autocast = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
-    bf16 = autocast or any(p.dtype == torch.bfloat16 for p in model.parameters())
-    copies = sum(2 * p.numel() for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32)
-    return {"frozen_bytes": frozen, "trainable_bytes": trainable, "compute_bytes": 2 if bf16 else 4,
-            "workspace_bytes": copies if autocast else 0,
-            "hidden_size": c.n_embd if hasattr(c, "n_embd") else c.hidden_size,
-            "n_layers": getattr(c, "n_layer", None) or c.num_hidden_layers,
-            "n_heads": getattr(c, "n_head", None) or getattr(c, "num_attention_heads", None),
-            "adapter_features": adapter_input_features(model),
-            "gradient_checkpointing": bool(cfg.train.gradient_checkpointing)}
 
 
 def allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None:
@@ -138,7 +114,8 @@ class Worker:
             from slurm_router.requeue import next_attempt
             self.spec.attempt = int(self.gather([next_attempt(self.spec.task_dir) if self.rank == 0 else 0])[0][0])
         self._build()
-        self.events = ev.EventWriter(self.paths.events(self.rank), run_id=self.spec.run_id, task=self.spec.name,
+        sink = task_sink(self.spec, self.paths.events(0)) if self.rank == 0 else None   # trackers.py, or None
+        self.events = ev.EventWriter(self.paths.events(self.rank), sink, run_id=self.spec.run_id, task=self.spec.name,
                                      variant=self.spec.variant, stage=self.spec.stage, attempt=self.spec.attempt,
                                      device=self.rank, policy=self.settings.policy)
         self.micro = MicroBatchRunner(self.model, self.params, self.corpus.train, self.cfg, self.device,
@@ -163,7 +140,7 @@ class Worker:
         self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
         self.telemetry = Telemetry(self.device)
         self.settings = RouterSettings.from_config(cfg.router)
-        mem_model = MemoryModel.from_model_bytes(**_model_shape(self.model, cfg, self.device),
+        mem_model = MemoryModel.from_model_bytes(**memory_shape(self.model, cfg, self.device),
                                                  vocab_size=self.tokenizer.vocab_size)
         self.mem_sim, total = None, self.telemetry.total_bytes()
         if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
@@ -189,7 +166,7 @@ class Worker:
             mem_total_bytes=self.telemetry.total_bytes(),
             mem_budget_bytes=[d.mem_budget_bytes for d in self.router.device_states()], torch=torch.__version__,
             pid=os.getpid(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), resume_from=self.resume,
-            device_name=_device_name(self.device)))
+            device_name=device_name(self.device)))
         if self.resume:
             from slurm_router.checkpoint import load_checkpoint
             t0 = time.time()
@@ -223,11 +200,13 @@ class Worker:
             ended = self.train_step(step)
             if isinstance(ended, Diverged):
                 return self.diverged(ended)
+            if isinstance(ended, Pruned):
+                return ended.result
             if ended is not None:
                 return ended
         return self.finish()
 
-    def train_step(self, step: int) -> train_state.Stopped | Diverged | None:
+    def train_step(self, step: int) -> train_state.Stopped | Diverged | Pruned | None:
         t_step0 = time.time()
         lr = lr_at(step, self.spec.steps, self.spec.lr, self.cfg.train.warmup_steps)
         for group in self.optimizer.param_groups:
@@ -255,6 +234,9 @@ class Worker:
         every_eval = self.cfg.train.eval_every
         if every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps:
             self.keep_best(step + 1, self.evaluate(step + 1))
+            pruned = self.prune(step + 1)
+            if pruned is not None:
+                return pruned
         signum = max(s.stop for s in stats)
         stop = signum and step + 1 < self.spec.steps       # a stop during the last step: finishing is quicker
         every = self.cfg.train.checkpoint_every
@@ -322,6 +304,7 @@ class Worker:
         s = sums.cpu().tolist()
         loss_sums, tokens = s[0::2], [int(t) for t in s[1::2]]
         val_loss = sum(loss_sums) / max(1, sum(tokens))
+        self.last_eval = (loss_sums, tokens)
         self.events.write(ev.EvalRow(step=step, val_loss=val_loss, val_tokens=sum(tokens), batch_loss_sums=loss_sums,
                                      batch_tokens=tokens))
         return val_loss
@@ -367,6 +350,25 @@ class Worker:
         """After an in-training evaluation: rank 0 of a variant saves adapter-best/ if this one improves it."""
         if self.rank == 0 and not self.spec.save_weights:
             self.adapters.after_eval(self.model, step, val_loss)
+
+    def prune(self, step: int) -> Pruned | None:
+        """prune=true, after an in-training evaluation: rank 0 decides over every task's evaluations at this step
+        (prune.py) and every rank learns its decision; a pruned variant's task ends here, its result says why."""
+        if not self.cfg.get("prune") or self.spec.save_weights:
+            return None
+        decision = None
+        if self.rank == 0:
+            from slurm_router.prune import after_eval, looks
+            decision = after_eval(self.spec, step, *self.last_eval, n_looks=looks(self.spec.steps,
+                                                                                   self.cfg.train.eval_every))
+        if not self.gather([1.0 if decision else 0.0])[0][0]:
+            return None
+        self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=decision.reason if decision else None))
+        self.close()
+        if self.rank != 0:
+            return Pruned(step)
+        print(decision.reason, flush=True)
+        return Pruned(step, {"exit_state": "pruned", **decision.as_dict(), "steps": self.spec.steps})
 
     def diverged(self, d: Diverged) -> dict | None:
         """The loss went non-finite: a variant's result says so (the run goes on, the report lists it as

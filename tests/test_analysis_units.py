@@ -1,6 +1,5 @@
-"""Pure parts of the report: the paired bootstrap and its sentence, sacct parsing and job facts (a stub
+"""Pure parts of the report: the paired bootstrap (the benchmark's baseline), sacct parsing and job facts (a stub
 sacct), advice rules, markdown rendering. No run needed."""
-import re
 
 import numpy as np
 import pandas as pd
@@ -25,13 +24,10 @@ def test_paired_bootstrap_pairs_batches_and_its_point_estimate_is_the_plain_diff
     assert r["diff"] == pytest.approx(a["loss_sums"].sum() / tokens.sum() - b["loss_sums"].sum() / tokens.sum())
     assert r["ci_low"] < r["diff"] < r["ci_high"] < 0 and r["se"] < 0.01     # paired: tight despite hardness
     assert abtest.paired_bootstrap(a, b) == r                                  # seeded: same report every time
-    sentence = abtest.verdict("r32", "r8", r)
-    assert re.match(r"r32 beats r8 by 0\.0[45]\d \+/- 0\.00\d nats per token \(95% CI 0\.0", sentence), sentence
     same = abtest.paired_bootstrap(a, a)
-    assert same["diff"] == 0 and "no difference detectable" in abtest.verdict("r32", "r8", same)
+    assert same["diff"] == 0 and same["ci_low"] == same["ci_high"] == 0
     noisy = abtest.paired_bootstrap(a, batches((hardness + rng.normal(0, 0.3, 50)) * tokens, tokens))
-    assert "no difference detectable" in abtest.verdict("a", "b", noisy) and "includes 0" in abtest.verdict("a", "b",
-                                                                                                           noisy)
+    assert noisy["ci_low"] < 0 < noisy["ci_high"]
     with pytest.raises(ValueError, match="cannot be paired"):
         abtest.paired_bootstrap(a, batches([1.0], [1]))
 

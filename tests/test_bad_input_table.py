@@ -137,8 +137,11 @@ CASES = [
     (["router.memory_headroom=0"], "router.memory_headroom=0.0 is out of range"),
     (["router.device_slowdown=[1,-1]"], "must be all > 0"),
     (["router.affinity_boundaries=[64,32]"], "strictly increasing"),
+    (["router.speed_model=fast"], "router.speed_model='fast' is not valid: choose one of robust, ema, none"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.timeout_min=0"], "launcher.timeout_min=0 is out of range"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.max_requeues=-1"], "launcher.max_requeues=-1 is out of range"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.max_failures=-1"], "launcher.max_failures=-1 is out of range"),
+    (["launcher.max_failures=2"], "launcher.max_failures does not apply to launcher=local"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.signal_delay_s=99999"], "launcher.signal_delay_s=99999 is out of range"),
     (["seed=-1"], "seed=-1 is out of range"),
     (["resources.devices_per_task=100000"], "resources.devices_per_task=100000 is out of range"),
@@ -159,6 +162,19 @@ CASES = [
     (["+launcher.partition=gpu"], "launcher.partition does not apply to launcher=local"),
     (["launcher=slurm", "launcher.cpu_slots=2"], "it is an option of launcher=local only"),
     (["launcher=sbatch", "launcher.nope=1"], "unknown key 'launcher.nope': valid keys for launcher=sbatch are"),
+    # job setup, containers, mail (issue 15): the Slurm launchers' options, checked before anything is written
+    (["launcher.setup=[module load cuda]"], "launcher.setup does not apply to launcher=local: it is an option of "
+                                            "launcher=slurm, launcher=sbatch only"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.container.image={a.txt}.missing.sif"],
+     "launcher.container.image='{a.txt}.missing.sif': no such image file"),
+    (["launcher=slurm", "launcher.container.image={a.txt}", "launcher.container.runtime=docker"],
+     "launcher.container.runtime='docker' is not valid: choose one of apptainer, pyxis"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.mail_type=[END,FIAL]"],
+     "'FIAL' is not a Slurm mail type"),
+    (["launcher=slurm", "launcher.mail_type=sometimes"], "'SOMETIMES' is not a Slurm mail type"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.container.image={a.txt}",
+      "launcher.container.mounts=['/data,/more']"], "launcher.container: launcher.container.mounts entry"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.python="], "launcher.python is empty"),
     (["experiment.seeds=2"], "experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: "
                              "pick one with +experiment=NAME"),
     (["experiment=lora_ab"], "pick one with +experiment=NAME"),
@@ -275,6 +291,16 @@ CASES = [
     (["seeds=[1,-1]"], "seeds=[1,-1]: -1 is not a whole number >= 0"),
     (["seeds=5000"], "seeds=5000 is out of range"),
     (["+experiment=lora_ab", "variants.r8.seeds=2"], "variants.r8.seeds: seeds is set once, at the top level"),
+    # prune=true (issue 14): decided at in-training evaluations, between variants, set once at the top level
+    (["+experiment=lora_ab", "prune=true", "train.eval_every=5"], "prune=true needs seeds >= 2 (e.g. seeds=3)"),
+    (["+experiment=lora_ab", "prune=true", "seeds=2", "train.eval_every=0"], "error: prune=true needs train.eval_every > 0 and "
+                                                                  "below train.steps="),
+    (["+experiment=lora_ab", "prune=true", "seeds=2", "train.steps=10", "variants.r8.train.eval_every=10"],
+     "variants.r8: prune=true needs train.eval_every > 0 and below train.steps=10"),
+    (["prune=true", "train.eval_every=5"], "prune=true compares variants with each other, and this run has one"),
+    (["+experiment=lora_ab", "+variants.r8.prune=true"], "variants.r8.prune: prune is set once, at the top level"),
+    (["experiment.prune=true"], "seeds= and prune= are set at the top level"),
+    (["prune=maybe"], "prune"),
     # Hydra sweeps (issue 14): -m expands the grid; each bad sweep is a line naming its override
     (["train.lr=1e-3,3e-3"], "train.lr=1e-3,3e-3 is a sweep (several values): add -m"),
     (["-m", "train.lr=3e-3"], "-m (--multirun) needs at least one sweep override to expand"),
@@ -317,6 +343,17 @@ CASES = [
     (["-m", "train.lr=glob(*)"], "train.lr=glob(*): glob() picks options of a config group"),
     (["-m", "train.lr=1e-3,-1"], "variants.lr-1: train.lr=-1.0 is out of range: it must be > 0"),
     (["-m", "resume={broken_run}", "train.lr=1,2"], "takes no other arguments"),
+    # experiment trackers (issue 15): an unknown one, or one whose package is not installed, named before any write
+    (["tracker=nope"], "tracker=nope: no such tracker in conf/tracker/; choose one of: mlflow, none, tensorboard, "
+                       "wandb"),
+    (["tracker=[tensorboard,nope]"], "tracker=nope: no such tracker in conf/tracker/; choose one of: mlflow, none, "),
+    (["tracker=[tensorboard,wandb]", "run_root={without_wandb}"], "tracker=wandb needs the wandb package, which is "
+     "not installed: pip install 'wandb>=0.19' (or pip install -e '.[tracking]' for every tracker)"),
+    (["tracker=mlflow", "run_root={without_mlflow}"], "tracker=mlflow needs the mlflow package, which is not "
+                                                      "installed: pip install 'mlflow-skinny"),
+    (["tracker=wandb", "tracker.wandb_mode=cloud"], "tracker.wandb_mode='cloud' is not valid: choose one of offline, "
+                                                    "online"),
+    (["tracker=tensorboard", "tracker.dir={a.txt}"], "tracker.dir="),
 ]
 
 
@@ -371,8 +408,26 @@ def _tiny_llama(path: Path, chat_template: bool = True):
     yield folder
 
 
+@contextlib.contextmanager
+def _without_module(path: Path, module: str):
+    """A run_root folder, while `module` cannot be imported (sys.modules[module] = None: find_spec finds none)."""
+    import sys
+    path.mkdir()
+    saved = sys.modules.get(module)
+    sys.modules[module] = None
+    try:
+        yield path
+    finally:
+        if saved is None:
+            del sys.modules[module]
+        else:
+            sys.modules[module] = saved
+
+
 SPECIAL = {"readonly": _read_only_dir, "tiny_fs": _tiny_fs,     # made only for the rows that name them
-           "llama": _tiny_llama, "llama_nochat": lambda path: _tiny_llama(path, chat_template=False)}
+           "llama": _tiny_llama, "llama_nochat": lambda path: _tiny_llama(path, chat_template=False),
+           "without_wandb": lambda path: _without_module(path, "wandb"),
+           "without_mlflow": lambda path: _without_module(path, "mlflow")}
 
 
 def _io_error_readable() -> bool:

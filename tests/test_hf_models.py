@@ -247,10 +247,10 @@ def _saved_bytes(model, n: int, length: int) -> int:
 
 
 def _seed(model, checkpointing: bool = False) -> MemoryModel:
-    """The worker's own seed (worker._model_shape) for this model on CPU without autocast."""
-    from slurm_router.worker import _model_shape
+    """The worker's own seed (train.model.memory_shape) for this model on CPU without autocast."""
+    from slurm_router.train.model import memory_shape
     cfg = OmegaConf.create({"train": {"precision": "fp32", "gradient_checkpointing": checkpointing}})
-    return MemoryModel.from_model_bytes(**_model_shape(model, cfg, torch.device("cpu")),
+    return MemoryModel.from_model_bytes(**memory_shape(model, cfg, torch.device("cpu")),
                                         vocab_size=model.config.vocab_size)
 
 
@@ -298,10 +298,10 @@ def test_memory_seed_bound_with_gradient_checkpointing(meta_forward, shape):
 
 
 def test_memory_seed_on_a_gpu_counts_autocast_copies_of_fp32_frozen_weights():
-    from slurm_router.worker import _model_shape
+    from slurm_router.train.model import memory_shape
     cfg = OmegaConf.create({"train": {"precision": "auto", "gradient_checkpointing": False}})
     gpu = torch.device("cuda", 0)           # only named: nothing is allocated on the meta device
-    shapes = {d: _model_shape(_meta_lora_model(LLAMA_1B, d, None), cfg, gpu) for d in (torch.bfloat16, torch.float32)}
+    shapes = {d: memory_shape(_meta_lora_model(LLAMA_1B, d, None), cfg, gpu) for d in (torch.bfloat16, torch.float32)}
     bf16, fp32 = shapes[torch.bfloat16], shapes[torch.float32]
     assert bf16["compute_bytes"] == fp32["compute_bytes"] == 2 and bf16["workspace_bytes"] == 0
     assert fp32["frozen_bytes"] == 2 * bf16["frozen_bytes"] == 2 * fp32["workspace_bytes"]

@@ -263,3 +263,14 @@ def test_one_eval_batch_of_one_seed_gives_no_verdict_rather_than_an_exact_one():
     b = {0: {"loss_sums": [41.0], "tokens": [10.0]}}
     with pytest.raises(ValueError, match="1 eval batch of 1 seed.*seeds=3"):
         stats.compare(a, b)
+
+
+def test_runs_side_by_side_compare_each_variant_over_its_seeds(tmp_path):
+    """analysis RUN_A RUN_B: the same variant in two runs, over seeds and eval batches, paired by seed."""
+    from slurm_router.analysis.compare import across_runs
+    runs = [load_run(fake_run(tmp_path / name, {"r8": 0.0, "r32": effect}, [0, 1, 2]))[1]
+            for name, effect in (("a", -0.03), ("b", -0.03), ("c", 0.0))]
+    lines = across_runs(["A", "B", "C"], runs)
+    assert len(lines) == 4 and [line.split(":")[0] for line in lines] == ["r8", "r32", "r8", "r32"]
+    assert all("no difference detectable" in line and "float rounding" in line for line in lines[:3]), lines
+    assert lines[3].startswith("r32: A beats C by 0.030") and "3 seeds x 32 eval batches, paired by seed" in lines[3]

@@ -74,6 +74,9 @@ class Launcher(ABC):
     def check_resume(self) -> None:
         """resume= with this launcher: what must hold before the run's unfinished tasks start again."""
 
+    def prepare(self) -> None:
+        """Once per submission, before the first stage (the Slurm launchers' code snapshot: launch/snapshot.py)."""
+
     def refuse_live_tasks(self) -> None:
         """resume= of a run this launcher ran: refuse (UserError) while any of its tasks still runs."""
 
@@ -112,6 +115,7 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
     waits on the one before (afterok); a stage after a failed one is skipped; the manifest records every task's
     job or state; the report job comes last. resume= passes stages holding only the unfinished tasks."""
     manifest, run, after = launcher.manifest, RunJobs(), None
+    launcher.prepare()
     for stage in stages:
         if stage.cached and _reuse_cached(stage, manifest):
             continue

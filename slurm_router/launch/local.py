@@ -81,13 +81,12 @@ def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
     model's sizes, which are counted on the meta device: nothing is allocated)."""
     import torch
     from slurm_router.router import MemoryModel
-    from slurm_router.train.model import build_model, count_parameters
+    from slurm_router.train.model import build_model, memory_shape
     with torch.device("meta"):
         model = build_model(cfg.model, cfg.model.vocab_size, cfg.seed, lora=True)
-    n_params, n_trainable = count_parameters(model)
-    c = model.config
-    mem = MemoryModel.from_model_sizes(n_params, n_trainable, c.n_embd, c.n_layer, c.vocab_size,
-                                       bytes_per_param=2 if cfg.train.precision != "fp32" else 4)
+    # the worker's own seed on a GPU (worker.py): the weights' real bytes, bf16 activations under autocast
+    mem = MemoryModel.from_model_bytes(**memory_shape(model, cfg, torch.device("cuda")),
+                                       vocab_size=model.config.vocab_size)
     per_device = -(-cfg.train.global_batch_size // cfg.resources.devices_per_task)
     need = mem.predict(per_device * cfg.data.max_len, per_device, cfg.data.max_len)
     return max(1, min(limit, int(cfg.router.memory_headroom * gpu_bytes // max(1, need))))

@@ -43,10 +43,11 @@ def _workers_side_by_side(task_files: list[str]) -> int:
 class Pack:
     """The K job processes of one array task (spawn it through TaskSupervisor.start: signals stay blocked)."""
 
-    def __init__(self, task_files: list[str]):
+    def __init__(self, task_files: list[str], python: list[str] | None = None):
         env = {**os.environ, PACKED_ENV: "1", "PYTHONUNBUFFERED": "1",
                THREADS_ENV: str(threads_per_worker(_workers_side_by_side(task_files)))}
-        self.procs = [subprocess.Popen([sys.executable, "-m", "slurm_router.job", f], env=env) for f in task_files]
+        python = python or [sys.executable]         # or the words that run it in a container (launch/container.py)
+        self.procs = [subprocess.Popen([*python, "-m", "slurm_router.job", f], env=env) for f in task_files]
         self.codes: dict[int, int] = {}
 
     def _reap(self) -> None:
@@ -83,9 +84,9 @@ def pack_outcome(codes: list[int]) -> TaskOutcome:
     return TaskOutcome.combine([TaskOutcome.from_exit_code(c) for c in codes])
 
 
-def _start(supervisor: TaskSupervisor, task_files: list[str]) -> Pack:
+def _start(supervisor: TaskSupervisor, task_files: list[str], python: list[str] | None = None) -> Pack:
     # A signal before the start goes to the children too: each asks requeue.after_stop, none decides here.
-    return supervisor.start(lambda: Pack(task_files), stop_early=False)
+    return supervisor.start(lambda: Pack(task_files, python), stop_early=False)
 
 
 def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) -> int:
@@ -95,7 +96,9 @@ def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) ->
     outcome = pack_outcome(codes)
     print(f"pack of {len(task_files)} task(s): exit codes {codes}: {outcome.value}", flush=True)
     if outcome is TaskOutcome.REQUEUE:
-        from slurm_router.requeue import slurm_job_ref      # JOB_TASK: never the whole array
+        from slurm_router.requeue import request_requeue_outside, slurm_job_ref      # JOB_TASK: never the array
+        if request_requeue_outside(f"pack of {len(task_files)} task(s)"):     # in a container: the script does
+            return outcome.exit_code
         subprocess.run(["scontrol", "requeue", slurm_job_ref()], check=True, timeout=60)
         return EXIT_STOPPED
     return outcome.exit_code
@@ -104,10 +107,14 @@ def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) ->
 class PackRunner(Supervised, Checkpointable):
     """launcher=slurm: what submitit runs for a pack; checkpoint() (submitit's USR2 hook) stops the children at
     their step end, then asks submitit to requeue this pack if one of them wants it. The supervisor lives on
-    the instance (never pickled)."""
+    the instance (never pickled). python: the words that start a task's interpreter, e.g. in a container
+    (launch/container.py: launcher=slurm runs a containerised task as a pack of one); None: this one."""
+
+    def __init__(self, python: list[str] | None = None):
+        self.python = python
 
     def __call__(self, task_files: list[str]) -> list[int]:
-        codes = _start(self.supervisor, task_files).wait()
+        codes = _start(self.supervisor, task_files, getattr(self, "python", None)).wait()
         if pack_outcome(codes) is TaskOutcome.FAILED:
             raise RuntimeError(f"pack of {len(task_files)} task(s) failed: exit codes {codes} (see each task's log)")
         return codes

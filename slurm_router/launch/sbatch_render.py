@@ -12,6 +12,9 @@ Two parsers read the result, and every config-derived value must survive both wi
 - Below the directives bash runs the script: every word is shlex.quote'd, so spaces, quotes, $(...),
   backticks and newlines in a path, variant or env value reach the program as literal argv.
 Output paths are also Slurm filename patterns: a literal `%` in RUN_DIR is written as `%%`.
+The one exception is launcher.setup: its lines are the user's own shell, run as written (module load, source a
+venv), trusted like a hand-written sbatch script. A container (launch/container.py) keeps the batch shell
+outside it: the task is its child, and the shell requeues when the task asks (REQUEUE_REQUEST_ENV).
 """
 from __future__ import annotations
 
@@ -25,9 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
-from slurm_router.config import SlurmLauncherConfig
+from slurm_router.config import MAIL_TYPES, SlurmLauncherConfig
+from slurm_router.launch.container import ContainerSpec, outside_exports
 from slurm_router.launch.slurm_common import afterok
 from slurm_router.layout import RunLayout
+from slurm_router.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
+from slurm_router.requeue import REQUEUE_REQUEST_ENV
 
 TEMPLATE_NAME = "array.sbatch"
 
@@ -65,6 +71,11 @@ class SbatchSpec:
     python: str = field(default_factory=lambda: sys.executable)
     task_argv: tuple[str, ...] = ()  # argv after the interpreter, run once per array task
     env: tuple[tuple[str, str], ...] = ()  # exported before the task runs
+    setup: tuple[str, ...] = ()  # launcher.setup: the user's shell lines, run as written before the task
+    pythonpath: str | None = None  # launcher.snapshot: put first on PYTHONPATH (RUN_DIR/code)
+    container: ContainerSpec | None = None  # launcher.container: the task runs in this image
+    mail_type: str | None = None  # --mail-type, Slurm's names comma-separated (END,FAIL)
+    mail_user: str | None = None
 
 
 def safe_job_name(name: str) -> str:
@@ -135,6 +146,15 @@ def _validate(spec: SbatchSpec) -> None:
             raise ValueError(f"env name {key!r} is not a valid environment variable name")
     if not spec.python:
         raise ValueError("python (the interpreter path) is empty")
+    if spec.mail_type is not None:
+        bad = [t for t in spec.mail_type.split(",") if t not in MAIL_TYPES]
+        if bad or not spec.mail_type:
+            raise ValueError(f"mail_type {spec.mail_type!r}: {bad[0] if bad else 'empty'!r} is not a Slurm mail "
+                             f"type ({', '.join(MAIL_TYPES)})")
+    if spec.mail_user is not None:
+        _check_sbatch_value("mail_user", spec.mail_user)
+    if spec.container is not None:
+        spec.container.check()
 
 
 def _slurm_filename(path: str) -> str:
@@ -161,10 +181,10 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
     if spec.mem_gb is not None:
         lines.append(_directive("mem", f"{math.ceil(spec.mem_gb * 1024)}M"))
     lines.append(_directive("time", spec.timeout_min))
-    for name in ("partition", "account", "qos", "constraint"):
+    for name in ("partition", "account", "qos", "constraint", "mail_type", "mail_user"):
         value = getattr(spec, name)
         if value is not None:
-            lines.append(_directive(name, value))
+            lines.append(_directive(name.replace("_", "-"), value))
     # With exec the batch shell *is* the task, so signal it (B:); with srun the steps get the signal.
     target = "B:" if spec.ntasks == 1 else ""
     lines.append(_directive("signal", f"{target}USR2@{spec.signal_delay_s}"))
@@ -178,16 +198,75 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
     return lines
 
 
-def task_command(spec: SbatchSpec) -> str:
-    """The bash line that runs one array task: exec python ... or srun python ... (all words quoted)."""
-    argv = [spec.python, *spec.task_argv]
+def _srun(spec: SbatchSpec) -> list[str]:
+    # 22.05's srun does not inherit --cpus-per-task from sbatch: repeat the per-task resources.
+    srun = ["srun", f"--ntasks={spec.ntasks}", f"--cpus-per-task={spec.cpus_per_task}"]
     if spec.ntasks > 1:
-        # 22.05's srun does not inherit --cpus-per-task from sbatch: repeat the per-task resources.
-        srun = ["srun", f"--ntasks={spec.ntasks}", f"--cpus-per-task={spec.cpus_per_task}", "--kill-on-bad-exit=1"]
+        srun.append("--kill-on-bad-exit=1")
         if spec.gpus_per_task:
             srun.append(f"--gpus-per-task={spec.gpus_per_task}")
-        return shlex.join(srun + argv)
-    return "exec " + shlex.join(argv)
+    return srun                 # one task: the step has the job's GPUs (--gres)
+
+
+def task_argv(spec: SbatchSpec) -> list[str]:
+    """The words that run one array task: [srun ...] [apptainer exec ... IMAGE] python ARGV."""
+    argv, c = [spec.python, *spec.task_argv], spec.container
+    if c is not None and c.runtime == "apptainer":
+        argv = [*c.exec_argv(), *argv]
+    if c is not None and c.runtime == "pyxis":
+        return [*_srun(spec), *c.srun_args(), *argv]
+    return [*_srun(spec), *argv] if spec.ntasks > 1 else argv
+
+
+def _in_container(spec: SbatchSpec) -> str:
+    """The task as this shell's child (it stays outside the image); it passes USR2 and TERM on, and requeues
+    its own array task when the task asks with the request file (requeue.request_requeue_outside)."""
+    request = shlex.quote(str(RunLayout(spec.run_dir).requeue_request(""))) + '"$SLURM_JOB_ID"'
+    return "\n".join([
+        f"# ---- the task runs in {spec.container.runtime}'s image; this shell stays outside it "
+        "(launcher.container) ----",
+        "# Images seldom carry Slurm's client, so the task never runs scontrol in there: when its verdict is a",
+        f"# requeue it writes ${REQUEUE_REQUEST_ENV} and exits {EXIT_REQUEUE}, and this shell requeues its own array "
+        "task.",
+        f"export {REQUEUE_REQUEST_ENV}={request}",
+        f'rm -f "${REQUEUE_REQUEST_ENV}"',
+        *outside_exports(srun_workers=spec.ntasks > 1),
+        shlex.join(task_argv(spec)) + " &",
+        "task=$!",
+        "trap 'kill -USR2 \"$task\" 2>/dev/null || :' USR2",
+        "trap 'kill -TERM \"$task\" 2>/dev/null || :' TERM",
+        'while kill -0 "$task" 2>/dev/null; do wait "$task" || :; done     # a trapped signal interrupts wait',
+        'rc=0; wait "$task" || rc=$?',
+        f'if [ -e "${REQUEUE_REQUEST_ENV}" ]; then',
+        f'    rm -f "${REQUEUE_REQUEST_ENV}"',
+        '    scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        f"    exit {EXIT_STOPPED}",
+        "fi",
+        'exit "$rc"',
+    ])
+
+
+def task_command(spec: SbatchSpec) -> str:
+    """The bash that runs one array task: exec python ..., srun python ..., or, in a container, the task as a
+    child of this shell (which requeues from outside). Every config-derived word is quoted."""
+    if spec.container is not None:
+        return _in_container(spec)
+    argv = task_argv(spec)
+    return shlex.join(argv) if spec.ntasks > 1 else "exec " + shlex.join(argv)
+
+
+def prologue(spec: SbatchSpec) -> str:
+    """What runs before `cd RUN_DIR`: launcher.setup's lines as written (in the directory the run was submitted
+    from; a failing line stops the job), then the exports, quoted. Empty, or lines ending in a newline."""
+    lines = []
+    if spec.setup:
+        lines += ["# ---- launcher.setup: your own shell lines, run as written (trusted, like a hand-written sbatch",
+                  "# script); a line that fails stops the job ----", "set +u", *spec.setup, "set -u",
+                  "# ---- end of launcher.setup ----"]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.env]
+    if spec.pythonpath:         # launcher.snapshot: the submitted code first
+        lines.append(f'export PYTHONPATH={shlex.quote(spec.pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+    return "".join(line + "\n" for line in lines)
 
 
 def _read_template(template_dir: str | Path | None) -> str:
@@ -205,10 +284,9 @@ def _read_template(template_dir: str | Path | None) -> str:
 def render_sbatch(spec: SbatchSpec, template_dir: str | Path | None = None) -> str:
     """Render sbatch_templates/array.sbatch for spec. Raises ValueError on values sbatch cannot carry."""
     directives = sbatch_directives(spec)
-    exports = "\n".join(f"export {key}={shlex.quote(value)}" for key, value in spec.env)
     return Template(_read_template(template_dir)).substitute(
         sbatch_directives="\n".join(directives),
-        env_exports=exports,
+        prologue=prologue(spec),
         run_dir=shlex.quote(spec.run_dir),
         signal_delay_s=spec.signal_delay_s,
         signal_target="to the batch shell" if spec.ntasks == 1 else "to the srun tasks",
@@ -233,9 +311,9 @@ def submit_sbatch(script: str | Path, *extra_args: str) -> str:
     return _sbatch([*extra_args, str(script)], what=str(script))
 
 
-def submit_wrapped(argv: list[str], *options: str) -> str:
+def submit_wrapped(argv: list[str], *options: str, what: str | None = None) -> str:
     """sbatch --wrap one command (argv, not a shell line: every word is shlex-quoted); its job id."""
-    return _sbatch([*options, "--wrap", shlex.join(argv)], what=argv[-1])
+    return _sbatch([*options, "--wrap", shlex.join(argv)], what=what or argv[-1])
 
 
 def _sbatch(args: list[str], what: str) -> str:

@@ -30,6 +30,14 @@ def afterok(job_id: str) -> dict[str, str]:
     return {"dependency": f"afterok:{job_id}", KILL_ON_INVALID_DEP: "yes"}
 
 
+def mail_options(launcher) -> dict[str, str]:
+    """launcher.mail_type and mail_user as sbatch options, {'mail-type': 'END,FAIL', 'mail-user': ...}, the unset
+    ones left out (checked by config.check_job_values; a run made before they existed has neither)."""
+    from slurm_router.config import launcher_setting, mail_types
+    types, user = ",".join(mail_types(launcher_setting(launcher, "mail_type"))), launcher_setting(launcher, "mail_user")
+    return {k: v for k, v in (("mail-type", types), ("mail-user", user)) if v}
+
+
 def check_slurm() -> None:
     if shutil.which("sbatch") is None:
         raise UserError("sbatch is not on the PATH: this is not a Slurm machine; run here with launcher=local")
@@ -64,11 +72,18 @@ def stage_devices(stage: Stage) -> int:
 
 class SlurmLauncher(Launcher):
     """The part of launcher=slurm (submitit) and launcher=sbatch that does not depend on how they submit."""
+    pythonpath: str | None = None       # launcher.snapshot's RUN_DIR/code once prepare() ran (launch/snapshot.py)
 
     @classmethod
     def check(cls, cfg) -> None:
+        from slurm_router.launch.container import resolve_container
         check_slurm()
         check_packing(cfg)
+        resolve_container(cfg)
+
+    def prepare(self) -> None:
+        from slurm_router.launch import snapshot
+        self.pythonpath = snapshot.ensure(self.manifest, bool(self.cfg.launcher.get("snapshot", False)))
 
     def check_resume(self) -> None:
         check_slurm()

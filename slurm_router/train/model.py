@@ -26,6 +26,13 @@ def frozen_dtype(model_cfg, device: torch.device | str | None = None) -> torch.d
     return torch.float32
 
 
+def quiet_transformers() -> None:
+    """No progress bars, warnings or advice lines from transformers in a task's log (loading, save_pretrained)."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None = None, lora: bool = True,
                 device: torch.device | str | None = None, gradient_checkpointing: bool = False,
                 lora_seed: int | None = None) -> torch.nn.Module:
@@ -39,9 +46,7 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
     model.lora.enabled=false) keeps fp32 master weights whatever model.dtype says (autocast still computes in
     bf16 on a GPU)."""
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     adapt = lora and model_cfg.lora.enabled
     dtype = frozen_dtype(model_cfg, device) if adapt else torch.float32
     torch.manual_seed(seed)
@@ -110,8 +115,7 @@ def meta_model(path: str, setting: str) -> torch.nn.Module:
     """The causal LM of the checkpoint at `path` on the meta device (shapes and names only)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
+    quiet_transformers()
     where = f"model.name_or_path={setting!r}"
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -232,3 +236,20 @@ def adapter_input_features(model: torch.nn.Module) -> int:
     return sum(a.in_features for m in model.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
                for a in m.lora_A.values())
 
+
+def memory_shape(model, cfg, device: torch.device) -> dict:
+    """What the memory model's seed needs (MemoryModel.from_model_bytes): the weights' real bytes, the shape,
+    and the activations' precision (bf16 under autocast, microbatch.autocast, or with bf16 frozen weights).
+    Under autocast, fp32 frozen weights also get bf16 copies that backward keeps: the workspace."""
+    c = model.config
+    frozen, trainable = parameter_bytes(model)
+    autocast = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
+    bf16 = autocast or any(p.dtype == torch.bfloat16 for p in model.parameters())
+    copies = sum(2 * p.numel() for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32)
+    return {"frozen_bytes": frozen, "trainable_bytes": trainable, "compute_bytes": 2 if bf16 else 4,
+            "workspace_bytes": copies if autocast else 0,
+            "hidden_size": c.n_embd if hasattr(c, "n_embd") else c.hidden_size,
+            "n_layers": getattr(c, "n_layer", None) or c.num_hidden_layers,
+            "n_heads": getattr(c, "n_head", None) or getattr(c, "num_attention_heads", None),
+            "adapter_features": adapter_input_features(model),
+            "gradient_checkpointing": bool(cfg.train.gradient_checkpointing)}
