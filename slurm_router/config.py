@@ -82,6 +82,7 @@ class RouterConfig:
     memory_headroom: float = RouterSettings.memory_headroom  # above 1 over-commits (OOM-path testing aid)
     max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch
     affinity_boundaries: List[int] = field(default_factory=list)
+    speed_model: str = RouterSettings.speed_model           # robust | ema | none (router/speed_model.py)
     speed_ema: float = RouterSettings.speed_ema
     # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
     device_slowdown: List[float] = field(default_factory=list)
@@ -255,6 +256,7 @@ CHOICES = {
     "data.length_dist": ("lognormal", "uniform", "fixed"),
     "router.policy": ("round_robin", "least_loaded", "affinity", "balanced"),
     "router.cost": ("tokens", "tokens_attention"),
+    "router.speed_model": ("robust", "ema", "none"),
     "launcher.kind": tuple(s.kind for s in LAUNCHER_SCHEMAS),
     "train.precision": ("auto", "fp32", "bf16"),
 }

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from .memory_model import MemoryModel
 from .packing import split_for_oom as _split_for_oom
 from .policies import POLICIES
-from .speed_model import SpeedModel
+from .speed_model import make_speed_model
 from .types import Assignment, DeviceState, MicroBatch, RouterSettings
 
 _STATE_VERSION = 1
@@ -30,7 +30,7 @@ class Router:
         self.settings = settings if settings is not None else RouterSettings()
         self.n_devices = n_devices
         self.memory_model = memory_model
-        self.speed_model = SpeedModel(n_devices, self.settings.speed_ema)
+        self.speed_model = make_speed_model(self.settings.speed_model, n_devices, self.settings.speed_ema)
         self._total_bytes: list[int | None] = [None] * n_devices
         self._free_bytes: list[int | None] = [None] * n_devices
         self._policy = POLICIES[self.settings.policy]

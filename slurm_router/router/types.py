@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
+from .speed_model import SPEED_MODELS
+
 POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
 COST_NAMES = ("tokens", "tokens_attention")
 # Above 1 the router plans more than the device holds: a testing aid that forces real out-of-memory errors.
@@ -101,7 +103,10 @@ class RouterSettings:
     memory_headroom: float = 0.85           # budget = headroom x total device memory
     max_tokens_per_microbatch: int | None = None   # hard cap on padded tokens of one micro-batch, every policy
     affinity_boundaries: tuple[int, ...] = ()      # length bucket edges for affinity; () = powers of two
-    speed_ema: float = 0.3                  # weight of the newest observation in the speed EMA
+    # robust: speeds move away from equal only for differences that persist beyond the measured noise;
+    # ema: an EMA of each device's cost/s (weight speed_ema), follows noise too; none: all devices equal
+    speed_model: str = "robust"
+    speed_ema: float = 0.3                  # weight of the newest observation in the speed EMA (speed_model=ema)
     # Fixed cost of one extra micro-batch, in padded-token equivalents (kernel launches, optimizer-free
     # forward/backward overhead). balanced/affinity/least_loaded start a new micro-batch only when the padding
     # it saves exceeds this. 0 = never pad (one micro-batch per distinct length).
@@ -120,6 +125,8 @@ class RouterSettings:
             raise ValueError(f"router.memory_headroom={self.memory_headroom} must be in (0, {MAX_HEADROOM}]")
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
             raise ValueError(f"router.max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be >= 1 or null")
+        if self.speed_model not in SPEED_MODELS:
+            raise ValueError(f"router.speed_model={self.speed_model!r} is not one of {', '.join(SPEED_MODELS)}")
         if not 0 < self.speed_ema <= 1:
             raise ValueError(f"router.speed_ema={self.speed_ema} must be in (0, 1]")
         if self.microbatch_overhead_tokens < 0:
