@@ -19,6 +19,9 @@ python3 -m pip install -q -e ".[test,tracking]"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/slurm_test_cluster.sh
+  # a second, 2-node cluster beside it (slurmd in network namespaces) for tests/test_multinode.py
+  bash scripts/slurm_multinode_cluster.sh --nodes 2 \
+    || echo "test.sh: multi-node cluster not available: the multi-node tests will be skipped" >&2
   # headless Chromium opens report.html in the report test (the cluster script ran apt-get update)
   install_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }
   command -v chromium >/dev/null || install_chromium || { apt-get update -qq && install_chromium; } \

@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
+import time
 
 from slurm_router.layout import TaskPaths
-from slurm_router.supervisor import TaskStopped, worker_entry
+from slurm_router.supervisor import TaskFailed, TaskStopped, worker_entry
+
+# gloo, when a peer dies: "Connection closed by peer [ADDR]:PORT" or "Read error [ADDR]:PORT: Connection reset by peer"
+PEER_LOST = re.compile(r"\[([0-9a-fA-F.:]+)\]:\d+(?=.*by peer)|by peer \[([0-9a-fA-F.:]+)\]:\d+")
+# How long a rank other than 0 tries to reach rank 0's meeting point before it says so (torch's own
+# rendezvous would wait the whole collective time-out, worker.COLLECTIVE_TIMEOUT_S).
+RENDEZVOUS_TIMEOUT_S = float(os.environ.get("SLURM_ROUTER_RENDEZVOUS_TIMEOUT_S", "120"))
 
 
 def srun_rank() -> int | None:
@@ -27,6 +36,58 @@ def srun_master() -> str:
     return f"{nodes[0]}:{20000 + int(os.environ['SLURM_JOB_ID']) % 20000}"
 
 
+def wait_for_master(master: str, who: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> None:
+    """Wait until MASTER_ADDR:MASTER_PORT takes connections (rank 0 listens there); TaskFailed, one line naming
+    the address and port, if it does not within timeout_s: the nodes cannot reach each other."""
+    host, port = master.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise TaskFailed(f"{who}: cannot reach rank 0 at {host}:{port} within {timeout_s:.0f} s ({e}): the "
+                                 f"job's nodes cannot reach each other there; check that {host} resolves on every node "
+                                 f"and that port {port} is open between them, or set MASTER_ADDR/MASTER_PORT") from None
+            time.sleep(0.5)
+
+
+def _ranks_on(node: str) -> list[int]:
+    """The ranks Slurm placed on `node` (block distribution: SLURM_TASKS_PER_NODE, e.g. '2(x3),1')."""
+    try:
+        nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                               capture_output=True, text=True, timeout=10).stdout.split()
+        counts = [int(n) for part in os.environ["SLURM_TASKS_PER_NODE"].split(",")
+                  for n in [part.split("(")[0]] * (int(part.split("(x")[1].rstrip(")")) if "(x" in part else 1)]
+        first = sum(counts[:nodes.index(node)])
+        return list(range(first, first + counts[nodes.index(node)]))
+    except (KeyError, ValueError, IndexError, OSError, subprocess.SubprocessError):
+        return []
+
+
+def _peer_lost(spec, rank: int, address: str | None, error: str) -> str:
+    """One line for a peer rank that died mid-collective: which rank and node, and what resume= does. Rank 0
+    records it as the task's end (the other ranks' srun tasks are ended by srun)."""
+    from slurm_router.layout import checkpoint_step
+    from slurm_router.requeue import current_attempt, task_event
+    try:
+        node = socket.gethostbyaddr(address)[0].split(".")[0] if address else None
+    except OSError:
+        node = address
+    ranks = [r for r in _ranks_on(node) if r != rank] if node else []
+    who = (f"worker rank {','.join(map(str, ranks))} on {node} ({address})" if ranks
+           else f"the worker at {address}" if address else f"another worker ({' '.join(error.split())[:200]})")
+    ckpt = sorted(TaskPaths(spec.task_dir).checkpoints.glob("step-*.pt"))
+    then = (f"resume continues from step {checkpoint_step(ckpt[-1])}" if ckpt
+            else "no checkpoint yet: resume restarts it")
+    msg = f"{spec.name}: {who} was lost mid-step (its process or node died); rank {rank} stopped; {then}"
+    if rank == 0:
+        spec.attempt = current_attempt(spec.task_dir)
+        task_event(spec, "end", exit_state="failed", error=msg)
+    return msg
+
+
 def run_srun_worker(spec, resume: str | None, supervisor) -> dict | None:
     """Be worker SLURM_PROCID of the task. A stop signal the job process took before this point (its
     supervisor's) is handed to the worker's own flag, so the worker stops after its first step."""
@@ -38,7 +99,16 @@ def run_srun_worker(spec, resume: str | None, supervisor) -> dict | None:
     if supervisor.signum:
         request_stop(supervisor.signum)
     spec.attempt = -1                   # rank 0 counts the attempt once the workers have met
-    result = worker_entry(rank, spec.to_json(), ntasks, srun_master(), resume)
+    master = srun_master()
+    if rank != 0:
+        wait_for_master(master, f"{spec.name}: rank {rank}")
+    try:
+        result = worker_entry(rank, spec.to_json(), ntasks, master, resume)
+    except RuntimeError as e:           # gloo: "Connection closed by peer [ADDR]:PORT": another rank died
+        peer = PEER_LOST.search(str(e))
+        if peer is None and "gloo/transport" not in str(e):
+            raise
+        raise TaskFailed(_peer_lost(spec, rank, peer and (peer.group(1) or peer.group(2)), str(e))) from None
     if isinstance(result, Stopped):
         raise TaskStopped(result.step, result.signum)
     return json.loads(TaskPaths(spec.task_dir).result.read_text()) if rank == 0 else None

@@ -1,0 +1,244 @@
+"""One task across two nodes, on the real multi-node Slurm test cluster (scripts/slurm_multinode_cluster.sh:
+slurmd mn1 and mn2, each in its own network namespace, partition mn; clients pick it with SLURM_CONF).
+launcher=sbatch launcher.srun_workers=true resources.devices_per_task=2, one srun task per node (issue 16):
+- the two ranks train with gloo across the namespaces and match the same task on one device, step by step;
+- USR2 mid-run: both ranks stop after the same step, one checkpoint, the task requeues itself and ends with the
+  uninterrupted copy's losses;
+- the worker on mn2 is SIGKILLed: rank 0 on mn1 stops within seconds, the task fails naming the rank, and
+  resume=RUN_DIR finishes it.
+
+    sudo scripts/slurm_test_cluster.sh && sudo scripts/slurm_multinode_cluster.sh --nodes 2
+    pytest -m slurm tests/test_multinode.py -s        # -s prints the per-step losses side by side
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, run_dir_of
+
+from slurm_router.srun_worker import wait_for_master
+from slurm_router.supervisor import TaskFailed
+
+
+def cluster_test(fn):
+    """A real run on the multi-node cluster (the mn_env fixture skips it unless the cluster is up)."""
+    return pytest.mark.slurm(pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch on PATH: run "
+                                                "scripts/slurm_test_cluster.sh (root + apt) first")(fn))
+
+MN_CONF = Path("/etc/slurm-multinode/slurm.conf")
+NODES = 2
+# Fast settings (tests/test_slurm_launch.py); 12 steps so that a signal lands mid-run.
+SMALL = ["base.enabled=false", "train.steps=12", "train.checkpoint_every=4", "train.eval_batches=1",
+         "data.max_documents=40"]
+# One worker per node: 2 fake GPUs per node would otherwise fit both srun tasks on mn1.
+TWO_NODES = ["launcher=sbatch", "launcher.srun_workers=true", "resources.devices_per_task=2", "launcher.partition=mn",
+             f"launcher.additional_parameters={{nodes:{NODES},ntasks-per-node:1}}", "launcher.timeout_min=10"]
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def mn_env() -> dict[str, str]:
+    """The environment that points Slurm's clients at the multi-node cluster; skips unless it is up."""
+    if not MN_CONF.is_file():
+        pytest.skip(f"no {MN_CONF}: run scripts/slurm_multinode_cluster.sh --nodes 2 (root) first")
+    env = {"SLURM_CONF": str(MN_CONF)}
+    try:
+        out = subprocess.run(["sinfo", "-h", "-p", "mn", "-o", "%t %D"], capture_output=True, text=True, timeout=20,
+                             env={**os.environ, **env}).stdout
+    except subprocess.TimeoutExpired:
+        pytest.skip("the multi-node cluster's slurmctld does not answer: run scripts/slurm_multinode_cluster.sh")
+    usable = sum(int(n) for state, n in (l.split() for l in out.splitlines() if l.strip())
+                 if state.rstrip("*~#") in ("idle", "mix", "alloc"))
+    if usable < NODES:
+        pytest.skip(f"partition mn has {usable} usable nodes, not {NODES}: sinfo says {out.strip()!r}")
+    return env
+
+
+def _slurm(env: dict, *argv: str) -> str:
+    return subprocess.run(list(argv), capture_output=True, text=True, env={**os.environ, **env}, timeout=60).stdout
+
+
+def _rows(task_dir: Path, rank: int = 0) -> list[dict]:
+    path = task_dir / f"events-rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.is_file() \
+        else []
+
+
+def _losses(task_dir: Path) -> dict[int, float]:
+    """step -> loss, the newest attempt's value for each step (a resumed task repeats none)."""
+    out = {}
+    for r in sorted((r for r in _rows(task_dir) if r["event"] == "step"), key=lambda r: (r["attempt"], r["time"])):
+        out[r["step"]] = r["loss"]
+    return out
+
+
+def _task_jobs(run_dir: Path) -> dict[str, str]:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return {t["variant"]: t["job_id"] for job in manifest["jobs"] for t in job["tasks"]}
+
+
+def _sacct_state(env: dict, job_id: str) -> str:
+    out = _slurm(env, "sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", job_id)
+    return next((l.split("|")[1] for l in out.splitlines() if l.split("|")[0] == job_id), "")
+
+
+def _wait(cond, what: str, timeout: float = TIMEOUT_S, poll_s: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _at_step(task_dir: Path, step: int) -> bool:
+    return any(r["event"] == "step" and r["step"] >= step for r in _rows(task_dir))
+
+
+def _submit(tmp_path: Path, env: dict, *args: str) -> Path:
+    proc = run_cli(*SMALL, *TWO_NODES, *args, f"run_root={tmp_path / 'mn'}", cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir_of(proc)
+
+
+def _hosts(task_dir: Path, attempt: int = 0) -> dict[int, str]:
+    """rank -> the host its worker started on in that attempt."""
+    return {rank: next(r["host"] for r in _rows(task_dir, rank) if r["event"] == "start" and r["attempt"] == attempt)
+            for rank in range(NODES)}
+
+
+@cluster_test
+def test_two_node_task_matches_one_device_and_requeues_on_usr2(tmp_path, mn_env):
+    """`ref` and `u2` are the same 2-node task (two array tasks, both spanning mn1+mn2); `u2` gets USR2 at step 3."""
+    run_dir = _submit(tmp_path, mn_env, "+variants.ref.seed=0", "+variants.u2.seed=0")
+    jobs = _task_jobs(run_dir)
+    ref, u2 = run_dir / "tasks" / "ref", run_dir / "tasks" / "u2"
+    _wait(lambda: _at_step(u2, 3), "u2 at step 3")
+    subprocess.run(["scancel", "--signal=USR2", jobs["u2"]], check=True, env={**os.environ, **mn_env})  # the srun tasks
+
+    # the same task on one device, while the two-node run goes on
+    local = run_cli(*SMALL, "launcher=local", "resources.devices_per_task=1", f"run_root={tmp_path / 'local'}",
+                    cwd=tmp_path, timeout=300)
+    assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
+    one_device = _losses(run_dir_of(local) / "tasks" / "main")
+
+    _wait(lambda: all((t / "result.json").is_file() for t in (ref, u2)), "both tasks to complete")
+    _wait(lambda: all(_sacct_state(mn_env, jobs[t]) == "COMPLETED" for t in ("ref", "u2")), "sacct COMPLETED",
+          timeout=60)
+
+    # one worker per node, gloo across the namespaces, the invariant across nodes
+    assert _hosts(ref) == {0: "mn1", 1: "mn2"}
+    two_nodes = _losses(ref)
+    print("\nstep  2 nodes (mn1+mn2)    1 device")
+    for step in sorted(one_device):
+        print(f"{step:4d}  {two_nodes.get(step)!r:20}  {one_device[step]!r}")
+    assert sorted(two_nodes) == sorted(one_device) == list(range(12))
+    assert two_nodes == pytest.approx(one_device, rel=1e-5)
+
+    # USR2: both ranks stopped after the same step, one checkpoint for it, a requeue, the uninterrupted losses
+    rows = _rows(u2)
+    stopped = [r for r in rows if r["event"] == "checkpoint_saved" and r["reason"] == "signal"]
+    assert len(stopped) == 1 and stopped[0]["attempt"] == 0, stopped
+    for rank in range(NODES):
+        rank_rows = _rows(u2, rank)
+        last = max(r["step"] for r in rank_rows if r["event"] == "step" and r["attempt"] == 0)
+        assert last == stopped[0]["step"] - 1, f"rank {rank} stopped after step {last}, not {stopped[0]['step'] - 1}"
+        loaded = [r for r in rank_rows if r["event"] == "checkpoint_loaded"]
+        assert [(r["attempt"], r["step"]) for r in loaded] == [(1, stopped[0]["step"])], (rank, loaded)
+    requeue = [r for r in rows if r["event"] == "requeue"]
+    assert requeue and requeue[0]["reason"] == "preempted", requeue
+    assert _hosts(u2, attempt=1) == {0: "mn1", 1: "mn2"}
+    assert 0 < stopped[0]["step"] < 12, "the signal did not land mid-run"
+    # equal up to float reduction order: router=balanced splits each batch by measured (timing-noisy) speeds
+    assert _losses(u2) == pytest.approx(two_nodes, rel=1e-5), "u2's losses differ from the uninterrupted run"
+    assert "requeued" in (run_dir / "logs" / f"{jobs['u2']}.out").read_text()
+
+
+@cluster_test
+def test_killed_worker_on_one_node_fails_fast_and_resume_finishes(tmp_path, mn_env):
+    """SIGKILL to rank 1's worker, in mn2's network namespace: rank 0 on mn1 stops at once (no collective
+    time-out), the task fails naming the rank, and resume=RUN_DIR finishes it from its checkpoint."""
+    run_dir = _submit(tmp_path, mn_env)
+    job = _task_jobs(run_dir)["main"]
+    task = run_dir / "tasks" / "main"
+    _wait(lambda: _at_step(task, 5), "main at step 5")
+    start = next(r for r in _rows(task, 1) if r["event"] == "start")
+    in_mn2 = subprocess.run(["ip", "netns", "pids", "slmn-n2"], capture_output=True, text=True).stdout.split()
+    assert start["host"] == "mn2" and str(start["pid"]) in in_mn2, (start, in_mn2)
+    t_kill = time.time()
+    os.kill(start["pid"], signal.SIGKILL)
+
+    _wait(lambda: _sacct_state(mn_env, job) in ("FAILED", "CANCELLED", "COMPLETED"), "the task to end", timeout=120,
+          poll_s=0.1)
+    seconds = time.time() - t_kill
+    print(f"\nkilled rank 1 on mn2; the task ended {seconds:.1f} s later ({_sacct_state(mn_env, job)})")
+    assert seconds < 60, f"the task took {seconds:.0f} s to end after its worker on mn2 was killed"
+    assert _sacct_state(mn_env, job) == "FAILED"
+    end = [r for r in _rows(task) if r["event"] == "end"]
+    assert len(end) == 1 and end[0]["exit_state"] == "failed", end
+    assert "worker rank 1 on mn2 (10.231.0.12) was lost" in end[0]["error"], end
+    errors = [l for l in (run_dir / "logs" / f"{job}.err").read_text().splitlines() if l.startswith("error:")]
+    assert errors == [f"error: {end[0]['error']}"], errors
+    assert not (task / "result.json").exists()
+
+    proc = run_cli(f"resume={run_dir}", cwd=tmp_path, env=mn_env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    status = run_cli(str(run_dir), "--wait", "--poll-s", "1", "--json", module="slurm_router.status", env=mn_env,
+                     timeout=TIMEOUT_S)
+    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
+    states = {t["variant"]: t["state"] for t in json.loads(status.stdout)["tasks"]}
+    assert states == {"main": "COMPLETED"}, states
+    loaded = [r for r in _rows(task) if r["event"] == "checkpoint_loaded"]
+    assert loaded and loaded[-1]["attempt"] == 1 and loaded[-1]["step"] > 0, loaded
+    assert _hosts(task, attempt=1) == {0: "mn1", 1: "mn2"}
+    assert sorted(_losses(task)) == list(range(12)) and (task / "result.json").is_file()
+
+
+def _balance(task_dir: Path, first: int) -> dict[str, float]:
+    """Means over steps >= first of rank 0's step rows: the learned speed of device 1 over device 0, the
+    cost-balance ratio (max / mean planned cost: 1.0 for equal shares, 4/3 for a 2:1 split) and the time
+    balance (the slowest device's busy time over the fastest's)."""
+    steps = [r for r in _rows(task_dir) if r["event"] == "step" and r["step"] >= first]
+    mean = lambda xs: round(sum(xs) / len(xs), 3)
+    return {"speed_ratio": mean([r["speed"][1] / r["speed"][0] for r in steps]),
+            "cost_balance": mean([r["cost_balance_ratio"] for r in steps]),
+            "time_balance": mean([max(r["busy_s_all"]) / min(r["busy_s_all"]) for r in steps])}
+
+
+@cluster_test
+def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
+    """router=balanced with device 1 (rank 1, on mn2) 2x slow: across the nodes it learns the speeds and
+    splits the cost as it does on one node (launcher=local, 2 workers)."""
+    slow = ["router=balanced", "router.device_slowdown=[1,2]", "train.steps=16", "train.checkpoint_every=0"]
+    run_dir = _submit(tmp_path, mn_env, *slow)
+    task = run_dir / "tasks" / "main"
+    _wait(lambda: (task / "result.json").is_file(), "the 2-node task to complete")
+    assert _hosts(task) == {0: "mn1", 1: "mn2"}
+    local = run_cli(*SMALL, *slow, "launcher=local", "resources.devices_per_task=2", "launcher.cpu_slots=2",
+                    f"run_root={tmp_path / 'local'}", cwd=tmp_path, timeout=300)
+    assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
+    two_nodes, one_node = _balance(task, first=5), _balance(run_dir_of(local) / "tasks" / "main", first=5)
+    print(f"\nfrom step 5 on: 2 nodes {two_nodes}\n                1 node  {one_node}")
+    for where, b in (("2 nodes", two_nodes), ("1 node", one_node)):
+        assert b["speed_ratio"] < 0.7, (where, b)           # learned: device 1 is slower (measured 0.37-0.41)
+        assert b["cost_balance"] > 1.2, (where, b)          # so it gets less than half the cost
+    assert abs(two_nodes["cost_balance"] - one_node["cost_balance"]) < 0.15, (two_nodes, one_node)
+
+
+def test_unreachable_meeting_point_is_one_line_naming_address_and_port():
+    """Item 3 of issue 16: a rank that cannot reach rank 0 says where it tried, within a time-out."""
+    t0 = time.monotonic()
+    with pytest.raises(TaskFailed) as e:
+        wait_for_master("127.0.0.1:1", "main: rank 1", timeout_s=1)      # nothing listens on port 1
+    assert time.monotonic() - t0 < 30
+    msg = str(e.value)
+    assert msg.startswith("main: rank 1: cannot reach rank 0 at 127.0.0.1:1 within 1 s") and "\n" not in msg, msg
