@@ -170,7 +170,11 @@ def launcher_setting(launcher: dict | DictConfig | None, key: str) -> Any:
     launcher = launcher or {}
     if key in launcher:
         return launcher[key]
-    return next(getattr(s, key) for s in LAUNCHER_SCHEMAS if hasattr(s, key))
+    for schema in LAUNCHER_SCHEMAS:     # a field with a default_factory (a list, a nested config) is no attribute
+        found = {f.name: f for f in dataclasses.fields(schema)}.get(key)
+        if found is not None:
+            return found.default_factory() if found.default is dataclasses.MISSING else found.default
+    raise KeyError(f"launcher.{key}: no launcher schema has it")
 
 
 @dataclass
