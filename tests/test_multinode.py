@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, run_dir_of
+from conftest import run_cli, run_dir_of, wait_until
 
 from slurm_router.srun_worker import wait_for_master
 from slurm_router.supervisor import TaskFailed
@@ -91,13 +91,7 @@ def _sacct_state(env: dict, job_id: str) -> str:
 
 
 def _wait(cond, what: str, timeout: float = TIMEOUT_S, poll_s: float = 0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(cond, what, timeout=timeout, poll_s=poll_s)
 
 
 def _at_step(task_dir: Path, step: int) -> bool:
