@@ -26,7 +26,8 @@ from slurm_router.lifecycle import TaskOutcome
 TIMEOUT_MARGIN_S = 60
 
 
-def _load(task_dir: Path) -> dict:
+def load_attempts(task_dir: Path) -> dict:
+    """tasks/<name>/attempts.json (attempts, timeouts, requeues, failures); {} when missing or damaged."""
     try:
         data = json.loads(TaskPaths(Path(task_dir)).attempts.read_text())
         return data if isinstance(data, dict) else {}
@@ -34,26 +35,26 @@ def _load(task_dir: Path) -> dict:
         return {}
 
 
-def _save(task_dir: Path, data: dict) -> None:
+def save_attempts(task_dir: Path, data: dict) -> None:
     atomic_write_text(TaskPaths(Path(task_dir)).attempts, json.dumps(data, indent=1))
 
 
 def next_attempt(task_dir: Path) -> int:
     """Count one more start of this task; returns its attempt number (0 for the first)."""
-    data = _load(task_dir)
+    data = load_attempts(task_dir)
     attempt = int(data.get("attempts", 0))
     data["attempts"] = attempt + 1
-    _save(task_dir, data)
+    save_attempts(task_dir, data)
     return attempt
 
 
 def reset_timeouts(task_dir: Path) -> None:
     """Start launcher.max_requeues over (resume=): earlier time-limit hits no longer count."""
-    data = _load(task_dir)
+    data = load_attempts(task_dir)
     if data.get("timeouts"):
         data["timeouts_before_resume"] = int(data.get("timeouts_before_resume", 0)) + int(data["timeouts"])
         data["timeouts"] = 0
-        _save(task_dir, data)
+        save_attempts(task_dir, data)
 
 
 def repair_torn_tail(path: Path) -> None:
@@ -77,7 +78,7 @@ def repair_torn_tail(path: Path) -> None:
 
 def current_attempt(task_dir: Path) -> int:
     """The attempt number of the latest start (what next_attempt returned last)."""
-    return max(0, int(_load(task_dir).get("attempts", 1)) - 1)
+    return max(0, int(load_attempts(task_dir).get("attempts", 1)) - 1)
 
 
 def task_event(spec, event: str, **fields) -> None:
@@ -98,13 +99,13 @@ def note_slurm_restart(spec) -> None:
     job, restarts = os.environ.get("SLURM_JOB_ID"), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     if not job or restarts <= 0:
         return
-    data = _load(spec.task_dir)
+    data = load_attempts(spec.task_dir)
     logged = data.setdefault("restarts_logged", {})
     for n in range(int(logged.get(job, 0)), restarts):
         task_event(spec, "requeue", reason="slurm", job_id=job, restart=n + 1,
                    detail="requeued by Slurm (preemption, node failure or scontrol requeue)")
     logged[job] = max(restarts, int(logged.get(job, 0)))
-    _save(spec.task_dir, data)
+    save_attempts(spec.task_dir, data)
 
 
 @dataclass
@@ -156,15 +157,15 @@ def decide(spec, signum: int) -> Decision:
     launcher = spec.config.get("launcher") or {}
     left = time_left_s(slurm_job_ref())
     near_limit = left is not None and left <= int(launcher_setting(launcher, "signal_delay_s")) + TIMEOUT_MARGIN_S
-    data = _load(spec.task_dir)
+    data = load_attempts(spec.task_dir)
     if not near_limit:
         data["preemptions"] = int(data.get("preemptions", 0)) + 1
-        _save(spec.task_dir, data)
+        save_attempts(spec.task_dir, data)
         return Decision(True, "preempted", f"{name} with {left if left is not None else '?'} s left: a preemption")
     limit = int(launcher_setting(launcher, "max_requeues"))
     timeouts = int(data.get("timeouts", 0)) + 1
     data["timeouts"] = timeouts
-    _save(spec.task_dir, data)
+    save_attempts(spec.task_dir, data)
     if timeouts > limit:
         return Decision(False, "timeout", f"hit its time limit {timeouts} times, more than launcher.max_requeues="
                         f"{limit}: raise launcher.timeout_min, or resume it with python -m slurm_router "
@@ -176,11 +177,11 @@ def requeue_self(spec, decision: Decision, step: int, scontrol: bool = True) -> 
     """Log the requeue, then ask Slurm to put this job back in the queue (it resumes from the checkpoint).
     scontrol=False: submitit runs `scontrol requeue` itself."""
     job = os.environ["SLURM_JOB_ID"]
-    data = _load(spec.task_dir)
+    data = load_attempts(spec.task_dir)
     # The next attempt sees SLURM_RESTART_COUNT one higher: this row already accounts for that restart.
     logged = data.setdefault("restarts_logged", {})
     logged[job] = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
-    _save(spec.task_dir, data)
+    save_attempts(spec.task_dir, data)
     task_event(spec, "requeue", reason=decision.reason, detail=decision.detail, step=step, job_id=job,
                time_requested=time.time())
     if scontrol:

@@ -37,8 +37,8 @@ from typing import Callable
 
 from slurm_router.config import launcher_setting
 from slurm_router.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
-# attempts.json is requeue.py's file: its reader and writer (_load, _save) keep one format for it
-from slurm_router.requeue import Decision, _load, _save, requeue_self, slurm_job_ref
+# attempts.json is requeue.py's file: its reader and writer (load_attempts, save_attempts) keep one format
+from slurm_router.requeue import Decision, load_attempts, requeue_self, save_attempts, slurm_job_ref
 from slurm_router.supervisor import TaskFailed
 
 # How supervisor.Workers._describe names a worker that died of a signal (the other causes say "raised" or
@@ -141,15 +141,15 @@ def _counted(data: dict) -> list[dict]:
 
 def renew(task_dir: Path) -> None:
     """resume=: the task gets launcher.max_failures retries afresh (its failure records stay)."""
-    data = _load(task_dir)
+    data = load_attempts(task_dir)
     if data.get("failures"):
         data["failures_counted_from"] = len(data["failures"])
-        _save(task_dir, data)
+        save_attempts(task_dir, data)
 
 
 def _record(spec, cause: str, node: str | None, limit: int, **extra) -> dict:
     """Count one failure in attempts.json: retried when fewer than `limit` were retried since the last resume."""
-    data = _load(spec.task_dir)
+    data = load_attempts(spec.task_dir)
     used = sum(1 for f in _counted(data) if f.get("retried"))
     retried = used < limit
     n = used + 1 if retried else used
@@ -160,7 +160,7 @@ def _record(spec, cause: str, node: str | None, limit: int, **extra) -> dict:
     record = {"cause": cause, "node": node, "job_id": slurm_job_ref(), "attempt": spec.attempt, "time": time.time(),
               "retried": retried, "detail": detail, **extra}
     data.setdefault("failures", []).append(record)
-    _save(spec.task_dir, data)
+    save_attempts(spec.task_dir, data)
     return record
 
 
@@ -212,15 +212,15 @@ def after_failure(spec, error: str, step: int | None, runner: Runner = run_comma
 
 
 def _update_newest(spec, **fields) -> None:
-    data = _load(spec.task_dir)
+    data = load_attempts(spec.task_dir)
     data["failures"][-1].update(fields)
-    _save(spec.task_dir, data)
+    save_attempts(spec.task_dir, data)
 
 
 def plan_exclusion(spec, runner: Runner = run_command) -> tuple[list[str], list[str]]:
     """(the nodes to exclude, the failed nodes kept): every node this task failed on, where another node of its
     partition (sinfo) can run it."""
-    failed = [f["node"] for f in _load(spec.task_dir).get("failures") or [] if f.get("node")]
+    failed = [f["node"] for f in load_attempts(spec.task_dir).get("failures") or [] if f.get("node")]
     partition = os.environ.get("SLURM_JOB_PARTITION", "")
     nodes = parse_sinfo(runner(["sinfo", "-h", "-N", "-o", "%N|%t", *(["-p", partition] if partition else [])]))
     return nodes_to_exclude(failed, nodes)
@@ -253,7 +253,7 @@ def count_node_failures(spec, runner: Runner = run_command) -> str | None:
     limit = int(launcher_setting(spec.config.get("launcher"), "max_failures"))
     if limit <= 0:          # not asked for: Slurm's own requeue after a node failure goes on as it always did
         return None
-    seen = {f.get("key") for f in _load(spec.task_dir).get("failures") or []}
+    seen = {f.get("key") for f in load_attempts(spec.task_dir).get("failures") or []}
     for key, node in rows:
         if key in seen:
             continue

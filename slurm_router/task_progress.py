@@ -17,6 +17,7 @@ from pathlib import Path
 
 from slurm_router.events import EVENT, EvalRow, StepRow
 from slurm_router.layout import TaskPaths
+from slurm_router.requeue import load_attempts
 
 RECENT_STEPS = 10               # tokens/s and the ETA: over this many of the newest steps (of the current attempt)
 
@@ -93,13 +94,9 @@ def read_progress(task_dir: str | os.PathLike, running: bool) -> Progress:
         out.steps = int(json.loads(paths.task_file.read_text())["steps"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    try:
-        attempts = json.loads(paths.attempts.read_text())
-    except (OSError, ValueError):
-        attempts = {}
-    if isinstance(attempts, dict):
-        out.attempts = int(attempts.get("attempts", 0) or 0)
-        out.retries = list(attempts.get("failures") or [])
+    attempts = load_attempts(paths.dir)
+    out.attempts = int(attempts.get("attempts", 0) or 0)
+    out.retries = list(attempts.get("failures") or [])
     events = paths.events(0)
     recent = last_rows(events, StepRow.KIND, RECENT_STEPS)
     if recent:
