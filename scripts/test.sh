@@ -30,4 +30,6 @@ else
   echo "test.sh: not root or no apt-get: the Slurm and screenshot tests will be skipped" >&2
 fi
 
-python3 -m pytest -q -ra "$@"
+# Most tests wait on Slurm or on worker processes: files run side by side (a file's tests stay together, in
+# order, and share its fixtures); `-n 0` (or any -n of yours, which comes later and wins) changes that.
+python3 -m pytest -q -ra -n 4 --dist loadfile "$@"

@@ -214,6 +214,9 @@ class ResourcesConfig:
     # Variant packing: tasks sharing one GPU (small LoRA jobs leave most of a big GPU idle).
     # 1 = a GPU per task; N = up to N tasks per GPU; 0 = as many as their predicted memory fits.
     tasks_per_gpu: int = 1
+    # Nodes a task's devices spread over, devices_per_task/N on each (Slurm launchers with launcher.srun_workers:
+    # one srun task per device, --nodes=N --ntasks-per-node=D/N); 1: every device of a task on one node.
+    nodes_per_task: int = 1
 
 
 @dataclass
@@ -289,6 +292,7 @@ RANGES = {
     "train.loss_chunk_tokens": (0, None, True), "train.pad_to_multiple": (1, 4096, True),
     "base.steps": (1, 10_000_000, True), "base.lr": (0, 10, False), "base.global_batch_size": (1, 1 << 20, True),
     "resources.devices_per_task": (1, 4096, True), "resources.tasks_per_gpu": (0, 64, True),
+    "resources.nodes_per_task": (1, 4096, True),
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 # Layers of transformers' GPT-2 that peft LoRA can adapt (embeddings, Conv1D projections, the LM head), by their
@@ -587,6 +591,10 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
         if overrides is not None and "seeds" in overrides:
             raise UserError(f"variants.{name}.seeds: seeds is set once, at the top level (every variant runs with "
                             "the same training seeds): set seeds= outside the variant")
+        if overrides is not None and "nodes_per_task" in (overrides.get("resources") or {}):
+            raise UserError(f"variants.{name}.resources.nodes_per_task: it is set once, at the top level (a stage is "
+                            "one array job, each of its tasks on the same number of nodes): set "
+                            "resources.nodes_per_task= outside the variant")
         if overrides is not None and "prune" in overrides:
             raise UserError(f"variants.{name}.prune: prune is set once, at the top level (it compares the variants "
                             "with each other): set prune= outside the variant")

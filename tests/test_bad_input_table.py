@@ -142,6 +142,16 @@ CASES = [
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.max_requeues=-1"], "launcher.max_requeues=-1 is out of range"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.max_failures=-1"], "launcher.max_failures=-1 is out of range"),
     (["launcher.max_failures=2"], "launcher.max_failures does not apply to launcher=local"),
+    (["resources.nodes_per_task=2", "resources.devices_per_task=2"], "launcher=local runs on this machine only"),
+    (["launcher=sbatch", "launcher.dry_run=true", "resources.nodes_per_task=2", "resources.devices_per_task=2"],
+     "resources.nodes_per_task=2 needs launcher.srun_workers=true"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.srun_workers=true", "resources.nodes_per_task=2",
+      "resources.devices_per_task=3"], "resources.devices_per_task=3 does not split evenly over"),
+    (["launcher=slurm", "launcher.srun_workers=true", "resources.nodes_per_task=2", "resources.devices_per_task=2",
+      "+variants.a.resources.devices_per_task=1"], "variants.a.resources.devices_per_task=1 does not split evenly"),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.srun_workers=true", "resources.devices_per_task=2",
+      "+variants.a.resources.nodes_per_task=2"], "variants.a.resources.nodes_per_task: it is set once"),
+    (["launcher=sbatch", "launcher.dry_run=true", "resources.nodes_per_task=0"], "resources.nodes_per_task=0 is out of range"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.signal_delay_s=99999"], "launcher.signal_delay_s=99999 is out of range"),
     (["seed=-1"], "seed=-1 is out of range"),
     (["resources.devices_per_task=100000"], "resources.devices_per_task=100000 is out of range"),
@@ -487,6 +497,21 @@ def test_dict_overrides_reach_both_slurm_launchers():
         assert submitit_params(cfg, 1, "variants", None)["slurm_additional_parameters"]["nice"] == 10
         cfg = compose(["launcher=sbatch", value])
         assert "#SBATCH --nice=10" in sbatch_directives(sbatch_spec(cfg, "/run", "variants", 1, 1, None))
+
+
+def test_nodes_per_task_places_devices_over_nodes_for_both_slurm_launchers():
+    """resources.nodes_per_task=2 with 4 devices: 2 nodes, 2 srun tasks (one GPU each) on each; 1 (the default):
+    every srun task of the task on one node (tests/test_multinode.py runs it on the 2-node cluster)."""
+    from slurm_router.launch.sbatch_launcher import sbatch_spec
+    from slurm_router.launch.sbatch_render import sbatch_directives
+    from slurm_router.launch.submitit_launcher import submitit_params
+    for nodes, per_node in ((2, 2), (1, 4)):
+        args = ["launcher.srun_workers=true", "resources.devices_per_task=4", f"resources.nodes_per_task={nodes}"]
+        params = submitit_params(compose(["launcher=slurm", *args]), 4, "variants", None)
+        assert (params["nodes"], params["tasks_per_node"], params["slurm_gpus_per_task"]) == (nodes, per_node, 1)
+        lines = sbatch_directives(sbatch_spec(compose(["launcher=sbatch", *args]), "/run", "variants", 1, 4, None))
+        assert {f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks=4", f"#SBATCH --ntasks-per-node={per_node}",
+                "#SBATCH --gpus-per-task=1"} <= set(lines)
 
 
 def test_variants_are_overridden_by_name_and_added_with_plus():

@@ -1,6 +1,7 @@
 """One task across two nodes, on the real multi-node Slurm test cluster (scripts/slurm_multinode_cluster.sh:
 slurmd mn1 and mn2, each in its own network namespace, partition mn; clients pick it with SLURM_CONF).
-launcher=sbatch launcher.srun_workers=true resources.devices_per_task=2, one srun task per node (issue 16):
+launcher.srun_workers=true resources.devices_per_task=2 resources.nodes_per_task=2, one srun task per node
+(issue 16; launcher=sbatch, and launcher=slurm for the balanced-router test):
 - the two ranks train with gloo across the namespaces and match the same task on one device, step by step;
 - USR2 mid-run: both ranks stop after the same step, one checkpoint, the task requeues itself and ends with the
   uninterrupted copy's losses;
@@ -38,9 +39,9 @@ NODES = 2
 # Fast settings (tests/test_slurm_launch.py); 12 steps so that a signal lands mid-run.
 SMALL = ["base.enabled=false", "train.steps=12", "train.checkpoint_every=4", "train.eval_batches=1",
          "data.max_documents=40"]
-# One worker per node: 2 fake GPUs per node would otherwise fit both srun tasks on mn1.
-TWO_NODES = ["launcher=sbatch", "launcher.srun_workers=true", "resources.devices_per_task=2", "launcher.partition=mn",
-             f"launcher.additional_parameters={{nodes:{NODES},ntasks-per-node:1}}", "launcher.timeout_min=10"]
+# One worker per node (resources.nodes_per_task): 2 fake GPUs per node would otherwise fit both on mn1.
+TWO_NODES = ["launcher.srun_workers=true", "resources.devices_per_task=2", f"resources.nodes_per_task={NODES}",
+             "launcher.partition=mn", "launcher.timeout_min=10"]
 TIMEOUT_S = 240
 
 
@@ -98,8 +99,9 @@ def _at_step(task_dir: Path, step: int) -> bool:
     return any(r["event"] == "step" and r["step"] >= step for r in _rows(task_dir))
 
 
-def _submit(tmp_path: Path, env: dict, *args: str) -> Path:
-    proc = run_cli(*SMALL, *TWO_NODES, *args, f"run_root={tmp_path / 'mn'}", cwd=tmp_path, env=env, timeout=300)
+def _submit(tmp_path: Path, env: dict, *args: str, launcher: str = "sbatch") -> Path:
+    proc = run_cli(*SMALL, f"launcher={launcher}", *TWO_NODES, *args, f"run_root={tmp_path / 'mn'}", cwd=tmp_path,
+                   env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir_of(proc)
 
@@ -211,9 +213,10 @@ def _balance(task_dir: Path, first: int) -> dict[str, float]:
 @cluster_test
 def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
     """router=balanced with device 1 (rank 1, on mn2) 2x slow: across the nodes it learns the speeds and
-    splits the cost as it does on one node (launcher=local, 2 workers)."""
+    splits the cost as it does on one node (launcher=local, 2 workers). Submitted with launcher=slurm
+    (submitit: nodes=2, tasks_per_node=1); the other tests here use launcher=sbatch."""
     slow = ["router=balanced", "router.device_slowdown=[1,2]", "train.steps=16", "train.checkpoint_every=0"]
-    run_dir = _submit(tmp_path, mn_env, *slow)
+    run_dir = _submit(tmp_path, mn_env, *slow, launcher="slurm")
     task = run_dir / "tasks" / "main"
     _wait(lambda: (task / "result.json").is_file(), "the 2-node task to complete")
     assert _hosts(task) == {0: "mn1", 1: "mn2"}

@@ -69,11 +69,18 @@ def test_directives_minimal_and_srun_mode():
     srun = dataclasses.replace(base, ntasks=4, gpus_per_task=1, requeue=False)
     lines = sbatch_directives(srun)
     assert "#SBATCH --ntasks=4" in lines and "#SBATCH --gpus-per-task=1" in lines
+    assert "#SBATCH --nodes=1" in lines and "#SBATCH --ntasks-per-node=4" in lines
     assert not any("--gres" in line for line in lines)
     assert "#SBATCH --signal=USR2@120" in lines and "#SBATCH --no-requeue" in lines
     assert render_sbatch(srun).rstrip().endswith(
-        "srun --ntasks=4 --cpus-per-task=1 --kill-on-bad-exit=1 --gpus-per-task=1 /py x"
+        "srun --ntasks=4 --cpus-per-task=1 --nodes=1 --ntasks-per-node=4 --kill-on-bad-exit=1 --gpus-per-task=1 /py x"
     )
+    two_nodes = dataclasses.replace(srun, nodes=2)      # resources.nodes_per_task=2: 2 srun tasks on each node
+    lines = sbatch_directives(two_nodes)
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=2" in lines and "#SBATCH --ntasks=4" in lines
+    assert "srun --ntasks=4 --cpus-per-task=1 --nodes=2 --ntasks-per-node=2 " in render_sbatch(two_nodes)
+    with pytest.raises(ValueError, match="ntasks=4 does not split evenly over nodes=3"):
+        sbatch_directives(dataclasses.replace(srun, nodes=3))
     cpu = dataclasses.replace(base, gpus_per_task=0)
     assert not any("gpu" in line for line in sbatch_directives(cpu))
 
@@ -179,8 +186,8 @@ def test_hostile_values_cannot_inject_shell(tmp_path, ntasks):
     assert calls[0]["HOSTILE"] == hostile
     if ntasks > 1:
         srun_argv = json.loads(srun_record.read_text())
-        assert srun_argv == ["--ntasks=2", "--cpus-per-task=1", "--kill-on-bad-exit=1", "--gpus-per-task=1",
-                             fake_python, *argv]
+        assert srun_argv == ["--ntasks=2", "--cpus-per-task=1", "--nodes=1", "--ntasks-per-node=2",
+                             "--kill-on-bad-exit=1", "--gpus-per-task=1", fake_python, *argv]
     else:
         assert not srun_record.exists()
     assert not list(tmp_path.rglob("pwned")), "an injected command ran"

@@ -42,30 +42,45 @@ SPAWN_MASK = textwrap.dedent("""
 
     def report(rank, path):
         with open("/proc/self/status") as f:
-            open(path, "w").write(next(line for line in f if line.startswith("SigBlk")).split()[1])
+            open(f"{path}.{rank}", "w").write(next(line for line in f if line.startswith("SigBlk")).split()[1])
 
     if __name__ == "__main__":
         with stop_signals_blocked():
-            ctx = spawn_blocked(report, (sys.argv[1],), 1)
+            ctx = spawn_blocked(report, (sys.argv[1],), int(sys.argv[2]))
         ctx.join()
+        import multiprocessing.forkserver as fs                 # the forkserver (2 workers) keeps them blocked
+        if fs._forkserver._forkserver_pid:
+            with open(f"/proc/{fs._forkserver._forkserver_pid}/status") as f:
+                open(f"{sys.argv[1]}.server", "w").write(next(l for l in f if l.startswith("SigBlk")).split()[1])
 """)
 
 
-def test_spawned_workers_start_with_every_stop_signal_blocked(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2], ids=["spawned", "forked_from_the_forkserver"])
+def test_spawned_workers_start_with_every_stop_signal_blocked(tmp_path, workers):
     """CPython's resource tracker unblocks INT and TERM when it starts (on the first spawn); workers used to start
-    with only USR2 blocked, and a TERM during their start-up killed them (task exit 1)."""
+    with only USR2 blocked, and a TERM during their start-up killed them (task exit 1). Several workers are forked
+    from a forkserver (supervisor.spawn_blocked): it and they start blocked too."""
     script, out = tmp_path / "spawn_mask.py", tmp_path / "mask"
     script.write_text(SPAWN_MASK)
-    subprocess.run([sys.executable, str(script), str(out)], check=True, timeout=300)
-    blocked = int(out.read_text(), 16)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
-        assert blocked & (1 << (sig - 1)), f"{sig.name} not blocked in a spawned worker (SigBlk {blocked:x})"
+    subprocess.run([sys.executable, str(script), str(out), str(workers)], check=True, timeout=300)
+    masks = {p.name: int(p.read_text(), 16) for p in tmp_path.glob("mask.*")}
+    assert set(masks) == {f"mask.{r}" for r in range(workers)} | ({"mask.server"} if workers > 1 else set())
+    for name, blocked in masks.items():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+            assert blocked & (1 << (sig - 1)), f"{sig.name} not blocked in {name} (SigBlk {blocked:x})"
 
 
 def _workers(job_pid: int) -> list[int]:
-    """The job process's workers (its children but the multiprocessing resource tracker)."""
-    return [c.pid for c in psutil.Process(job_pid).children()
-            if not any("resource_tracker" in a for a in c.cmdline())]
+    """The job process's workers: its descendants but multiprocessing's resource tracker and forkserver (the
+    workers of a task with several devices are forked from that)."""
+    workers = []
+    for child in psutil.Process(job_pid).children():
+        cmdline = " ".join(child.cmdline())
+        if "forkserver" in cmdline:             # its children (same command line: forked) are the workers
+            workers += [c.pid for c in child.children()]
+        elif "resource_tracker" not in cmdline:
+            workers.append(child.pid)
+    return workers
 
 
 # Who gets the stop signal during the workers' start-up: the launcher (Ctrl-C, `kill`), which stops the job

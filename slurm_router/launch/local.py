@@ -163,6 +163,9 @@ class LocalLauncher(Launcher):
 
 def check_devices(cfg) -> None:
     """No more devices per task than this machine has (GPUs), or a warning when CPU workers share cores."""
+    if cfg.resources.nodes_per_task != 1:
+        raise UserError(f"resources.nodes_per_task={cfg.resources.nodes_per_task}: launcher=local runs on this "
+                        "machine only; span nodes with launcher=slurm (or sbatch) launcher.srun_workers=true")
     gpus = detect_gpus()
     need = max([cfg.resources.devices_per_task] + [int(v.get("resources", {}).get("devices_per_task", 0) or 0)
                                                      for v in cfg.variants.values() if v])

@@ -13,8 +13,9 @@ from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import container_spec, resolve_container, task_python
 from slurm_router.launch.sbatch_render import SbatchSpec, safe_job_name, sbatch_directives, submit_sbatch
 from slurm_router.launch.sbatch_render import submit_wrapped, write_sbatch
-from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, check_packing, check_slurm,
-                                              mail_options, sbatch_error, stage_devices, tasks_per_pack)
+from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, check_nodes, check_packing,
+                                              check_slurm, mail_options, sbatch_error, srun_layout, stage_devices,
+                                              tasks_per_pack)
 from slurm_router.plan import Stage
 
 
@@ -29,7 +30,7 @@ def sbatch_spec(cfg, run_dir: str, stage: str, n_arrays: int, devices: int, afte
         gpus_per_task=gpus, cpus_per_task=lc.cpus_per_task, mem_gb=lc.mem_gb,
         timeout_min=lc.timeout_min, partition=lc.partition, account=lc.account, qos=lc.qos,
         constraint=lc.constraint, signal_delay_s=lc.signal_delay_s, requeue=True, dependency_job_id=after,
-        ntasks=devices if lc.srun_workers else 1,
+        ntasks=devices if lc.srun_workers else 1, nodes=srun_layout(cfg, devices)[0] if lc.srun_workers else 1,
         extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
         python=task_python(cfg, in_container=container is not None),
         task_argv=("-m", "slurm_router.job", "--run-dir", run_dir, "--stage", stage)
@@ -60,6 +61,7 @@ class SbatchLauncher(SlurmLauncher):
         if not cfg.launcher.dry_run:
             check_slurm()
         check_packing(cfg)
+        check_nodes(cfg)
         resolve_container(cfg)
         try:
             sbatch_directives(sbatch_spec(cfg, "/run_dir", "check", 1, cfg.resources.devices_per_task, None))

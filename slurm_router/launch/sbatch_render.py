@@ -67,6 +67,7 @@ class SbatchSpec:
     requeue: bool = True
     dependency_job_id: str | None = None  # afterok on this job (all its array tasks); cancelled if it fails
     ntasks: int = 1  # >1: srun starts one task per GPU set (D devices -> D tasks)
+    nodes: int = 1  # with ntasks > 1: spread over this many nodes, ntasks/nodes on each
     extra_sbatch: tuple[tuple[str, str], ...] = ()  # passed through as --key=value
     python: str = field(default_factory=lambda: sys.executable)
     task_argv: tuple[str, ...] = ()  # argv after the interpreter, run once per array task
@@ -118,6 +119,7 @@ def _validate(spec: SbatchSpec) -> None:
         ("timeout_min", spec.timeout_min, 1),
         ("signal_delay_s", spec.signal_delay_s, 0),
         ("ntasks", spec.ntasks, 1),
+        ("nodes", spec.nodes, 1),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"{name}={value!r} must be an integer >= {low}")
@@ -125,6 +127,8 @@ def _validate(spec: SbatchSpec) -> None:
         not isinstance(spec.array_parallelism, int) or spec.array_parallelism < 1
     ):
         raise ValueError(f"array_parallelism={spec.array_parallelism!r} must be an integer >= 1 or None")
+    if spec.ntasks % spec.nodes:
+        raise ValueError(f"ntasks={spec.ntasks} does not split evenly over nodes={spec.nodes}")
     if spec.array_indices is not None and (not spec.array_indices or any(
         not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < spec.array_size for i in spec.array_indices
     )):
@@ -172,7 +176,8 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
         array += f"%{spec.array_parallelism}"
     lines = [_directive("job-name", spec.job_name), _directive("array", array)]
     if spec.ntasks > 1:
-        lines.append(_directive("ntasks", spec.ntasks))
+        lines += [_directive("nodes", spec.nodes), _directive("ntasks", spec.ntasks),
+                  _directive("ntasks-per-node", spec.ntasks // spec.nodes)]
         if spec.gpus_per_task:
             lines.append(_directive("gpus-per-task", spec.gpus_per_task))
     elif spec.gpus_per_task:
@@ -202,7 +207,7 @@ def _srun(spec: SbatchSpec) -> list[str]:
     # 22.05's srun does not inherit --cpus-per-task from sbatch: repeat the per-task resources.
     srun = ["srun", f"--ntasks={spec.ntasks}", f"--cpus-per-task={spec.cpus_per_task}"]
     if spec.ntasks > 1:
-        srun.append("--kill-on-bad-exit=1")
+        srun += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks // spec.nodes}", "--kill-on-bad-exit=1"]
         if spec.gpus_per_task:
             srun.append(f"--gpus-per-task={spec.gpus_per_task}")
     return srun                 # one task: the step has the job's GPUs (--gres)

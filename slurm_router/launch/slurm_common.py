@@ -65,6 +65,30 @@ def check_packing(cfg) -> None:
                         "a packed array task runs its tasks side by side on the same GPUs")
 
 
+def check_nodes(cfg) -> None:
+    """resources.nodes_per_task=N > 1 spreads each task's D devices over N nodes, D/N srun tasks on each: it
+    needs launcher.srun_workers (one process per device) and a D that N divides, for every variant."""
+    nodes = int(cfg.resources.nodes_per_task)
+    if nodes == 1:
+        return
+    if not cfg.launcher.srun_workers:
+        raise UserError(f"resources.nodes_per_task={nodes} needs launcher.srun_workers=true: without it one process "
+                        "per task starts its workers on one node")
+    devices = {("", int(cfg.resources.devices_per_task))} | {
+        (f"variants.{name}.", int(v["resources"]["devices_per_task"])) for name, v in (cfg.variants or {}).items()
+        if v and "devices_per_task" in (v.get("resources") or {})}
+    for where, d in sorted(devices):
+        if d % nodes:
+            raise UserError(f"{where}resources.devices_per_task={d} does not split evenly over resources."
+                            f"nodes_per_task={nodes}: use a multiple of {nodes} (each node runs devices/nodes workers)")
+
+
+def srun_layout(cfg, devices: int) -> tuple[int, int]:
+    """(nodes, srun tasks per node) of one array task with launcher.srun_workers (checked by check_nodes)."""
+    nodes = int(cfg.resources.nodes_per_task)
+    return nodes, devices // nodes
+
+
 def stage_devices(stage: Stage) -> int:
     """GPUs per array task: the stage's largest task (every array task asks for the same)."""
     return max(t.devices for t in stage.tasks)
@@ -79,6 +103,7 @@ class SlurmLauncher(Launcher):
         from slurm_router.launch.container import resolve_container
         check_slurm()
         check_packing(cfg)
+        check_nodes(cfg)
         resolve_container(cfg)
 
     def prepare(self) -> None:

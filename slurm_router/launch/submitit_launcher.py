@@ -20,7 +20,7 @@ from slurm_router.config import SubmititLauncherConfig, launcher_setting
 from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import ContainerSpec, container_spec, outside_exports, task_python
 from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, afterok, sbatch_error,
-                                              mail_options, stage_devices, tasks_per_pack)
+                                              mail_options, srun_layout, stage_devices, tasks_per_pack)
 from slurm_router.plan import Stage
 
 # slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.requeue: the same rule for both
@@ -81,8 +81,9 @@ def submitit_params(cfg, devices: int, stage: str, after: str | None, run_dir: s
     params = dict(name=f"{cfg.experiment}-{stage}", timeout_min=lc.timeout_min, cpus_per_task=lc.cpus_per_task,
                   slurm_array_parallelism=lc.array_parallelism, slurm_signal_delay_s=lc.signal_delay_s,
                   slurm_additional_parameters=extra)
-    if lc.srun_workers:           # D srun tasks, one GPU each: a task may span nodes
-        params.update(tasks_per_node=devices, slurm_gpus_per_task=1)
+    if lc.srun_workers:           # D srun tasks, one GPU each, over resources.nodes_per_task nodes
+        nodes, per_node = srun_layout(cfg, devices)
+        params.update(nodes=nodes, tasks_per_node=per_node, slurm_gpus_per_task=1)
     else:                         # one process per task starts D workers on its D GPUs
         params.update(tasks_per_node=1, gpus_per_node=devices)
     for key in ("partition", "account", "qos", "constraint"):
