@@ -6,12 +6,13 @@
 #   sudo scripts/slurm_test_cluster.sh --stop     # stop slurmd, slurmctld, slurmdbd, mariadb, munged
 #
 # Meant for CI and test machines (root, no systemd, no cgroups): daemons are started directly.
-# Environment knobs: SLURM_TEST_GPUS (fake GPU count, default 4), SLURM_TEST_MIN_CPUS (CPUs advertised
-# to Slurm, default 8: more than the real cores so several 1-CPU test tasks run at once on a 2-core box).
+# Environment knobs: SLURM_TEST_GPUS (fake GPU count, default 8), SLURM_TEST_MIN_CPUS (CPUs advertised
+# to Slurm, default 16: more than the real cores so several 1-CPU test tasks run at once on a 2-core box;
+# scripts/test.sh runs 4 test files side by side, each with up to 4 one-GPU tasks in Slurm at once).
 set -euo pipefail
 
-GPUS="${SLURM_TEST_GPUS:-4}"
-MIN_CPUS="${SLURM_TEST_MIN_CPUS:-8}"
+GPUS="${SLURM_TEST_GPUS:-8}"
+MIN_CPUS="${SLURM_TEST_MIN_CPUS:-16}"
 CLUSTER=slurmrouter
 PARTITION=debug
 FAKEGPU_DIR=/var/lib/slurm-test/fakegpu

