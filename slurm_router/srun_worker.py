@@ -66,23 +66,35 @@ def _ranks_on(node: str) -> list[int]:
         return []
 
 
+def _speaks_for_the_task(rank: int, lost: list[int]) -> bool:
+    """Who records the task's end when a peer is lost: rank 0; or, when rank 0 is among the ranks of the node
+    that was lost, the lowest rank on another node (rank 0 is gone, and with it the usual writer)."""
+    if rank == 0:
+        return True
+    ntasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    survivors = [r for r in range(ntasks) if r not in lost]
+    return 0 in lost and bool(survivors) and rank == survivors[0]
+
+
 def _peer_lost(spec, rank: int, address: str | None, error: str) -> str:
     """One line for a peer rank that died mid-collective: which rank and node, and what resume= does. Rank 0
-    records it as the task's end (the other ranks' srun tasks are ended by srun)."""
+    records it as the task's end, or, if rank 0 is the one lost, the lowest rank on another node (the other
+    ranks' srun tasks are ended by srun)."""
     from slurm_router.layout import checkpoint_step
     from slurm_router.requeue import current_attempt, task_event
     try:
         node = socket.gethostbyaddr(address)[0].split(".")[0] if address else None
     except OSError:
         node = address
-    ranks = [r for r in _ranks_on(node) if r != rank] if node else []
+    on_node = _ranks_on(node) if node else []
+    ranks = [r for r in on_node if r != rank]
     who = (f"worker rank {','.join(map(str, ranks))} on {node} ({address})" if ranks
            else f"the worker at {address}" if address else f"another worker ({' '.join(error.split())[:200]})")
     ckpt = sorted(TaskPaths(spec.task_dir).checkpoints.glob("step-*.pt"))
     then = (f"resume continues from step {checkpoint_step(ckpt[-1])}" if ckpt
             else "no checkpoint yet: resume restarts it")
     msg = f"{spec.name}: {who} was lost mid-step (its process or node died); rank {rank} stopped; {then}"
-    if rank == 0:
+    if _speaks_for_the_task(rank, on_node if rank not in on_node else []):
         spec.attempt = current_attempt(spec.task_dir)
         task_event(spec, "end", exit_state="failed", error=msg)
     return msg

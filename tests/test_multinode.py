@@ -160,28 +160,33 @@ def test_two_node_task_matches_one_device_and_requeues_on_usr2(tmp_path, mn_env)
 
 
 @cluster_test
-def test_killed_worker_on_one_node_fails_fast_and_resume_finishes(tmp_path, mn_env):
-    """SIGKILL to rank 1's worker, in mn2's network namespace: rank 0 on mn1 stops at once (no collective
-    time-out), the task fails naming the rank, and resume=RUN_DIR finishes it from its checkpoint."""
+@pytest.mark.parametrize("killed", [1, 0], ids=["rank1_on_mn2", "rank0_on_mn1"])
+def test_killed_worker_on_one_node_fails_fast_and_resume_finishes(tmp_path, mn_env, killed):
+    """SIGKILL to one rank's worker, in its node's network namespace: the other rank stops at once (no
+    collective time-out), the task fails naming the rank and node (rank 0 records it; when rank 0 is the one
+    killed, rank 1 does), and resume=RUN_DIR finishes it from its checkpoint."""
     run_dir = _submit(tmp_path, mn_env)
     job = _task_jobs(run_dir)["main"]
     task = run_dir / "tasks" / "main"
     _wait(lambda: _at_step(task, 5), "main at step 5")
-    start = next(r for r in _rows(task, 1) if r["event"] == "start")
-    in_mn2 = subprocess.run(["ip", "netns", "pids", "slmn-n2"], capture_output=True, text=True).stdout.split()
-    assert start["host"] == "mn2" and str(start["pid"]) in in_mn2, (start, in_mn2)
+    node, address = f"mn{killed + 1}", f"10.231.0.{11 + killed}"
+    start = next(r for r in _rows(task, killed) if r["event"] == "start")
+    in_node = subprocess.run(["ip", "netns", "pids", f"slmn-n{killed + 1}"], capture_output=True,
+                             text=True).stdout.split()
+    assert start["host"] == node and str(start["pid"]) in in_node, (start, in_node)
     t_kill = time.time()
     os.kill(start["pid"], signal.SIGKILL)
 
     _wait(lambda: _sacct_state(mn_env, job) in ("FAILED", "CANCELLED", "COMPLETED"), "the task to end", timeout=120,
           poll_s=0.1)
     seconds = time.time() - t_kill
-    print(f"\nkilled rank 1 on mn2; the task ended {seconds:.1f} s later ({_sacct_state(mn_env, job)})")
-    assert seconds < 60, f"the task took {seconds:.0f} s to end after its worker on mn2 was killed"
+    print(f"\nkilled rank {killed} on {node}; the task ended {seconds:.1f} s later ({_sacct_state(mn_env, job)})")
+    assert seconds < 60, f"the task took {seconds:.0f} s to end after its worker on {node} was killed"
     assert _sacct_state(mn_env, job) == "FAILED"
+    _wait(lambda: any(r["event"] == "end" for r in _rows(task)), "the end row", timeout=30)
     end = [r for r in _rows(task) if r["event"] == "end"]
     assert len(end) == 1 and end[0]["exit_state"] == "failed", end
-    assert "worker rank 1 on mn2 (10.231.0.12) was lost" in end[0]["error"], end
+    assert f"worker rank {killed} on {node} ({address}) was lost" in end[0]["error"], end
     errors = [l for l in (run_dir / "logs" / f"{job}.err").read_text().splitlines() if l.startswith("error:")]
     assert errors == [f"error: {end[0]['error']}"], errors
     assert not (task / "result.json").exists()
@@ -229,6 +234,16 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
         assert b["speed_ratio"] < 0.7, (where, b)           # learned: device 1 is slower (measured 0.37-0.41)
         assert b["cost_balance"] > 1.2, (where, b)          # so it gets less than half the cost
     assert abs(two_nodes["cost_balance"] - one_node["cost_balance"]) < 0.15, (two_nodes, one_node)
+
+
+def test_who_records_the_end_when_a_peer_is_lost(monkeypatch):
+    """Rank 0 records a lost peer; when rank 0's node is the one lost, the lowest rank on another node does."""
+    from slurm_router.srun_worker import _speaks_for_the_task
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert _speaks_for_the_task(0, [2, 3])
+    assert [r for r in range(1, 4) if _speaks_for_the_task(r, [0, 1])] == [2]
+    assert [r for r in range(1, 4) if _speaks_for_the_task(r, [2, 3])] == []
+    assert [r for r in range(1, 4) if _speaks_for_the_task(r, [])] == []     # a peer on this node: rank 0 says
 
 
 def test_unreachable_meeting_point_is_one_line_naming_address_and_port():
