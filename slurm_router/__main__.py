@@ -17,9 +17,10 @@ from pathlib import Path
 if __name__ == "__main__":      # a Ctrl-C while the imports below load: one line and 130, as main() does later
     import signal
 
-    def _interrupted_early(signum, frame):
-        print("\ninterrupted: nothing was written", file=sys.stderr)
-        sys.exit(130)
+    def _interrupted_early(signum, frame):        # os._exit: nothing to clean up yet, and an exception raised
+        print("\ninterrupted: nothing was written", file=sys.stderr, flush=True)  # in importlib's lock
+        import os                                   # callbacks would be dropped ("Exception ignored")
+        os._exit(130)
     signal.signal(signal.SIGINT, _interrupted_early)
     signal.signal(signal.SIGTERM, _interrupted_early)
 
@@ -300,7 +301,6 @@ def _main(argv: list[str]) -> int:
         print(f"error: unknown option {bad[0]}: arguments are -m (a sweep) and Hydra overrides like train.steps=20 "
               "(see python -m slurm_router --help)", file=sys.stderr)
         return 2
-    from slurm_router.runlock import release_all
     try:
         code = run(argv, multirun)
     except UserError as e:
@@ -308,6 +308,7 @@ def _main(argv: list[str]) -> int:
         code = 2
     except KeyboardInterrupt:
         code = _interrupted()
+    from slurm_router.runlock import release_all
     release_all()                     # every process of the run has ended: the lock is free, said released
     return code
 

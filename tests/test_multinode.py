@@ -233,7 +233,9 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
     for where, b in (("2 nodes", two_nodes), ("1 node", one_node)):
         assert b["speed_ratio"] < 0.7, (where, b)           # learned: device 1 is slower (measured 0.37-0.41)
         assert b["cost_balance"] > 1.2, (where, b)          # so it gets less than half the cost
-    assert abs(two_nodes["cost_balance"] - one_node["cost_balance"]) < 0.15, (two_nodes, one_node)
+    # as on one node; the one-node run's timings share this machine's 2 cores with the other test files
+    # (scripts/test.sh runs 4 at once): 1.26-1.45 seen for the same 2:1 split
+    assert abs(two_nodes["cost_balance"] - one_node["cost_balance"]) < 0.25, (two_nodes, one_node)
 
 
 def test_who_records_the_end_when_a_peer_is_lost(monkeypatch):

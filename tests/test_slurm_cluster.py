@@ -107,7 +107,7 @@ def test_rendered_sbatch_with_hostile_run_dir(tmp_path, ntasks):
         seen = [json.loads(line) for line in lines]
         assert len(seen) == ntasks
         assert all(s["argv"] == list(argv[2:]) and s["task"] == str(i) and s["cwd"] == str(run_dir) for s in seen)
-        assert all(s["gpus"] in {"0", "1", "2", "3"} for s in seen)
+        assert all(s["gpus"].isdigit() for s in seen), seen        # one GPU each
         if ntasks > 1:  # srun: one GPU per task, different ones
             assert len({s["gpus"] for s in seen}) == ntasks and {s["procid"] for s in seen} == {"0", "1"}
     assert not list(tmp_path.rglob("pwned")), "an injected command ran"
