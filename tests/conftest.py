@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The files that take longest start first, so that none of them starts last and runs alone (pytest-xdist hands
 # out files in collection order); the rest keep theirs.
-SLOW_FILES = ("test_requeue_slurm", "test_prune", "test_requeue_local", "test_invariant", "test_multinode",
+SLOW_FILES = ("test_requeue_slurm", "test_requeue_time_limit", "test_prune", "test_requeue_local", "test_invariant", "test_multinode",
               "test_signal_windows", "test_slurm_launch", "test_slurm_failed_stage", "test_sweeps_and_seeds",
               "test_run_ownership", "test_analysis", "test_finetune_checkpoints", "test_adapters_export",
               "test_retries", "test_containers", "test_verdict_stats", "test_trackers")
