@@ -36,7 +36,7 @@ fi
 # mid-run, a task started before another ended): tests that fail there run again one at a time, and only a
 # failure that repeats fails the suite (both runs' results are printed).
 status=0
-python3 -m pytest -q -ra -n 4 --dist loadfile "$@" || status=$?
+python3 -m pytest -q -ra -n 4 --dist loadfile --no-loadscope-reorder "$@" || status=$?
 if [ "$status" = 1 ]; then
   echo "test.sh: running the failed tests again, one at a time" >&2
   python3 -m pytest -q -ra -n 0 --last-failed --last-failed-no-failures none "$@"

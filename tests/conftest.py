@@ -12,12 +12,14 @@ REPO = Path(__file__).resolve().parents[1]
 # scripts/test.sh runs 4 test files side by side on a machine with few cores, so every worker process of every
 # run shares them: idle OpenMP threads sleep instead of spinning (measured: 3 runs at once, 56 -> 40 CPU s).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# The files that take longest start first, so that none of them starts last and runs alone (pytest-xdist hands
-# out files in collection order); the rest keep theirs.
-SLOW_FILES = ("test_requeue_slurm", "test_requeue_time_limit", "test_prune", "test_requeue_local", "test_invariant", "test_multinode",
-              "test_signal_windows", "test_slurm_launch", "test_slurm_failed_stage", "test_sweeps_and_seeds",
-              "test_run_ownership", "test_analysis", "test_finetune_checkpoints", "test_adapters_export",
-              "test_retries", "test_containers", "test_verdict_stats", "test_trackers")
+# The files that take longest start first, so that none of them starts last and runs alone: scripts/test.sh
+# passes --no-loadscope-reorder, so pytest-xdist hands out files in this order (by default it would sort them by
+# their number of tests); the rest keep theirs. Order: their measured times with 4 files at once.
+SLOW_FILES = ("test_requeue_slurm", "test_slurm_failed_stage", "test_requeue_local", "test_slurm_launch",
+              "test_prune", "test_analysis", "test_requeue_time_limit", "test_multinode", "test_sweeps_and_seeds",
+              "test_invariant", "test_status_cli", "test_retries", "test_containers", "test_end_to_end",
+              "test_run_ownership", "test_trackers", "test_verdict_stats", "test_snapshot", "test_signal_windows",
+              "test_finetune_checkpoints", "test_adapters_export")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -138,7 +138,7 @@ def test_ctrl_c_before_anything_is_written_is_one_line(tmp_path):
     (from the moment the command's code runs). Before the run dir exists: `interrupted: nothing was written`;
     after: the run is interrupted, with the resume= hint."""
     hits = {"nothing written": 0, "run dir": 0}
-    for i, delay in enumerate([0.0, 0.2, 0.5, 1.0, 1.6, 2.4, 3.5, 5.0, 7.0]):
+    for i, delay in enumerate([0.0, 0.2, 0.5, 1.0, 1.6, 2.4, 3.5, 4.5, 6.0]):
         sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
         root = tmp_path / f"attempt{i}"
         proc = start_cli(*FAST, f"run_root={root}", cwd=tmp_path)
@@ -158,8 +158,12 @@ def test_ctrl_c_before_anything_is_written_is_one_line(tmp_path):
             assert not root.exists() or not any(root.rglob("*.json")), what
             hits["nothing written"] += 1
         else:
-            assert read_json(run_dir / "manifest.json")["state"] == "interrupted", what
-            assert f"resume={run_dir}" in out and out.strip().splitlines()[-1] == f"run_dir: {run_dir}", what
+            if read_json(run_dir / "manifest.json")["state"] == "completed":     # a fast machine: in the report
+                assert "interrupted before the report was written: every task has ended" in out, what
+            else:
+                assert read_json(run_dir / "manifest.json")["state"] == "interrupted", what
+                assert f"resume={run_dir}" in out, what
+            assert out.strip().splitlines()[-1] == f"run_dir: {run_dir}", what
             hits["run dir"] += 1
     print(hits)
     assert hits["nothing written"] >= 2, hits
