@@ -7,8 +7,8 @@ each value goes through the parser again as `key=value` (what Hydra's basic swee
 with one value applies to every variant. With `+experiment=NAME` each of its variants runs once per grid point.
 
 A config group can be swept (`router=round_robin,balanced`, `model=...`, `data=...`): the variant takes the keys
-the option changes. `launcher`, `experiment`, `base.*`, `run_root`, `seed`, `seeds` and `variants.*` are one per
-run and cannot be swept (training-seed replicates are `seeds=N`).
+the option changes. `launcher`, `experiment`, `base.*`, `run_root`, `seed`, `seeds`, `prune`, `tracker` and
+`variants.*` are one per run and cannot be swept (training-seed replicates are `seeds=N`).
 
 Names (`variant_name`): one part per swept key, in command order, joined with `_`. A part is the key's last
 dotted component (more components when two swept keys share it) followed by the value: directly when the value
@@ -44,6 +44,8 @@ ONE_PER_RUN = {
     "seeds": "seeds=N already runs every variant once per training seed: set it once, e.g. seeds=3",
     "seed": "seed is the base model's init and the held-out eval batches, shared by every variant so that their "
             "losses compare: for replicates set seeds=3 (training seeds: LoRA init and data order)",
+    "prune": "prune compares the variants with each other while they train: set it once, prune=true",
+    "tracker": "a run's trackers log every variant: name several at once, e.g. tracker=[tensorboard,mlflow]",
     "variants": "a variant's own keys are not swept: sweep the key itself (e.g. train.lr=1e-3,3e-3), and the grid "
                 "multiplies the experiment's variants",
 }

@@ -340,6 +340,9 @@ CASES = [
     (["-m", "+experiment=lora_ab", "base.steps=10,20"], "base.steps=10,20: base.steps cannot be swept: the base "
                                                         "stage is trained once"),
     (["-m", "seeds=1,3"], "seeds=1,3: seeds cannot be swept"),
+    (["-m", "prune=true,false"], "prune=true,false: prune cannot be swept: prune compares the variants"),
+    (["-m", "tracker=tensorboard,mlflow"], "tracker=tensorboard,mlflow: tracker cannot be swept: a run's trackers log "
+                                          "every variant: name several at once, e.g. tracker=[tensorboard,mlflow]"),
     (["-m", "seed=1,3"], "seed=1,3: seed cannot be swept: seed is the base model's init and the held-out eval "
                          "batches"),
     (["-m", "+experiment=lora_ab", "model=gpt2_tiny,gpt2_small"], "variants.r8_model-gpt2_small: model.n_layer=12 "
