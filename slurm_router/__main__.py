@@ -268,17 +268,17 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
-def _stop_like_ctrl_c(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     # Ctrl-C must always reach us: a process started in the background by a non-interactive shell inherits
     # SIGINT ignored, and Python then installs no handler (the Ctrl-C race of issue 11). `kill PID` (SIGTERM)
     # stops a run the same clean way: the tasks checkpoint, the run is marked interrupted, exit 130.
+    # A KeyboardInterrupt the interpreter drops (raised in a callback) is raised again (lifecycle.raise_stop).
     import signal
-    before = signal.signal(signal.SIGINT, signal.default_int_handler), signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+
+    from slurm_router.lifecycle import forget_stops, raise_stop
+    forget_stops()
+    before = signal.signal(signal.SIGINT, raise_stop), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, raise_stop)
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     finally:                          # called in-process (tests): leave the caller's handlers as they were

@@ -20,6 +20,33 @@ EXIT_REQUEUE = 76           # stopped after a checkpoint, asks its pack (or, in 
 EXIT_INTERRUPTED = 130      # the launcher itself after Ctrl-C (128 + SIGINT, as shells report it)
 
 
+# The command's stop signals (Ctrl-C, `kill`) raise KeyboardInterrupt, and none may be lost. One raised while the
+# interpreter runs a callback (importlib's module-lock cleanup during a lazy import, a __del__) is printed as
+# "Exception ignored" and dropped: the run would go on to its end. Each one raised is counted; the launcher's
+# loops call raise_if_stop_dropped where none can be in flight, and raise it again.
+_stops_raised = 0
+
+
+def raise_stop(signum, frame) -> None:
+    """The command's SIGINT and SIGTERM handler."""
+    global _stops_raised
+    _stops_raised += 1
+    raise KeyboardInterrupt
+
+
+def raise_if_stop_dropped() -> None:
+    """Call only where no KeyboardInterrupt can be propagating (a loop's top): a stop raised before and not
+    handled (the launcher ends after handling one) was dropped, and is raised again here."""
+    if _stops_raised:
+        raise KeyboardInterrupt
+
+
+def forget_stops() -> None:
+    """A new command in this process (tests call main() in-process): no stop raised yet."""
+    global _stops_raised
+    _stops_raised = 0
+
+
 class TaskState(str, enum.Enum):
     """What manifest.json says of a task. A str enum: it is written to JSON as its value."""
     PENDING = "pending"             # planned, not started or submitted yet

@@ -213,3 +213,31 @@ def test_ctrl_c_during_the_report_keeps_the_run_completed(sig, tmp_path):
     _assert_completed_report_left(proc, run_dir, out, err)
     analysis = run_cli(str(run_dir), module="slurm_router.analysis", cwd=tmp_path, timeout=600)
     assert analysis.returncode == 0 and (run_dir / "report" / "summary.json").is_file(), analysis.stderr
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_the_interpreter_drops_is_raised_again_at_the_launchers_next_loop():
+    """A KeyboardInterrupt raised while the interpreter runs a callback (here a __del__; in a run, importlib's
+    module-lock cleanup during a lazy import) is printed and dropped; the command's handler counted it, and the
+    launcher's loops (the local queue, each stage, the report) raise it again."""
+    import os
+
+    from slurm_router.lifecycle import forget_stops, raise_if_stop_dropped, raise_stop
+
+    class SignalledWhileCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(1000))                # the handler runs here, inside the callback: its exception is dropped
+
+    before = signal.signal(signal.SIGINT, raise_stop)
+    try:
+        forget_stops()
+        raise_if_stop_dropped()             # nothing raised yet: nothing to raise again
+        SignalledWhileCollected()
+        reached = True                      # the Ctrl-C did not stop this code
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_stop_dropped()
+    finally:
+        signal.signal(signal.SIGINT, before)
+        forget_stops()
+    assert reached

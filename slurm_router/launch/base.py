@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from slurm_router import base_cache
 from slurm_router.config import UserError
 from slurm_router.layout import RunLayout
-from slurm_router.lifecycle import TaskState
+from slurm_router.lifecycle import TaskState, raise_if_stop_dropped
 from slurm_router.plan import Stage, TaskSpec
 
 
@@ -117,6 +117,7 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
     manifest, run, after = launcher.manifest, RunJobs(), None
     launcher.prepare()
     for stage in stages:
+        raise_if_stop_dropped()
         if stage.cached and _reuse_cached(stage, manifest):
             continue
         if _blocked(stage, stages, run.states):

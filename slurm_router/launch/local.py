@@ -28,7 +28,7 @@ from slurm_router.cpu import THREADS_ENV, threads_per_worker
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
 from slurm_router.launch.progress import Progress
 from slurm_router.layout import RunLayout
-from slurm_router.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState
+from slurm_router.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState, raise_if_stop_dropped
 from slurm_router.plan import Stage, TaskSpec
 from slurm_router.runlock import LOCK_FD_ENV
 from slurm_router.runlock import held as held_lock
@@ -122,6 +122,7 @@ class LocalLauncher(Launcher):
     def report_job(self, after: str | None) -> str | None:
         pause_for_tests("report")           # before the imports: a signal during them may land in importlib's
         from slurm_router.analysis.report import print_table, write_report      # lock callbacks, which drop it
+        raise_if_stop_dropped()             # (one dropped there, or earlier: now)
         try:
             print_table(write_report(self.layout.root))
         except Exception as e:                 # a failed run still prints where its files are
@@ -185,6 +186,7 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: Run
     progress = Progress(tasks)
     try:
         while waiting or running:
+            raise_if_stop_dropped()
             while waiting and (devices := _take(free, waiting[0].devices)):
                 spec = waiting.pop(0)
                 for d in devices:
