@@ -17,8 +17,9 @@ def test_real_time_limit_requeues_then_stops_at_the_budget(tmp_path, base_cache)
     run_dir = _submit(tmp_path, base_cache, "launcher=sbatch", "train.steps=80", "router.device_slowdown=[8.0]",
                       "launcher.timeout_min=1", "launcher.signal_delay_s=20", "launcher.max_requeues=1")
     jobs = _task_jobs(run_dir)
+    # the base stage, then two attempts of about a minute each: over 300 s with the suite's first files beside it
     _wait(lambda: all(_sacct_state(jobs[t]) == "FAILED" for t in ("r8", "r32")), [jobs["r8"], jobs["r32"]],
-          "both tasks to exceed their time-out budget", timeout=300)
+          "both tasks to exceed their time-out budget", timeout=900)
     rows = _rows(run_dir, "r8")
     requeues = [r for r in rows if r["event"] == "requeue"]
     assert requeues and requeues[0]["reason"] == "timeout" and requeues[0]["attempt"] == 0, requeues

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_cli, run_dir_of, task_spans
+from conftest import CLUSTER_GPUS, run_cli, run_dir_of, task_spans
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(shutil.which("sbatch") is None,
@@ -46,7 +46,7 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
     for a, b in (("r8", "r32"),):
         if spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]:
             assert spans[a][2] != spans[b][2], f"concurrent tasks shared GPU {spans[a][2]}"
-    assert all(spans[t][2] in ("0", "1", "2", "3") for t in spans), spans
+    assert all(spans[t][2] in CLUSTER_GPUS for t in spans), spans
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert set(summary["variants"]) == {"r8", "r32"} and summary["base"]["val_loss"] > 0
     # launcher.wait=true waits for the whole run, the report job included (squeue first: sacct lags)
@@ -94,7 +94,7 @@ def test_srun_workers_one_gpu_each(tmp_path, launcher):
         rows = [json.loads(l) for l in (task_dir / f"events-rank{rank}.jsonl").read_text().splitlines()]
         start = next(r for r in rows if r["event"] == "start")
         starts[rank] = (start["cuda_visible_devices"], start["pid"], start["world"])
-    assert starts[0][0] != starts[1][0] and {starts[0][0], starts[1][0]} <= {"0", "1", "2", "3"}, starts
+    assert starts[0][0] != starts[1][0] and {starts[0][0], starts[1][0]} <= CLUSTER_GPUS, starts
     assert starts[0][2] == starts[1][2] == 2
     summary = json.loads((run_dir_of(proc) / "report" / "summary.json").read_text())
     assert summary["variants"]["main"]["devices"] == 2
