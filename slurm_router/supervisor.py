@@ -166,8 +166,9 @@ def _child(fn, rank: int, args: tuple, error_file: str) -> None:
 def _exit_without_teardown(code: int) -> None:
     """Exit as the interpreter would, but for tearing down its modules: torch's and transformers' take about
     0.9 s of CPU per worker and write nothing. What an exit must still do is done first: non-daemon threads
-    joined (thread pools told to end first), atexit handlers run (multiprocessing's finalizers and the trackers' among them), the
-    standard streams flushed. A worker forked from the forkserver ends this way anyway (os._exit)."""
+    joined (thread pools told to end first), atexit handlers run (multiprocessing's finalizers and the
+    trackers' among them), the standard streams flushed. A worker forked from the forkserver ended with
+    os._exit before too (multiprocessing's fork start)."""
     import atexit
     threading._shutdown()       # as multiprocessing's own bootstrap does: executors' threads told, then joined
     atexit._run_exitfuncs()

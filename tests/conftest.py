@@ -26,6 +26,8 @@ SLOW_FILES = ("test_requeue_time_limit", "test_requeue_slurm", "test_invariant",
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(SLOW_FILES)))      # stable: each file keeps its order
+
+
 # The single-node test cluster's fake GPUs (scripts/slurm_test_cluster.sh, SLURM_TEST_GPUS): the indices a task sees.
 CLUSTER_GPUS = {str(i) for i in range(int(os.environ.get("SLURM_TEST_GPUS", "8")))}
 BENCHMARKS = REPO / "benchmarks"
