@@ -301,13 +301,19 @@ def _main(argv: list[str]) -> int:
         print(f"error: unknown option {bad[0]}: arguments are -m (a sweep) and Hydra overrides like train.steps=20 "
               "(see python -m slurm_router --help)", file=sys.stderr)
         return 2
+    from slurm_router.lifecycle import stops_raised
     try:
         code = run(argv, multirun)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = 2
     except KeyboardInterrupt:
         code = _interrupted()
+    except Exception as e:
+        if stops_raised():      # a stop that a library caught or dropped, surfacing as another error (a Ctrl-C
+            code = _interrupted()           # inside Hydra's compose: "unknown key 'defaults'")
+        elif isinstance(e, UserError):
+            print(f"error: {e}", file=sys.stderr)
+            code = 2
+        else:
+            raise
     from slurm_router.runlock import release_all
     release_all()                     # every process of the run has ended: the lock is free, said released
     return code

@@ -41,6 +41,11 @@ def raise_if_stop_dropped() -> None:
         raise KeyboardInterrupt
 
 
+def stops_raised() -> int:
+    """How many stops the handler raised since forget_stops (an error after one is the stop's doing)."""
+    return _stops_raised
+
+
 def forget_stops() -> None:
     """A new command in this process (tests call main() in-process): no stop raised yet."""
     global _stops_raised

@@ -6,7 +6,7 @@ it runs beside that file's tests: its minutes are mostly Slurm's clock).
 from __future__ import annotations
 
 from conftest import run_cli
-from test_requeue_slurm import _losses, _rows, _sacct_state, _submit, _task_jobs, _wait
+from test_requeue_slurm import SMALL, _losses, _rows, _sacct_state, _submit, _task_jobs, _wait
 from test_requeue_slurm import pytestmark  # noqa: F401  (slurm marker, skipped without sbatch)
 
 
@@ -14,10 +14,16 @@ def test_real_time_limit_requeues_then_stops_at_the_budget(tmp_path, base_cache)
     """A real one-minute time limit (no mocked clock): Slurm's USR2 20 s before it makes the task checkpoint and
     requeue itself as a time-out; the second time-out exceeds launcher.max_requeues=1, so the task fails with
     one line saying what to do, keeping its checkpoint; resume= finishes it from there."""
+    # Only the variants meet the time limit: the base stage is trained first (here when no earlier test of this
+    # pytest worker did; under the suite's first minutes its 10 steps can outlast two one-minute attempts).
+    local = [a for a in SMALL if not a.startswith("launcher.")]
+    warm = run_cli(*local, "launcher=local", "train.steps=1", "train.eval_batches=1", f"base.cache_dir={base_cache}",
+                   f"run_root={tmp_path / 'warm_base'}", cwd=tmp_path, timeout=600)
+    assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
     run_dir = _submit(tmp_path, base_cache, "launcher=sbatch", "train.steps=80", "router.device_slowdown=[8.0]",
                       "launcher.timeout_min=1", "launcher.signal_delay_s=20", "launcher.max_requeues=1")
     jobs = _task_jobs(run_dir)
-    # the base stage, then two attempts of about a minute each: over 300 s with the suite's first files beside it
+    # two attempts of about a minute each, and Slurm's queue: over 300 s with the suite's first files beside it
     _wait(lambda: all(_sacct_state(jobs[t]) == "FAILED" for t in ("r8", "r32")), [jobs["r8"], jobs["r32"]],
           "both tasks to exceed their time-out budget", timeout=900)
     rows = _rows(run_dir, "r8")

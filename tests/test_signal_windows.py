@@ -241,3 +241,31 @@ def test_a_ctrl_c_the_interpreter_drops_is_raised_again_at_the_launchers_next_lo
         signal.signal(signal.SIGINT, before)
         forget_stops()
     assert reached
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_error_that_a_dropped_ctrl_c_caused_is_reported_as_the_interrupt(monkeypatch, capsys):
+    """Seen under load: a SIGTERM inside Hydra's compose, swallowed there, surfaced as `error: unknown key
+    'defaults'` with exit 2. The command counted the stop, so the error after it reads as the interrupt: one
+    line, exit 130, as a Ctrl-C at that moment always did."""
+    import os
+
+    import slurm_router.__main__ as cli
+    from slurm_router.config import UserError
+
+    def compose_hit_by_a_signal(argv, multirun):
+        class SignalledWhileCollected:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(1000))            # handled in here: the KeyboardInterrupt is dropped
+        SignalledWhileCollected()
+        raise UserError("unknown key 'defaults'")
+
+    monkeypatch.setattr(cli, "run", compose_hit_by_a_signal)
+    assert cli.main(["train.steps=2"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "interrupted: nothing was written" and "unknown key" not in err, err
+
+    monkeypatch.setattr(cli, "run", lambda argv, multirun: (_ for _ in ()).throw(UserError("a real mistake")))
+    assert cli.main(["train.steps=2"]) == 2             # no stop this time: the error is the user's
+    assert capsys.readouterr().err.strip() == "error: a real mistake"
