@@ -215,25 +215,31 @@ def test_ctrl_c_during_the_report_keeps_the_run_completed(sig, tmp_path):
     assert analysis.returncode == 0 and (run_dir / "report" / "summary.json").is_file(), analysis.stderr
 
 
+def _signal_dropped_in_a_callback(sig: signal.Signals) -> None:
+    """`sig` to this process, handled while the interpreter runs a __del__: the handler's KeyboardInterrupt is
+    printed ("Exception ignored") and dropped, and this returns normally."""
+    import os
+
+    class SignalledWhileCollected:
+        def __del__(self):
+            os.kill(os.getpid(), sig)
+            sum(range(1000))                # the handler runs here, inside the callback
+
+    SignalledWhileCollected()
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_ctrl_c_the_interpreter_drops_is_raised_again_at_the_launchers_next_loop():
     """A KeyboardInterrupt raised while the interpreter runs a callback (here a __del__; in a run, importlib's
     module-lock cleanup during a lazy import) is printed and dropped; the command's handler counted it, and the
     launcher's loops (the local queue, each stage, the report) raise it again."""
-    import os
-
     from slurm_router.lifecycle import forget_stops, raise_if_stop_dropped, raise_stop
-
-    class SignalledWhileCollected:
-        def __del__(self):
-            os.kill(os.getpid(), signal.SIGINT)
-            sum(range(1000))                # the handler runs here, inside the callback: its exception is dropped
 
     before = signal.signal(signal.SIGINT, raise_stop)
     try:
         forget_stops()
         raise_if_stop_dropped()             # nothing raised yet: nothing to raise again
-        SignalledWhileCollected()
+        _signal_dropped_in_a_callback(signal.SIGINT)
         reached = True                      # the Ctrl-C did not stop this code
         with pytest.raises(KeyboardInterrupt):
             raise_if_stop_dropped()
@@ -248,17 +254,11 @@ def test_an_error_that_a_dropped_ctrl_c_caused_is_reported_as_the_interrupt(monk
     """Seen under load: a SIGTERM inside Hydra's compose, swallowed there, surfaced as `error: unknown key
     'defaults'` with exit 2. The command counted the stop, so the error after it reads as the interrupt: one
     line, exit 130, as a Ctrl-C at that moment always did."""
-    import os
-
     import slurm_router.__main__ as cli
     from slurm_router.config import UserError
 
     def compose_hit_by_a_signal(argv, multirun):
-        class SignalledWhileCollected:
-            def __del__(self):
-                os.kill(os.getpid(), signal.SIGTERM)
-                sum(range(1000))            # handled in here: the KeyboardInterrupt is dropped
-        SignalledWhileCollected()
+        _signal_dropped_in_a_callback(signal.SIGTERM)
         raise UserError("unknown key 'defaults'")
 
     monkeypatch.setattr(cli, "run", compose_hit_by_a_signal)
