@@ -2,19 +2,21 @@
 after another (tasks_per_gpu=1). Aggregate tokens/s = all variants' trained tokens / wall time of the stage.
 
     python benchmarks/packing.py            # needs one NVIDIA GPU; writes benchmarks/results/packing.md
+    python benchmarks/packing.py --shapes 8x512,4x256 --steps 60 --out DIR    # more shapes; a copy into DIR
 
 On a machine without a GPU it says so and writes nothing (packing is about idle GPU capacity).
 """
 from __future__ import annotations
 
-import datetime
+import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import REPO, header  # noqa: E402
 
 
 def run(tasks_per_gpu: int, tmp: Path, batch: int, seq: int, steps: int) -> dict:
@@ -40,6 +42,11 @@ def run(tasks_per_gpu: int, tmp: Path, batch: int, seq: int, steps: int) -> dict
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8x512", help="global batch x sequence length, comma-separated")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--out", type=Path, help="also write the result file into this folder")
+    args = ap.parse_args()
     import torch
     if not torch.cuda.is_available():
         print("packing benchmark: no GPU here; run it on a machine with one NVIDIA GPU")
@@ -47,18 +54,22 @@ def main() -> None:
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"packing-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     rows = []
-    for batch, seq in ((8, 512), (4, 256)):
-        serial, packed = run(1, tmp, batch, seq, 60), run(4, tmp, batch, seq, 60)
+    for shape in args.shapes.split(","):
+        batch, seq = (int(v) for v in shape.split("x"))
+        serial, packed = run(1, tmp, batch, seq, args.steps), run(4, tmp, batch, seq, args.steps)
         rows.append((batch, seq, serial, packed))
-    lines = [f"# Variant packing ({torch.cuda.get_device_name()})", "",
-             f"Date {datetime.date.today()}, torch {torch.__version__}. 4 GPT-2-small LoRA r16 variants, 60 steps each, "
-             "one GPU. Command: `python benchmarks/packing.py`.", "",
+    command = f"python benchmarks/packing.py --shapes {args.shapes} --steps {args.steps}"
+    lines = [f"# Variant packing ({torch.cuda.get_device_name()})", "", *header(command), "",
+             f"4 GPT-2-small LoRA r16 variants, {args.steps} steps each, one GPU: `resources.tasks_per_gpu=4` "
+             "(packed) against 1 (one after another). Aggregate tokens/s = every variant's trained tokens / wall "
+             "time from the first variant's first step to the last variant's last step.", "",
              "| batch | one after another tokens/s | packed x4 tokens/s | ratio | OOM retries (packed) |",
              "|---|---:|---:|---:|---:|"]
     for batch, seq, s, p in rows:
         lines.append(f"| {batch} x {seq} | {s['aggregate_tokens_per_s']:,.0f} | {p['aggregate_tokens_per_s']:,.0f} | "
                      f"{p['aggregate_tokens_per_s'] / s['aggregate_tokens_per_s']:.2f} | {p['oom_retries']} |")
-    (REPO / "benchmarks" / "results" / "packing.md").write_text("\n".join(lines) + "\n")
+    for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
+        (folder / "packing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -5,8 +5,12 @@ slurm_router job on one device, then (c) the job with its speed switches on; and
     python benchmarks/throughput.py --quick         # fewer steps (smoke)
     python benchmarks/throughput.py --repeats 5     # each configuration 5 times, interleaved (default 3)
 
-Writes benchmarks/results/throughput-<device>.md and .json. Tokens/s leave the warm-up steps out (the job's
-report drops the first 10% of steps; the bare loop times only the steps after WARMUP). MFU uses 4N FLOPs per
+Writes benchmarks/results/throughput-<device>.md and .json (and into --out DIR too). One clock on both sides:
+tokens/s = real tokens of the steps after the warm-up / wall time from the end of the last warm-up step to
+the end of the last step (the bare loop: perf_counter around those steps; the job: the wall-clock `time` of
+its step rows, so data loading, routing, syncs and event writes between steps all count; no evaluation
+falls inside the window). --profile adds one torch.profiler step of the bare loop and of the job (defaults):
+their top operators by self device time go to throughput-<device>-profile.txt. MFU uses 4N FLOPs per
 token for LoRA (forward 2N + backward through activations 2N; frozen weights get no weight gradient) over
 the device's dense bf16 peak. The configurations run interleaved (a b c d, a b c d, ...) so that a noisy
 machine slows them alike; the table gives the median over the repeats and the range beside it.
@@ -14,10 +18,8 @@ machine slows them alike; the table gives the median over the repeats and the ra
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,15 +30,17 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from provenance import header  # noqa: E402
+from slurm_router.train.profile import PROFILE_OUT_ENV, PROFILE_STEP_ENV, top_operators  # noqa: E402
 
 
 def shapes(device: str) -> dict:
     if device == "cuda":   # GPT-2 small, LoRA r16 on c_attn and c_proj (the issue's reference loop)
-        return dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, batch=16, seq=512, steps=40, warmup=10)
+        return dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, batch=16, seq=512, steps=100, warmup=10)
     return dict(n_layer=4, n_head=4, n_embd=256, vocab=8192, batch=8, seq=256, steps=24, warmup=4)
 
 
-def bare_loop(s: dict, device: str, compile_model: bool = False) -> dict:
+def bare_loop(s: dict, device: str, compile_model: bool = False, profile_to: list | None = None) -> dict:
     """What users write by hand: model(..., labels=...), AdamW, bf16 autocast on GPU."""
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -52,46 +56,59 @@ def bare_loop(s: dict, device: str, compile_model: bool = False) -> dict:
     batches = [torch.randint(0, min(256, s["vocab"]), (s["batch"], s["seq"]), generator=gen) for _ in range(4)]
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t0 = None
-    for step in range(s["warmup"] + s["steps"]):
-        if step == s["warmup"]:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+    def one_step(step: int) -> None:
         x = batches[step % 4].to(device)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    t0 = None
+    for step in range(s["warmup"] + s["steps"]):
+        if step == s["warmup"]:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        one_step(step)
     if device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    if profile_to is not None:          # after the timed window: it does not count
+        profile_to.append("## a: bare loop, one step\n" + top_operators(lambda: one_step(0), torch.device(device))[1])
     n_params = sum(p.numel() for p in model.parameters())
     return {"tokens_per_s": s["steps"] * s["batch"] * s["seq"] / dt, "n_params": n_params,
             "peak_mem_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
 
 
-def job(s: dict, tmp: Path, extra: list[str]) -> dict:
+def job(s: dict, tmp: Path, extra: list[str], profile_to: list | None = None) -> dict:
     """The real command, one device, the same shapes (fixed-length synthetic samples: no padding)."""
-    steps = s["steps"] + s["warmup"]
+    steps = s["steps"] + s["warmup"] + (1 if profile_to is not None else 0)   # the profiled step comes last
     args = [sys.executable, "-m", "slurm_router", "base.enabled=false", "data=synthetic", "data.length_dist=fixed",
             f"data.mean_len={s['seq']}", f"data.max_len={s['seq']}", "data.n_samples=2048", "model.kind=gpt2",
             f"model.n_layer={s['n_layer']}", f"model.n_head={s['n_head']}", f"model.n_embd={s['n_embd']}",
             f"model.vocab_size={s['vocab']}", f"model.n_positions={max(1024, s['seq'])}", "model.lora.r=16",
             "model.lora.alpha=32", f"train.global_batch_size={s['batch']}", f"train.steps={steps}",
-            "train.eval_batches=1", "train.eval_batch_size=2", "train.lr=1e-4", f"run_root={tmp}",
-            "launcher.cpu_slots=1", *extra]
+            "train.eval_batches=1", "train.eval_batch_size=2", "train.eval_every=0", "train.lr=1e-4",
+            f"run_root={tmp}", "launcher.cpu_slots=1", *extra]
     from slurm_router.cpu import THREADS_ENV
     env = {**os.environ, THREADS_ENV: str(os.cpu_count())}
+    prof_file = tmp / f"profile-{time.time_ns()}.txt"
+    if profile_to is not None:
+        env.update({PROFILE_STEP_ENV: str(steps - 1), PROFILE_OUT_ENV: str(prof_file)})
     out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp)
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])
     run_dir = Path(out.stdout.strip().splitlines()[-1].split("run_dir: ", 1)[1])
-    v = json.loads((run_dir / "report" / "summary.json").read_text())["variants"]["main"]
-    peaks = [json.loads(l).get("mem_peak_bytes") for l in
-             (run_dir / "tasks" / "main" / "events-rank0.jsonl").read_text().splitlines()]
-    return {"tokens_per_s": v["tokens_per_s"], "peak_mem_bytes": max(p for p in peaks if p) if any(peaks) else None}
+    rows = [json.loads(line) for line in (run_dir / "tasks" / "main" / "events-rank0.jsonl").read_text().splitlines()]
+    steps_rows = sorted((r for r in rows if r["event"] == "step"), key=lambda r: r["step"])
+    timed = [r for r in steps_rows if s["warmup"] <= r["step"] < s["warmup"] + s["steps"]]
+    wall_s = timed[-1]["time"] - steps_rows[s["warmup"] - 1]["time"]
+    if profile_to is not None:
+        profile_to.append("## b: slurm_router job (defaults), one step (worker rank 0)\n" + prof_file.read_text())
+    peaks = [r.get("mem_peak_bytes") for r in rows if r.get("mem_peak_bytes")]
+    return {"tokens_per_s": sum(r["n_tokens"] for r in timed) / wall_s, "wall_s": wall_s,
+            "peak_mem_bytes": max(peaks) if peaks else None}
 
 
 def _median_row(runs: list[dict]) -> dict:
@@ -106,6 +123,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, interleaved")
+    ap.add_argument("--profile", action="store_true", help="also profile one step of the bare loop and the job")
+    ap.add_argument("--out", type=Path, help="also write the result files into this folder")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     s = shapes(device)
@@ -130,26 +149,35 @@ def main() -> None:
     for _ in range(max(1, args.repeats)):
         for name, run in configs.items():
             runs[name].append(run())
+    profiles: list[str] = []
+    if args.profile:
+        bare_loop(dict(s, steps=1, warmup=2), device, profile_to=profiles)
+        job(dict(s, steps=1, warmup=2), tmp, [], profile_to=profiles)
     rows = {name: _median_row(rs) for name, rs in runs.items()}
     base = rows["a: bare loop"]["tokens_per_s"]
     n_params = rows["a: bare loop"]["n_params"]
-    lines = [f"# Throughput ({device}{': ' + gpu if gpu else ''})", "",
-             f"Date {datetime.date.today()}, {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-             f"python {platform.python_version()}. Model: GPT-2 shape n_layer={s['n_layer']} n_embd={s['n_embd']} "
-             f"vocab={s['vocab']} ({n_params / 1e6:.1f}M params), LoRA r16 on c_attn and c_proj, batch "
-             f"{s['batch']} x {s['seq']} tokens, {s['steps']} timed steps after {s['warmup']} warm-up; "
-             f"{args.repeats} interleaved runs of each, median (min-max). "
-             f"Command: `python benchmarks/throughput.py --repeats {args.repeats}`.", "",
+    command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
+    lines = [f"# Throughput ({device}{': ' + gpu if gpu else ''})", "", *header(command.strip()), "",
+             f"Model: GPT-2 shape n_layer={s['n_layer']} n_embd={s['n_embd']} vocab={s['vocab']} "
+             f"({n_params / 1e6:.1f}M params), LoRA r16 on c_attn and c_proj, batch {s['batch']} x {s['seq']} "
+             f"tokens, {s['steps']} timed steps after {s['warmup']} warm-up; {args.repeats} interleaved runs of "
+             "each, median (min-max). Tokens/s: real tokens of the timed steps / wall time of those steps, the "
+             "same clock for the bare loop and the job (see the script's docstring).", "",
              "| run | tokens/s | ratio to bare loop | MFU (4N/token) | peak memory GiB |", "|---|---:|---:|---:|---:|"]
     for name, r in rows.items():
         mfu = f"{100 * r['tokens_per_s'] * 4 * n_params / peak:.1f}%" if peak else "n/a"
         mem = f"{r['peak_mem_bytes'] / 2**30:.1f}" if r.get("peak_mem_bytes") and device == "cuda" else "n/a"
         spread = f"{r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f}"
         lines.append(f"| {name} | {r['tokens_per_s']:,.0f} ({spread}) | {r['tokens_per_s'] / base:.2f} | {mfu} | {mem} |")
-    out = REPO / "benchmarks" / "results" / f"throughput-{device}"
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"device": device, "gpu": gpu, "shapes": s, "rows": rows}, indent=1))
+    for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
+        out = folder / f"throughput-{device}"
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        out.with_suffix(".json").write_text(json.dumps({"device": device, "gpu": gpu, "shapes": s, "rows": rows},
+                                                       indent=1))
+        if profiles:
+            (folder / f"throughput-{device}-profile.txt").write_text("\n\n".join(profiles) + "\n")
     print("\n".join(lines))
+    print("\n\n".join(profiles))
 
 
 if __name__ == "__main__":

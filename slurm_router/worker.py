@@ -17,6 +17,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,7 @@ from slurm_router.train.model import (build_model, compile_backbone, count_param
                                       trainable_parameters)
 from slurm_router.train.optim import lr_at, make_optimizer
 from slurm_router.train import state as train_state
+from slurm_router.train.profile import profile_step, profiled
 
 # A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
 # dies, so this only bounds a hang nobody else catches (a peer stuck without dying; srun_workers mode).
@@ -196,8 +198,13 @@ class Worker:
         if stopped is not None:
             return stopped
         self.start()
+        to_profile = profile_step() if self.rank == 0 else None
         for step in range(self.first_step, self.spec.steps):
-            ended = self.train_step(step)
+            if step == to_profile:
+                ended = profiled(lambda: self.train_step(step), self.device,
+                                 Path(self.spec.task_dir) / f"profile-step-{step}.txt")
+            else:
+                ended = self.train_step(step)
             if isinstance(ended, Diverged):
                 return self.diverged(ended)
             if isinstance(ended, Pruned):
