@@ -12,6 +12,8 @@
 # loop vs the speed switches, MFU, one profiled step of each), packing (4 variants on one GPU vs one after
 # another). Packed rows and fused variants join the list once they exist.
 # Budget: GPU_CHECKS_BUDGET_S (default 540 s); each check gets min(its own limit, what is left).
+# GPU_CHECKS_ONLY="throughput cuda_tests" runs only those (in this file's order); GPU_CHECKS_THROUGHPUT_ARGS
+# replaces throughput.py's arguments (default --repeats 2; --stand-in-cpu: --quick --repeats 1).
 # Python packages the GPU machine lacks travel as wheels in .whl/ (the device tool's README) and are
 # installed first; the commit of the tree comes in SLURM_ROUTER_COMMIT (no .git travels).
 set -uo pipefail
@@ -34,6 +36,7 @@ note() { echo "$*" | tee -a "$work/summary.txt"; }
 # step NAME LIMIT_S CMD...: runs CMD with its output in NAME.log, under min(LIMIT_S, budget left)
 step() {
   local name=$1 limit=$2; shift 2
+  if [ -n "${GPU_CHECKS_ONLY:-}" ] && [[ " $GPU_CHECKS_ONLY " != *" $name "* ]]; then return 0; fi
   local left=$((budget - SECONDS))
   if [ "$left" -lt 20 ]; then note "$name: SKIPPED (budget spent: ${SECONDS}s of ${budget}s)"; failed=1; return 1; fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -73,6 +76,7 @@ else
   lora_ab_args=()
   tp_args=(--repeats 2)
 fi
+[ -n "${GPU_CHECKS_THROUGHPUT_ARGS:-}" ] && read -r -a tp_args <<<"$GPU_CHECKS_THROUGHPUT_ARGS"
 
 # ---- device: what ran (nvidia-smi, versions)
 devinfo() {

@@ -108,7 +108,11 @@ def job(s: dict, tmp: Path, extra: list[str], profile_to: list | None = None) ->
         profile_to.append("## b: slurm_router job (defaults), one step (worker rank 0)\n" + prof_file.read_text())
     peaks = [r.get("mem_peak_bytes") for r in rows if r.get("mem_peak_bytes")]
     return {"tokens_per_s": sum(r["n_tokens"] for r in timed) / wall_s, "wall_s": wall_s,
-            "peak_mem_bytes": max(peaks) if peaks else None}
+            "peak_mem_bytes": max(peaks) if peaks else None,
+            "micro_batches_per_step": statistics.median(sum(r["n_micro"]) for r in timed),
+            "t_step_s_median": statistics.median(r["t_step_s"] for r in timed),
+            "busy_s_median": statistics.median(r["busy_s"] for r in timed),
+            "t_sync_wait_s_median": statistics.median(r["t_sync_wait_s"] for r in timed)}
 
 
 def _median_row(runs: list[dict]) -> dict:
@@ -125,6 +129,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, interleaved")
     ap.add_argument("--profile", action="store_true", help="also profile one step of the bare loop and the job")
     ap.add_argument("--out", type=Path, help="also write the result files into this folder")
+    ap.add_argument("--only", help="the configurations to run, by letter (e.g. a,b,c); default all")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     s = shapes(device)
@@ -145,6 +150,8 @@ def main() -> None:
                                                                         "train.pad_to_multiple=64"])}
     if device == "cuda":
         configs["e: bare loop + compile"] = lambda: bare_loop(s, device, compile_model=True)
+    if args.only:
+        configs = {k: v for k, v in configs.items() if k[0] in args.only.split(",") or k.startswith("a:")}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for _ in range(max(1, args.repeats)):
         for name, run in configs.items():

@@ -32,11 +32,13 @@ RESUME = ["base.enabled=false", "model=gpt2_small", "data=synthetic", "data.mean
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "slurm_router", *args, f"run_root={tmp_path}"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _finish(tmp_path: Path, *args: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = run_cli(*args, f"run_root={tmp_path}", cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run_dir_of(out)
@@ -55,7 +57,6 @@ def test_ctrl_c_on_cuda_checkpoints_and_resume_matches_the_uninterrupted_run(tmp
     assert start["device_type"] == "cuda" and "NVIDIA" in start["device_name"]
     noise = _max_rel_diff(ref1, ref2)
 
-    (tmp_path / "c").mkdir()
     proc = _start(tmp_path / "c", *RESUME)
     deadline, task_dir = time.time() + 300, None
     while time.time() < deadline and task_dir is None:
