@@ -18,7 +18,8 @@ first and block the stop signals again before they spawn.
 
 Nothing of a local run outlives its launcher (issue 12): a local job process watches its launcher
 (`watch_launcher`; the launcher's pid comes in LAUNCHER_PID_ENV) and each worker its job process
-(`watch_parent_process`). When the parent is gone, the child stops as on a stop signal (the step in flight
+(`watch_parent_process`), and the forkserver that forks several workers dies with its job process
+(slurm_router.forkserver_tie). When the parent is gone, the child stops as on a stop signal (the step in flight
 ends, rank 0 saves) and is killed ORPHAN_GRACE_S later if it has not ended by then: nothing of the run lives
 10 s after the launcher died, with a checkpoint at the step end where a step is short enough.
 
@@ -200,7 +201,8 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
     here, blocked too, and that has imported WORKER_PRELOAD once: each worker skips those seconds of imports.
     The forkserver never touches CUDA or a thread pool, so each child starts as clean as a spawned one; it keeps
     the stop signals blocked all its life (Slurm signals every process of a step: it must not die of a USR2),
-    and ends when this process and its workers have. This process never imports torch (1.5 s of CPU per task)."""
+    and ends with this process, at once (slurm_router.forkserver_tie). This process never imports torch (1.5 s of
+    CPU per task)."""
     import tempfile
     from multiprocessing import resource_tracker
     resource_tracker.ensure_running()
@@ -208,7 +210,7 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
     method = "forkserver" if nprocs >= PRELOAD_MIN_WORKERS else "spawn"
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(list(WORKER_PRELOAD))
+        _start_forkserver(ctx)
     processes, error_files = [], []
     for rank in range(nprocs):
         fd, error_file = tempfile.mkstemp(prefix="slurm_router-worker-error-", suffix=".pickle")
@@ -219,6 +221,20 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
         processes.append(p)
         error_files.append(error_file)
     return Started(processes, error_files)
+
+
+def _start_forkserver(ctx) -> None:
+    """This process's forkserver, started now (in the calling thread: call from the main thread, which lives as
+    long as the process) with slurm_router.forkserver_tie imported first, so that it dies with this process.
+    The tie reads this process's pid from the environment, set only while the forkserver starts."""
+    from multiprocessing import forkserver
+    from slurm_router.forkserver_tie import FORKSERVER_PARENT_ENV
+    ctx.set_forkserver_preload(["slurm_router.forkserver_tie", *WORKER_PRELOAD])
+    os.environ[FORKSERVER_PARENT_ENV] = str(os.getpid())
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(FORKSERVER_PARENT_ENV, None)
 
 
 class Workers:
