@@ -11,6 +11,10 @@
 # with its report), cuda_tests (tests/test_cuda.py: Ctrl-C resume, a real CUDA OOM), throughput (job vs bare
 # loop vs the speed switches, MFU, one profiled step of each), packing (4 variants on one GPU vs one after
 # another). Packed rows and fused variants join the list once they exist.
+# Seen on an H200 (2026-11-26, benchmarks/results/gpu_checks/): lora_ab needed more than 150 s (base 300 steps,
+# r8 done, r32 cut), tests/test_cuda.py more than 171 s (six runs of the command, ~30 s of start-up each);
+# poll_cost took 4 s, throughput --only b,c --profile 82 s, packing 90 s. The next lease: GPU_CHECKS_ONLY=
+# "device cuda_tests lora_ab throughput" with GPU_CHECKS_THROUGHPUT_ARGS="--repeats 1 --only b,d,e".
 # Budget: GPU_CHECKS_BUDGET_S (default 540 s); each check gets min(its own limit, what is left).
 # GPU_CHECKS_ONLY="throughput cuda_tests" runs only those (in this file's order); GPU_CHECKS_THROUGHPUT_ARGS
 # replaces throughput.py's arguments (default --repeats 2; --stand-in-cpu: --quick --repeats 1).
@@ -116,7 +120,7 @@ for f in sorted(run.glob("tasks/*/events-rank0.jsonl")):
     print(f.parent.name, start["device_type"], start.get("device_name"), "steps", sum(r["event"] == "step" for r in rows))
 EOF
 }
-step lora_ab 150 lora_ab
+step lora_ab 200 lora_ab
 
 # ---- (b) tests/test_cuda.py: on a GPU both must pass (a skip there is a failure)
 cuda_tests() {
@@ -127,7 +131,7 @@ t = next(s); sys.exit(0 if int(t.get('skipped')) == 0 and int(t.get('tests')) >=
       || { echo "tests/test_cuda.py skipped on a GPU machine"; return 1; }
   fi
 }
-step cuda_tests 240 cuda_tests
+step cuda_tests 330 cuda_tests
 
 # ---- (c) throughput: the job vs the bare loop vs the speed switches; MFU; one profiled step of each
 step throughput 230 python3 benchmarks/throughput.py "${tp_args[@]}" --profile --out "$work"

@@ -4,8 +4,9 @@ and the date, so a figure can be traced to the code that printed it (issue: figu
     from provenance import header
     lines = [f"# Title", "", *header("python benchmarks/x.py --repeats 3"), "", ...]
 
-The commit is `git rev-parse HEAD` (plus "+dirty" when tracked files differ), or SLURM_ROUTER_COMMIT where
-there is no git checkout (a device machine gets the working tree without .git: gpu_checks.sh passes it on).
+The commit is SLURM_ROUTER_COMMIT where it is set (a device machine's copy of the tree carries a stale .git:
+its first GPU results said the session's starting commit; gpu_checks.sh passes the real one on), else
+`git rev-parse HEAD` plus "+dirty" when tracked files differ.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ COMMIT_ENV = "SLURM_ROUTER_COMMIT"
 
 
 def commit() -> str:
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              check=True).stdout.strip()
@@ -27,7 +30,7 @@ def commit() -> str:
                                capture_output=True, text=True, check=True).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get(COMMIT_ENV, "unknown (no git checkout, SLURM_ROUTER_COMMIT unset)")
+        return "unknown (no git checkout, SLURM_ROUTER_COMMIT unset)"
 
 
 def machine() -> str:
