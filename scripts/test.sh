@@ -4,10 +4,22 @@
 # your active venv/conda env's).
 #   bash scripts/test.sh [pytest args]
 #   bash scripts/test.sh --venv DIR [pytest args]     # in a fresh venv at DIR (created if missing), as a new user
+#   bash scripts/test.sh --quick [pytest args]        # the edit-test loop: unit tests + one real end-to-end run
+# Each test runs once: its first result is the verdict (only the tests named in tests/conftest.py FLAKY may run
+# twice; every rerun is printed and appended to the rerun record, test-results/reruns.txt or
+# $SLURM_ROUTER_RERUN_RECORD). Each test has a time limit (pytest-timeout; pyproject.toml): a hang fails it
+# with its stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "--venv" ]; then
-  venv=${2:?usage: test.sh --venv DIR [pytest args]}; shift 2
+venv="" quick=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --venv) venv=${2:?usage: test.sh [--venv DIR] [--quick] [pytest args]}; shift 2 ;;
+    --quick) quick=1; shift ;;
+    *) break ;;
+  esac
+done
+if [ -n "$venv" ]; then
   [ -x "$venv/bin/python3" ] || python3 -m venv "$venv"
   # shellcheck disable=SC1091
   source "$venv/bin/activate"
@@ -17,7 +29,9 @@ fi
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.13.0"
 python3 -m pip install -q -e ".[test,tracking]"
 
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ -n "$quick" ]; then
+  :   # the quick tier's tests need neither Slurm nor a browser (tests/conftest.py QUICK_FILES, QUICK_RUN)
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/slurm_test_cluster.sh
   # a second, 2-node cluster beside it (slurmd in network namespaces) for tests/test_multinode.py
   bash scripts/slurm_multinode_cluster.sh --nodes 2 \
@@ -31,15 +45,15 @@ else
 fi
 
 # Most tests wait on Slurm or on worker processes: files run side by side (a file's tests stay together, in
-# order, and share its fixtures); `-n 0` (or any -n of yours, which comes later and wins) changes that.
-# Four files at once load a 2-core machine heavily, and a few real-cluster tests depend on timing (a signal
-# mid-run, a task started before another ended): tests that fail there run again one at a time, and only a
-# failure that repeats fails the suite (both runs' results are printed).
+# order, and share its fixtures; the slowest files first, tests/conftest.py SLOW_FILES); `-n 0` (or any -n of
+# yours, which comes later and wins) changes that. The quick tier runs 2 files at once.
+record=${SLURM_ROUTER_RERUN_RECORD:-test-results/reruns.txt}
+workers=4
+[ -z "$quick" ] || workers=2
+before=$( (wc -l < "$record") 2>/dev/null || echo 0)
 status=0
-python3 -m pytest -q -ra -n 4 --dist loadfile --no-loadscope-reorder "$@" || status=$?
-if [ "$status" = 1 ]; then
-  echo "test.sh: running the failed tests again, one at a time" >&2
-  python3 -m pytest -q -ra -n 0 --last-failed --last-failed-no-failures none "$@"
-else
-  exit "$status"
-fi
+python3 -m pytest -q -rfEsxXR --rerun-show-tracebacks --rerun-record "$record" \
+  -n "$workers" --dist loadfile --no-loadscope-reorder ${quick:+--quick} "$@" || status=$?
+echo "test.sh: pytest exit $status; rerun record $record:" >&2
+tail -n +"$((before + 1))" "$record" 2>/dev/null >&2 || echo "(nothing written: pytest ended before its summary)" >&2
+exit "$status"
