@@ -14,9 +14,7 @@ Writes benchmarks/results/memory_dtype.md and .json (a GPU run adds its measured
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -24,6 +22,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from provenance import header  # noqa: E402
 
 # Llama-3.2-1B's shape (1.24B parameters, tied embeddings), from its config: no download
 LLAMA_1B = dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -102,17 +102,16 @@ def main() -> None:
         if gpu:
             rows[name].update(measured(dtype, args.batch, args.seq))
     b, f = rows["bf16"], rows["fp32"]
-    when = datetime.date.today().isoformat()
+    command = f"python benchmarks/memory_dtype.py --batch {args.batch} --seq {args.seq}"
+    head = header(command)
     lines = [
-        "# Memory: bf16 vs fp32 frozen weights (Llama-shaped, ~1B parameters)", "",
-        f"Date {when}, {platform.platform()}, torch {torch.__version__}, "
-        f"{'GPU ' + gpu if gpu else 'no GPU (predicted only)'}. Model: Llama-3.2-1B's shape built from its config "
+        "# Memory: bf16 vs fp32 frozen weights (Llama-shaped, ~1B parameters)", "", *head, "",
+        f"{'GPU ' + gpu if gpu else 'No GPU: predicted only'}. Model: Llama-3.2-1B's shape built from its config "
         f"({b['n_params'] / 1e9:.2f}B parameters, hidden 2048, 16 layers, vocab 128256, tied embeddings), LoRA r16 on "
         f"q_proj and v_proj (peft's default; {b['n_trainable'] / 1e6:.2f}M trainable, fp32), AdamW; one micro-batch "
         f"of {args.batch} x {args.seq} tokens under bf16 autocast. Predicted: the router's memory model seeded as a "
         "worker seeds it, the model on the meta device (nothing allocated); the len^2 term assumes eager attention "
-        "(SDPA/flash keep no scores, so the column without it is the closer one on a GPU). "
-        f"Command: `python benchmarks/memory_dtype.py --batch {args.batch} --seq {args.seq}`.", "",
+        "(SDPA/flash keep no scores, so the column without it is the closer one on a GPU).", "",
         "| frozen weights | weights GiB (frozen + LoRA) | fixed term GiB (weights + grads + Adam + autocast copies) | predicted peak GiB "
         "| predicted, no len^2 GiB |" + (" measured weights GiB | measured peak GiB |" if gpu else ""),
         "|---|---:|---:|---:|---:|" + ("---:|---:|" if gpu else ""),
@@ -136,7 +135,8 @@ def main() -> None:
                      "on one.")
     out = REPO / "benchmarks" / "results" / "memory_dtype"
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"date": when, "gpu": gpu, "batch": args.batch, "seq": args.seq,
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "header": head, "gpu": gpu,
+                                                    "batch": args.batch, "seq": args.seq,
                                                     "shape": LLAMA_1B, "rows": rows}, indent=1))
     print("\n".join(lines))
 

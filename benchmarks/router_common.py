@@ -76,7 +76,7 @@ def machine_info() -> dict:
 
 
 def busy_wait_ns(ns: int) -> None:
-    """Spin for ns nanoseconds: time.sleep cannot resolve 136 us reliably (scheduler granularity)."""
+    """Spin for ns nanoseconds: time.sleep cannot resolve tens of us reliably (scheduler granularity)."""
     end = time.perf_counter_ns() + ns
     while time.perf_counter_ns() < end:
         pass

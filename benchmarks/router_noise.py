@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import header
 from router_common import REPO, machine_info, mean, median
 from workloads import lognormal_lengths, sample_batches
 
@@ -191,11 +192,9 @@ def _steps(xs) -> str:
 def to_markdown(res: dict) -> str:
     m = res["machine"]
     la0, la1 = res["load_before"], res["load_after"]
-    lines = ["# Speed models side by side (router.speed_model)", "",
-             f"Machine: {m['platform']}, {m['cpu_count']} CPUs, Python {m['python']}; run {m['date']}; "
+    lines = ["# Speed models side by side (router.speed_model)", "", *res["header"], "",
              f"{res['wall_s']:.0f} s. Load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} before, "
-             f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (a shared machine: other work ran beside this). "
-             "Command: `python benchmarks/router_noise.py`.", "",
+             f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine meets the real runs).", "",
              f"Real runs: gpt2_tiny, data=synthetic sigma=1.0 (heavy-tailed lengths), global batch 32, "
              f"{res['steps']} steps per run of identical workers (every model twice, in the order "
              f"{', '.join(ORDER)}: the mean of its two runs, the max for the max columns), {res['slow_steps']} "
@@ -260,7 +259,11 @@ def main() -> None:
     ap.add_argument("--no-real", action="store_true", help="the simulation only (seconds)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    res = {"machine": machine_info(), "load_before": load_average(), "steps": args.steps,
+    command = "python benchmarks/router_noise.py" + "".join(
+        f" --{k.replace('_', '-')} {v}" for k, v, d in (("steps", args.steps, 40), ("slow_steps", args.slow_steps, 25))
+        if v != d)
+    res = {"command": command, "header": header(command), "machine": machine_info(), "load_before": load_average(),
+           "steps": args.steps,
            "slow_steps": args.slow_steps, "identical_devices": 4}
     if not args.no_real:
         ident: dict[str, list] = {m: [] for m in MODELS}

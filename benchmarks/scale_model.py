@@ -19,6 +19,7 @@ import random
 import time
 from pathlib import Path
 
+from provenance import header
 from router_common import machine_info, median
 from workloads import lognormal_lengths, sample_batches
 
@@ -121,9 +122,11 @@ def _ms(x: float) -> str:
 
 
 def to_markdown(res: dict) -> str:
-    m = res["machine"]
-    lines = ["# Scale model figures", "", f"Machine: {m['platform']}, {m['cpu_count']} CPUs, Python {m['python']}; "
-             f"run {m['date']}; load average {res['load'][0]:.2f}. Command: `python benchmarks/scale_model.py`.", "",
+    la0, la1 = res["load"], res.get("load_after", res["load"])
+    lines = ["# Scale model figures", "", *res["header"], "",
+             f"Load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} before, "
+             f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine slows the measured times).",
+             "",
              "## Per step, on every rank (measured, pure Python)", "",
              "| D | samples (8/device) | balanced plan ms | speed model: D observations + update ms | "
              "StepStats gathered per rank |", "|---:|---:|---:|---:|---:|"]
@@ -156,7 +159,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
-    res = {"machine": machine_info(), "load": os.getloadavg(), "plan": plan_times(), "collectives": collectives()}
+    command = "python benchmarks/scale_model.py"
+    res = {"command": command, "header": header(command), "machine": machine_info(), "load": os.getloadavg(),
+           "plan": plan_times(), "collectives": collectives()}
+    res["load_after"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale_model.json").write_text(json.dumps(res, indent=1))

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from provenance import header  # noqa: E402
 from slurm_router.launch.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "slurm_submit.md"
@@ -90,8 +91,8 @@ def machine_info() -> list[str]:
     slurm = subprocess.run(["sbatch", "--version"], capture_output=True, text=True).stdout.strip()
     import submitit
 
-    return [f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-            f"- machine: {cpu}, {os.cpu_count()} cores, {mem_gb:.0f} GiB RAM, {platform.platform()}",
+    return [f"- CPU: {cpu}, {os.cpu_count()} cores, {mem_gb:.0f} GiB RAM; load average (1 min) "
+            f"{os.getloadavg()[0]:.2f} at the end",
             f"- Slurm: {slurm} (single-node test cluster from scripts/slurm_test_cluster.sh, slurmdbd accounting on)",
             f"- Python {platform.python_version()}, submitit {submitit.__version__}"]
 
@@ -124,10 +125,17 @@ def main() -> int:
                 print(f"repeat {r}: {name}: {seconds:.3f} s for {args.tasks} tasks", flush=True)
     rows = [f"| {name} | {statistics.median(v):.3f} | {min(v):.3f} - {max(v):.3f} | "
             f"{1000 * statistics.median(v) / args.tasks:.2f} |" for name, v in results.items()]
+    per_call = {name: 1000 * statistics.median(v) / args.tasks for name, v in results.items()}
+    array_s = statistics.median(results["array: submitit map_array (1 sbatch call)"])
+    wrap_ms = per_call["separate: sbatch --wrap x N (N sbatch calls)"]
+    submitit_ms = per_call["separate: submitit submit x N (N sbatch calls)"]
+    command = f"python benchmarks/slurm_submit.py --tasks {args.tasks} --repeats {args.repeats}" + (
+        f" --partition {args.partition}" if args.partition != "debug" else "")
     text = "\n".join([
         "# Slurm submission: one array job vs separate jobs",
         "",
-        f"Command: `python benchmarks/slurm_submit.py --tasks {args.tasks} --repeats {args.repeats}`. "
+        *header(command),
+        "",
         f"{args.tasks} tasks, each asking for 1 GPU; submitted held (`--hold`) and cancelled at once, "
         "so only submission is timed (wall clock from the first call until the last job id is back; "
         "every task is then checked to be in squeue).",
@@ -139,13 +147,13 @@ def main() -> int:
         *rows,
         "",
         "Notes:",
-        "- The array is one sbatch call whatever N is: its cost does not grow with the number of variants,",
-        "  and the controller holds one job record until tasks start (squeue shows `ID_[0-99]`).",
-        "- `submitit` `executor.submit` in a loop is slow on purpose: submitit's `_throttle` sleeps 0.2 s",
-        "  after every submission outside `executor.batch()` (profiled: 1.00 of 1.04 s for 5 submits),",
-        "  so use `map_array` (or `with executor.batch():`), as the slurm launcher does.",
-        "- Plain `sbatch` calls cost a few ms each here (controller on the same host, idle). A remote or",
-        "  busy controller adds its round trip to each of the N separate calls, but only once to the array.",
+        f"- The array is one sbatch call whatever N is ({array_s:.3f} s for {args.tasks} tasks here): its cost does",
+        "  not grow with the number of variants, and the controller holds one job record until tasks start.",
+        f"- `submitit` `executor.submit` in a loop costs {submitit_ms:.0f} ms per task here: submitit's `_throttle`",
+        "  sleeps 0.2 s after every submission outside `executor.batch()`, so use `map_array` (or",
+        "  `with executor.batch():`), as the slurm launcher does.",
+        f"- A plain `sbatch` call costs {wrap_ms:.1f} ms here (the controller on the same host). A remote or busy",
+        "  controller adds its round trip to each of the N separate calls, but only once to the array.",
         "",
     ])
     print(text)

@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import io
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -22,10 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from provenance import header  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "sweep_plan.md"
 LRS = ("1e-4", "2e-4", "3e-4", "5e-4", "1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
@@ -124,12 +125,13 @@ def write(rows: dict, imports_s: float, wall: dict, repeats: int) -> None:
     keys = list(dict.fromkeys(k for row in rows.values() for k in row))
     keys = [k for k in keys if not k.startswith("total")] + ["total", "total less the corpus"]
     load = os.getloadavg()[0]
+    command = "python benchmarks/sweep_plan.py" + (f" --repeats {repeats}" if repeats != 5 else "")
     lines = [
         "# Sweep plan + submit cost (benchmarks/sweep_plan.py)",
         "",
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPU core(s), "
-        f"Python {platform.python_version()}, load average {load:.1f} at the end; median of {repeats} in-process "
-        "runs after a warm-up.",
+        *header(command),
+        "",
+        f"Load average (1 min) {load:.1f} at the end; median of {repeats} in-process runs after a warm-up.",
         "",
         "`python -m slurm_router -m model.lora.r=range(4,...,4) train.lr=choice(...) data=synthetic "
         "data.n_samples=64 launcher=sbatch launcher.dry_run=true`: the grid's variants become ONE array job "
@@ -147,10 +149,11 @@ def write(rows: dict, imports_s: float, wall: dict, repeats: int) -> None:
         "The dry run renders the stage's script; the real submission (last column, on the single-node Slurm test "
         "cluster) adds the sbatch call of the one array job and the report job's, both held by "
         "--begin=now+1hour and cancelled at once. sbatch takes about as long for a 100-task array as for one "
-        "task (benchmarks/results/slurm_submit.md). The cost grows linearly with the number of variants: each "
-        "variant's config is merged and checked once (config.variant_configs merges onto an unpickled copy of "
-        "the config without its variants, so 100 variants stay linear, not quadratic) and written once as its "
-        "task.json (one fsync each).",
+        "task (benchmarks/results/slurm_submit.md). Per variant the total is "
+        + ", ".join(f"{1000 * rows[n]['total'] / n:.1f} ms at {n}" for n in rows if isinstance(n, int))
+        + ": each variant's config is merged and checked once (config.variant_configs merges onto an unpickled "
+        "copy of the config without its variants, so 100 variants stay linear, not quadratic) and written once "
+        "as its task.json (one fsync each).",
         "",
     ]
     RESULTS.write_text("\n".join(lines))

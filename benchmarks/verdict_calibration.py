@@ -2,7 +2,10 @@
 variants) must claim a difference at most at the stated 5%; A/B draws with a known effect give the power.
 Writes benchmarks/results/verdict_calibration.md; tests/test_verdict_stats.py asserts the calibration bound.
 
-    python benchmarks/verdict_calibration.py [--draws 2000] [--run RUN_DIR]
+    python benchmarks/verdict_calibration.py [--draws 2000] [--real-run | --run RUN_DIR]
+
+--real-run trains REAL_RUN (lora_ab with 3 seeds, short) in a temporary folder and adds its noise sizes;
+--run reads a run you made. The file is always written whole, every section by the command at its top.
 
 A simulated replicate (variant v, training seed s) has, on eval batch i (token count n_i), the per-token loss
     h_i + effect_v + tau_vs + g_vi + e_vsi
@@ -17,6 +20,10 @@ replicate) is an assumption, larger than that standard error, as the issue says 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +34,13 @@ from scipy import stats as sps
 from slurm_router.analysis import stats
 from slurm_router.analysis.abtest import paired_bootstrap
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import REPO, header  # noqa: E402
+
 ALPHA = 0.05
 RESULTS = Path(__file__).resolve().parent / "results" / "verdict_calibration.md"
+# --real-run: a short lora_ab with 3 training seeds (the base stage and its cache in a temporary folder)
+REAL_RUN = ["+experiment=lora_ab", "seeds=3", "base.steps=60", "train.steps=50"]
 
 
 @dataclass(frozen=True)
@@ -169,37 +181,43 @@ def prune_section(n: int) -> list[str]:
              "most 5%). A/B: one variant worse by the effect (nats per token), the share of runs where it is "
              "pruned at some evaluation.", "",
              "| seeds | A/A: any pruned | worse by 0.005 | worse by 0.01 | worse by 0.02 |", "|---:|---:|---:|---:|---:|"]
+    aa_rates = {}
     for S in (2, 3, 5):
         aa, _ = prune_rates(n, 11, n_seeds=S)
+        aa_rates[S] = aa
         caught = [prune_rates(n, 12, effects=(0.0, 0.0, e), n_seeds=S)[1] for e in (0.005, 0.01, 0.02)]
         lines.append(f"| {S} | **{aa:.1%}** | " + " | ".join(f"{c:.0%}" for c in caught) + " |")
-    lines += ["", "With one seed the interval cannot include training noise: without that rule, the same A/A runs "
+    worst = max(aa_rates, key=aa_rates.get)
+    lines += ["", f"A/A: a variant as good as the best is pruned in at most {aa_rates[worst]:.1%} of runs ({worst} "
+              f"seeds); {'at or below' if aa_rates[worst] <= ALPHA else 'above'} the 5% wanted.",
+              "", "With one seed the interval cannot include training noise: without that rule, the same A/A runs "
               f"prune a variant {prune_rates(n, 11, n_seeds=1, single_seed_ok=True)[0]:.0%} of the time, so "
               "prune=true needs seeds >= 2 (and waits for a second seed of each side before it decides)."]
     return lines
 
 
-def write_prune_section(n: int) -> None:
-    """Replace (or insert, before the real run's section) the prune section of the results file."""
+def print_prune_section(n: int) -> None:
+    """A quick look at the prune section alone (printed, the results file untouched)."""
     t0 = time.time()
-    section = "\n".join(prune_section(n)[1:]) + f"\n\n(this section: `--prune-only`, {time.time() - t0:.0f} s)\n"
-    text = RESULTS.read_text()
-    head, _, rest = text.partition("## prune=true")
-    if rest:                                    # drop the old section: up to the next heading
-        nxt = rest.find("\n## ")
-        rest = rest[nxt + 1:] if nxt >= 0 else ""
-    else:
-        head, sep, rest = text.partition("## A real run")
-        rest = sep + rest
-    RESULTS.write_text(head + section + ("\n" + rest if rest else ""))
-    print(section)
+    print("\n".join(prune_section(n)[1:]) + f"\n\n({time.time() - t0:.0f} s; not written: the results file is "
+          "written whole by the full command)")
 
 
 AA_ROWS = [(1, 32, True), (2, 32, True), (3, 32, True), (5, 32, True), (10, 32, True), (3, 16, True),
            (3, 32, False)]
 
 
-def real_run(run_dir: Path) -> list[str]:
+def train_real_run(tmp: Path) -> Path:
+    """REAL_RUN in tmp (its own base cache): the run dir."""
+    argv = [sys.executable, "-m", "slurm_router", *REAL_RUN, f"base.cache_dir={tmp / 'cache'}", f"run_root={tmp}"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1].removeprefix("run_dir: "))
+
+
+def real_run(run_dir: Path, command: str | None = None) -> list[str]:
     """The noise sizes of a real run with seeds (python -m slurm_router +experiment=lora_ab seeds=3 ...): the
     training noise against the eval-sample noise the one-seed verdict sees."""
     from slurm_router.analysis.abtest import compare_all, eval_batches, replicates
@@ -213,7 +231,7 @@ def real_run(run_dir: Path) -> list[str]:
     one = [stats.compare({s: a[s]}, {s: b[s]}) for s in a]
     steps = {eval_batches(t)["step"] for t in tasks if t.stage != "base"}
     lines = ["", f"## A real run: {va} vs {vb}, {len(a)} seeds", "",
-             f"`python -m slurm_router {' '.join(manifest.get('command', [])[1:])}` "
+             f"`{command or 'python -m slurm_router ' + ' '.join(manifest.get('command', [])[1:])}` "
              f"({', '.join(map(str, sorted(steps)))} steps, {D.shape[1]} eval batches of "
              f"~{np.mean(a[min(a)]['tokens']):,.0f} target tokens).", "",
              f"- held-out loss over seeds: {va} {xa.mean():.4f} (std {xa.mean(1).std(ddof=1):.4f}), {vb} "
@@ -228,50 +246,92 @@ def real_run(run_dir: Path) -> list[str]:
     return lines
 
 
+def _pct_range(xs: list[float]) -> str:
+    lo, hi = min(xs), max(xs)
+    return f"{lo:.1%}" if f"{lo:.1%}" == f"{hi:.1%}" else f"{lo:.1%}-{hi:.1%}"
+
+
+def _row_name(r: dict) -> str:
+    return (f"{r['regime']}, {r['seeds']} seed{'s' if r['seeds'] != 1 else ''}, {r['batches']} eval batches"
+            + ("" if r["shared"] else ", different seeds"))
+
+
+def aa_sentences(rows: list[dict], lo: float, hi: float) -> list[str]:
+    """Every sentence under the A/A table, computed from its rows."""
+    one = [r for r in rows if r["seeds"] == 1]
+    multi = [r for r in rows if r["seeds"] >= 2]
+    few = [r for r in multi if r["seeds"] <= 3 and r["naive"] is not None]
+    many = [r for r in multi if r["seeds"] >= 5 and r["welch"] is not None]
+    out = []
+    for r in one:
+        out.append(f"- 1 seed ({_row_name(r)}): no test can include training noise. The old bootstrap claims a "
+                   f"difference in {r['old']:.1%} of these A/A draws, the new verdict's 1-seed test (a paired t-test "
+                   f"over eval batches) in {r['new']:.1%}: the verdict's sentence with one seed says its interval "
+                   "covers eval-sample noise only and suggests `seeds=3`.")
+    if few:
+        out.append(f"- The seeds-then-batches bootstrap with 2-3 seeds: {_pct_range([r['naive'] for r in few])} "
+                   "(a bootstrap over S seeds has only C(2S-1, S) distinct seed resamples: 3 for 2 seeds, 10 for 3).")
+        out.append(f"- Student's t with Satterthwaite's pooled df: {_pct_range([r['welch'] for r in few])} with 2-3 "
+                   f"seeds, {_pct_range([r['welch'] for r in many])} with 5 or more (the Behrens-Fisher problem: "
+                   "S-1 df for the seeds, B-1 for the eval batches, and an estimated mix of the two).")
+    if multi:
+        top = max(multi, key=lambda r: r["new"])
+        low = min(multi, key=lambda r: r["new"])
+        n_ok = sum(r["new"] <= ALPHA for r in multi)
+        inside = sum(lo <= r["new"] <= hi for r in multi)
+        below = sum(r["new"] < lo for r in multi)
+        above = sum(r["new"] > hi for r in multi)
+        by_regime = "; ".join(f"{g} {_pct_range([r['new'] for r in multi if r['regime'] == g])}"
+                              for g in dict.fromkeys(r["regime"] for r in multi))
+        out.append("- New: the two-way (seeds x eval batches) variance of the mean difference, MS_seed + (MS_batch - "
+                   "MS_resid)+ over S*B, each part's standard error times its own Student t quantile, added in "
+                   "quadrature (Banerjee's interval; the p-value inverts it). With 2 or more seeds its false-claim "
+                   f"rate is at most {top['new']:.1%} ({_row_name(top)}) and at least {low['new']:.1%} "
+                   f"({_row_name(low)}); {n_ok} of {len(multi)} rows at or below 5%, {inside} inside the 99% band, "
+                   f"{below} below it, {above} above it. Per noise regime: {by_regime}.")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--draws", type=int, default=2000)
-    parser.add_argument("--run", type=Path, help="also report the noise sizes of this real run with seeds")
+    parser.add_argument("--real-run", action="store_true",
+                        help="train REAL_RUN (lora_ab, 3 seeds, short) in a temporary folder, report its noise sizes")
+    parser.add_argument("--run", type=Path, help="report the noise sizes of this real run with seeds instead")
     parser.add_argument("--prune-only", action="store_true",
-                        help="recompute only the prune=true section of the results file (the rest stays)")
+                        help="print only the prune=true section (a quick look; the results file is not written)")
     args = parser.parse_args()
     n = args.draws
     if args.prune_only:
-        return write_prune_section(min(n, 1000))
+        return print_prune_section(min(n, 1000))
+    command = (f"python benchmarks/verdict_calibration.py --draws {n}" + (" --real-run" if args.real_run else "")
+               + (f" --run {args.run}" if args.run else ""))
     t0 = time.time()
     lo, hi = band(n)
-    lines = ["# Verdict calibration (simulated loss tables)", "",
-             f"`python benchmarks/verdict_calibration.py --draws {n}`: {n} simulated experiments per cell, 5% "
-             f"level. A test calibrated at 5% shows a rate inside the binomial 99% band [{lo:.1%}, {hi:.1%}]. The "
-             "simulation model and its noise sizes are in the script's docstring.", "",
-             "## A/A: two equally good variants (false-positive rate; at most 5% wanted)", "",
+    lines = ["# Verdict calibration (simulated loss tables)", "", *header(command), "",
+             f"{n} simulated experiments per cell, 5% level. A test calibrated at 5% shows a rate inside the binomial "
+             f"99% band [{lo:.1%}, {hi:.1%}]. The simulation model and its noise sizes are in the script's docstring.",
+             "", "## A/A: two equally good variants (false-positive rate; at most 5% wanted)", "",
              "| noise | seeds | eval batches | same seeds | old: 1-seed bootstrap (first seed) "
              "| seeds-then-batches bootstrap | t, Satterthwaite df | **new** |",
              "|---|---:|---:|---|---:|---:|---:|---:|"]
     hier_rng = np.random.default_rng(7)
+    rows = []
     for i, (name, noise) in enumerate(REGIMES.items()):
         for S, B, shared in AA_ROWS if i == 0 else [(2, 32, True), (3, 32, True), (5, 32, True)]:
             sim = dict(n_seeds=S, n_batches=B, noise=noise, shared_seeds=shared)
-            old = rate(old_rejects, n, 1, **sim)
             multi = S >= 2 and shared
-            naive = f"{rate(lambda a, b: hier_boot_rejects(a, b, hier_rng), n, 2, **sim):.1%}" if multi else "-"
-            welch = f"{rate(welch_rejects, n, 3, **sim):.1%}" if multi else "-"
-            new = rate(new_rejects, n, 3, **sim)
-            mark = "" if S < 2 or new <= hi else " (above the band)"
-            lines.append(f"| {name} | {S} | {B} | {'yes' if shared else 'no'} | {old:.1%} | {naive} | {welch} | "
-                         f"**{new:.1%}**{mark} |")
+            r = {"regime": name, "seeds": S, "batches": B, "shared": shared, "old": rate(old_rejects, n, 1, **sim),
+                 "naive": rate(lambda a, b: hier_boot_rejects(a, b, hier_rng), n, 2, **sim) if multi else None,
+                 "welch": rate(welch_rejects, n, 3, **sim) if multi else None,
+                 "new": rate(new_rejects, n, 3, **sim)}
+            rows.append(r)
+            mark = "" if S < 2 or r["new"] <= hi else " (above the band)"
+            cells = " | ".join("-" if r[k] is None else f"{r[k]:.1%}" for k in ("naive", "welch"))
+            lines.append(f"| {name} | {S} | {B} | {'yes' if shared else 'no'} | {r['old']:.1%} | {cells} | "
+                         f"**{r['new']:.1%}**{mark} |")
     fw_holm, fw_raw = holm_fwer(n, 4)
-    lines += ["", "- 1 seed: no test can include training noise. The old bootstrap says 'beats' for most A/A pairs "
-              "(the motivation of issue 14); the new verdict's 1-seed test (a paired t-test over eval batches) does "
-              "the same, which is why its sentence says the interval covers eval-sample noise only and suggests "
-              "`seeds=3`.",
-              "- A bootstrap over 3 seeds has 10 distinct seed resamples: its interval is far too narrow.",
-              "- Student's t with Satterthwaite's pooled df is too liberal with 2-3 seeds (the Behrens-Fisher "
-              "problem: 2 df for the seeds, 31 for the eval batches, and an estimated mix of the two).",
-              "- New: the two-way (seeds x eval batches) variance of the mean difference, MS_seed + (MS_batch - "
-              "MS_resid)+ over S*B, each part's standard error times its own Student t quantile, added in quadrature "
-              "(Banerjee's interval; the p-value inverts it). It stays at or below 5% everywhere; it is exact when "
-              "one part dominates and conservative (down to ~2-3%) when both matter with few seeds.", "",
+    lines += ["", *aa_sentences(rows, lo, hi), "",
               "## Several variants: Holm's correction", "",
               f"4 equally good variants, 3 seeds, every pair (6 comparisons): family-wise false-positive rate "
               f"{fw_raw:.1%} without a correction, **{fw_holm:.1%}** with Holm's (wanted: at most 5%).", "",
@@ -281,9 +341,14 @@ def main() -> None:
     for effect in (0.002, 0.005, 0.01, 0.02):
         lines.append(f"| {effect} | " + " | ".join(f"{power(effect, S, n):.0%}" for S in (2, 3, 5, 10)) + " |")
     lines += prune_section(min(n, 1000))
-    if args.run:
+    if args.real_run:
+        with tempfile.TemporaryDirectory(prefix="verdict_calibration-") as tmp:
+            run_dir = train_real_run(Path(tmp))
+            lines += real_run(run_dir, "python -m slurm_router " + " ".join(REAL_RUN)
+                              + " base.cache_dir=TMP/cache run_root=TMP")
+    elif args.run:
         lines += real_run(args.run)
-    lines += ["", f"Computed in {time.time() - t0:.0f} s."]
+    lines += ["", f"Computed in {time.time() - t0:.0f} s; load average (1 min) {os.getloadavg()[0]:.2f} at the end."]
     RESULTS.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
