@@ -195,6 +195,10 @@ class TrainConfig:
     loss_chunk_tokens: int = 0              # >0: chunked cross-entropy, never the full fp32 logits (4096 on GPU)
     pad_to_multiple: int = 1                # pad micro-batch width to a multiple (fewer shapes for compile)
     prefetch: bool = True                   # build the next micro-batch's tensors while this one computes
+    # Packed micro-batches: a device's samples end to end in one row, no padding (slurm_router/train/packed.py).
+    # auto: on unless train.compile (a row's length changes every step); a model whose attention cannot take
+    # packed rows trains padded, with one line saying why.
+    packing: str = "false"                  # auto | true | false
     checkpoint_every: int = 0               # save a checkpoint every N steps (0: only on a stop signal)
     keep_checkpoints: int = 3               # the newest K checkpoints are kept (a damaged newest falls back)
 
@@ -266,6 +270,7 @@ CHOICES = {
     "router.speed_model": ("robust", "ema", "none"),
     "launcher.kind": tuple(s.kind for s in LAUNCHER_SCHEMAS),
     "train.precision": ("auto", "fp32", "bf16"),
+    "train.packing": ("auto", "true", "false"),
 }
 # key -> (low, high, low_inclusive); None = unbounded
 RANGES = {
@@ -457,6 +462,8 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
     """Choices and ranges; raises UserError naming the key (prefixed with `where`, e.g. 'variants.r8.')."""
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
+        if value in ("True", "False") and value.lower() in allowed:   # a str key given true/false on the command line
+            continue
         if value not in allowed:
             raise UserError(f"{where}{key}={value!r} is not valid: choose one of {', '.join(allowed)}")
     for key, (low, high, low_inclusive) in RANGES.items():

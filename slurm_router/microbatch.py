@@ -16,6 +16,7 @@ import torch
 from slurm_router.events import MicroRow
 from slurm_router.router import MemoryModel, MicroBatch
 from slurm_router.train.loss import target_positions, token_loss_sum
+from slurm_router.train.packed import packed_tensors
 
 
 class SimulatedOOM(RuntimeError):
@@ -47,9 +48,11 @@ def autocast(cfg, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
-def loss_sum(model, inputs, labels, n_targets, target_index, cfg, device) -> tuple[torch.Tensor, int]:
+def loss_sum(model, inputs, labels, n_targets, target_index, cfg, device, model_kwargs: dict | None = None
+             ) -> tuple[torch.Tensor, int]:
     with autocast(cfg, device):
-        return token_loss_sum(model, inputs, labels, cfg.train.loss_chunk_tokens, n_targets, target_index)
+        return token_loss_sum(model, inputs, labels, cfg.train.loss_chunk_tokens, n_targets, target_index,
+                              model_kwargs)
 
 
 def batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple: int = 1):
@@ -158,13 +161,16 @@ class MicroBatchRunner:
     """Runs one device's micro-batches of each step (a worker holds one for the whole run)."""
 
     def __init__(self, model, params, split, cfg, device, pad_id: int, telemetry, mem_sim, router, events,
-                 slowdown: float = 1.0):
+                 slowdown: float = 1.0, packed: bool = False):
         self.model, self.params, self.split, self.cfg, self.device = model, params, split, cfg, device
         self.pad_id, self.telemetry, self.mem_sim, self.router = pad_id, telemetry, mem_sim, router
-        self.events, self.slowdown = events, slowdown
+        self.events, self.slowdown, self.packed = events, slowdown, packed
 
     def _build(self, ids):
-        return batch_tensors(self.split, ids, self.pad_id, self.device, self.cfg.train.pad_to_multiple)
+        """(inputs, labels, n_targets, target_index, model kwargs): one packed row, or a right-padded batch."""
+        if self.packed:
+            return packed_tensors(self.split, ids, self.device)
+        return (*batch_tensors(self.split, ids, self.pad_id, self.device, self.cfg.train.pad_to_multiple), None)
 
     def run(self, mbs: list[MicroBatch], step: int, lr: float) -> DeviceStep:
         """Forward/backward every micro-batch; on OOM halve and retry (no sample lost or repeated)."""
@@ -182,7 +188,7 @@ class MicroBatchRunner:
                 if self.mem_sim is not None:
                     self.mem_sim.check(mb)
                 timer = ComputeTimer(self.device)
-                loss, n_tok = loss_sum(self.model, *batch, self.cfg, self.device)
+                loss, n_tok = loss_sum(self.model, *batch[:4], self.cfg, self.device, model_kwargs=batch[4])
                 accumulate(loss, self.params)
                 timer.stop()
             except (torch.cuda.OutOfMemoryError, SimulatedOOM):

@@ -12,6 +12,7 @@ step), observe (every device's StepStats gathered; the router learns), then eval
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import math
 import os
@@ -38,6 +39,7 @@ from slurm_router.train.model import (build_model, compile_backbone, count_param
                                       trainable_parameters)
 from slurm_router.train.optim import lr_at, make_optimizer
 from slurm_router.train import state as train_state
+from slurm_router.train.packed import enable as enable_packing, why_not_packable
 from slurm_router.train.profile import profile_step, profiled
 
 # A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
@@ -122,7 +124,7 @@ class Worker:
                                      device=self.rank, policy=self.settings.policy)
         self.micro = MicroBatchRunner(self.model, self.params, self.corpus.train, self.cfg, self.device,
                                       self.tokenizer.pad_id, self.telemetry, self.mem_sim, self.router, self.events,
-                                      self.slowdown)
+                                      self.slowdown, self.packed)
 
     def _build(self) -> None:
         spec, cfg = self.spec, self.cfg
@@ -135,13 +137,14 @@ class Worker:
         self.model = build_model(cfg.model, self.tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora,
                                  device=self.device, gradient_checkpointing=cfg.train.gradient_checkpointing,
                                  lora_seed=spec.seed).to(self.device)
+        self.packed = self._packing()
         if cfg.train.compile:
             compile_backbone(self.model)
         self.params = trainable_parameters(self.model)
         self.n_params, self.n_trainable = count_parameters(self.model)
         self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
         self.telemetry = Telemetry(self.device)
-        self.settings = RouterSettings.from_config(cfg.router)
+        self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=self.packed)
         mem_model = MemoryModel.from_model_bytes(**memory_shape(self.model, cfg, self.device),
                                                  vocab_size=self.tokenizer.vocab_size)
         self.mem_sim, total = None, self.telemetry.total_bytes()
@@ -157,6 +160,20 @@ class Worker:
         self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, spec.seed)
         self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
         self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
+
+    def _packing(self) -> bool:
+        """train.packing: packed micro-batches where the model's attention can take them (train/packed.py);
+        auto leaves them off under train.compile. A model that cannot: padded, with one line saying why."""
+        told = str(self.cfg.train.packing).lower()
+        if told == "false" or (told == "auto" and self.cfg.train.compile):
+            return False
+        reason = why_not_packable(self.model)
+        if reason is not None:
+            if self.rank == 0:
+                print(f"train.packing={told}: {reason}; this task trains padded micro-batches", flush=True)
+            return False
+        enable_packing(self.model)
+        return True
 
     def start(self) -> None:
         """The start row, then the checkpoint to resume from, or the step-0 held-out loss."""

@@ -63,6 +63,54 @@ def build_microbatches(groups: list[list[int]], sample_ids: Sequence[int], lengt
     return tuple(out)
 
 
+def build_packed(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int],
+                 costs: Sequence[float], memory_model: MemoryModel | None) -> MicroBatch:
+    """One packed row of these samples, in global-batch order: what it computes is its real tokens."""
+    positions = sorted(positions)
+    n_tok = sum(map(lengths.__getitem__, positions))
+    mem = memory_model.predict(n_tok, len(positions), n_tok // len(positions)) if memory_model is not None else None
+    return MicroBatch(tuple(map(sample_ids.__getitem__, positions)), n_tok, n_tok,
+                      sum(map(costs.__getitem__, positions)), mem)
+
+
+def pack_rows(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int], costs: Sequence[float],
+              budget_bytes: int | None, settings: RouterSettings, memory_model: MemoryModel | None,
+              oversize: list[int], presorted: bool = False) -> tuple[MicroBatch, ...]:
+    """Packed mode: the device's share in the fewest packed rows (micro-batches) that each fit the token cap
+    (router.max_tokens_per_microbatch) and the memory budget: first-fit decreasing by length. With nothing
+    limiting it, the whole share is one row. A sample that does not fit even alone is put alone, in oversize.
+
+    The memory model sees a row as its real tokens over its samples (padded = real): the attention term uses
+    the row's mean sample length, since each sample attends only within itself."""
+    if not positions:
+        return ()
+    order = positions if presorted else sorted(positions, key=lengths.__getitem__, reverse=True)
+    cap = settings.max_tokens_per_microbatch if settings.max_tokens_per_microbatch is not None else UNLIMITED
+    use_mem = memory_model is not None and budget_bytes is not None
+
+    def fits(tokens: int, n: int) -> bool:
+        return tokens <= cap and (not use_mem or memory_model.predict(tokens, n, tokens // n) <= budget_bytes)
+
+    total = sum(map(lengths.__getitem__, order))
+    if fits(total, len(order)):
+        return (build_packed(order, sample_ids, lengths, costs, memory_model),)
+    rows: list[list[int]] = []
+    tokens: list[int] = []
+    for p in order:
+        n = lengths[p]
+        for r, row in enumerate(rows):
+            if fits(tokens[r] + n, len(row) + 1):
+                row.append(p)
+                tokens[r] += n
+                break
+        else:
+            if not fits(n, 1):
+                oversize.append(p)
+            rows.append([p])
+            tokens.append(n)
+    return tuple(build_packed(row, sample_ids, lengths, costs, memory_model) for row in rows)
+
+
 def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_model: MemoryModel | None):
     """k(max_len): how many samples padded to max_len one micro-batch may hold (memory budget and token cap)."""
     cap = settings.max_tokens_per_microbatch
@@ -185,6 +233,15 @@ def split_for_oom(mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[in
         per_token = mb.cost / mb.n_tokens if mb.n_tokens else 0.0
         costs = [n_tok * per_token for n_tok in lengths]
     by_len = sorted(range(n), key=lambda i: (-lengths[i], i))
+    if settings is not None and settings.packed:     # halve the row's tokens, not its padded width
+        halves: tuple[list[int], list[int]] = ([], [])
+        half_tokens = [0, 0]
+        for i in by_len:
+            side = 0 if half_tokens[0] <= half_tokens[1] else 1
+            halves[side].append(i)
+            half_tokens[side] += lengths[i]
+        return (build_packed(halves[0], ids, lengths, costs, memory_model),
+                build_packed(halves[1], ids, lengths, costs, memory_model))
     long_half, short_half = by_len[: n // 2], by_len[n // 2:]
     return (build_microbatch(long_half, ids, lengths, costs, memory_model),
             build_microbatch(short_half, ids, lengths, costs, memory_model))

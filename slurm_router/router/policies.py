@@ -11,7 +11,7 @@ from bisect import bisect_right
 from typing import Callable, Sequence
 
 from .memory_model import MemoryModel
-from .packing import UNLIMITED, pack_by_length, pack_in_order, sample_costs
+from .packing import UNLIMITED, pack_by_length, pack_in_order, pack_rows, sample_costs
 from .partition import partition
 from .types import Assignment, DeviceState, RouterSettings
 
@@ -51,7 +51,7 @@ def _finish(bins: list[list[int]], sample_ids: Sequence[int], lengths: Sequence[
             devices: Sequence[DeviceState], settings: RouterSettings, memory_model: MemoryModel | None,
             by_length: bool = True) -> Assignment:
     oversize: list[int] = []
-    pack = pack_by_length if by_length else pack_in_order
+    pack = pack_rows if settings.packed else pack_by_length if by_length else pack_in_order
     # by_length callers hand over bins sorted longest first (partition output, least_loaded's order)
     per_device = tuple(pack(bins[d], sample_ids, lengths, costs, devices[d].mem_budget_bytes, settings,
                             memory_model, oversize, by_length) for d in range(len(devices)))

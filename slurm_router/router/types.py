@@ -111,6 +111,9 @@ class RouterSettings:
     # forward/backward overhead). balanced/affinity/least_loaded start a new micro-batch only when the padding
     # it saves exceeds this. 0 = never pad (one micro-batch per distinct length).
     microbatch_overhead_tokens: int = 16
+    # Packed micro-batches (train.packing, set by the worker): a device's samples go end to end into the fewest
+    # rows that fit the memory budget and the token cap, no padding (router/packing.py pack_rows).
+    packed: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
