@@ -1,7 +1,7 @@
 """Memory of a Llama-shaped ~1B-parameter model with its frozen weights in bf16 vs fp32 (model.dtype), LoRA r16
 on peft's default layers (q_proj, v_proj), trained as on a GPU (bf16 autocast, fp32 LoRA weights, AdamW):
 
-- predicted: the router's memory model seeded as a worker seeds it (worker._model_shape ->
+- predicted: the router's memory model seeded as a worker seeds it (train.model.memory_shape ->
   MemoryModel.from_model_bytes), the model built on the meta device (nothing allocated, runs anywhere);
 - measured, when a GPU is there: torch.cuda.max_memory_allocated over one micro-batch's forward, backward and
   optimizer step (the second step: Adam's states exist), the same model with random weights.
@@ -47,10 +47,10 @@ def lora_model(dtype: torch.dtype, device: str):
 def predicted(dtype: torch.dtype, batch: int, seq: int) -> dict:
     from omegaconf import OmegaConf
     from slurm_router.router import MemoryModel
-    from slurm_router.worker import _model_shape
+    from slurm_router.train.model import memory_shape
     model = lora_model(dtype, "meta")
     cfg = OmegaConf.create({"train": {"precision": "auto", "gradient_checkpointing": False}})
-    shape = _model_shape(model, cfg, torch.device("cuda"))      # as a GPU worker sees it: bf16 autocast
+    shape = memory_shape(model, cfg, torch.device("cuda"))      # as a GPU worker sees it: bf16 autocast
     mem = MemoryModel.from_model_bytes(**shape, vocab_size=LLAMA_1B["vocab_size"])
     fixed, per_token, per_len2 = mem.coef
     return {"n_params": sum(p.numel() for p in model.parameters()),
