@@ -91,6 +91,16 @@ def _sacct_state(env: dict, job_id: str) -> str:
     return next((l.split("|")[1] for l in out.splitlines() if l.split("|")[0] == job_id), "")
 
 
+def _still_in_slurm(env: dict, run_dir: Path) -> list:
+    """The run's tasks that Slurm still holds (what resume= refuses on: slurm_status.live_tasks), on this cluster."""
+    from slurm_router.slurm_status import live_tasks
+
+    def runner(argv: list[str]) -> str:
+        proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+        return proc.stdout if proc.returncode == 0 else ""
+    return live_tasks(json.loads((run_dir / "manifest.json").read_text()), runner)
+
+
 def _wait(cond, what: str, timeout: float = TIMEOUT_S, poll_s: float = 0.2):
     return wait_until(cond, what, timeout=timeout, poll_s=poll_s)
 
@@ -191,6 +201,10 @@ def test_killed_worker_on_one_node_fails_fast_and_resume_finishes(tmp_path, mn_e
     assert errors == [f"error: {end[0]['error']}"], errors
     assert not (task / "result.json").exists()
 
+    # sacct says FAILED while squeue may still hold the job COMPLETING (its nodes cleaning up; seconds on a loaded
+    # machine), and resume= rightly refuses a run with a task still in Slurm: wait for Slurm to let it go first,
+    # as `status --wait` does for a user
+    _wait(lambda: not _still_in_slurm(mn_env, run_dir), "the failed job to leave Slurm's queue", timeout=120)
     proc = run_cli(f"resume={run_dir}", cwd=tmp_path, env=mn_env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     status = run_cli(str(run_dir), "--wait", "--poll-s", "1", "--json", module="slurm_router.status", env=mn_env,
