@@ -9,12 +9,12 @@
 #
 # Checks: device (nvidia-smi, versions), poll_cost (telemetry read cost), lora_ab (the experiment end to end
 # with its report), cuda_tests (tests/test_cuda.py: Ctrl-C resume, a real CUDA OOM), throughput (job vs bare
-# loop vs the speed switches, MFU, one profiled step of each), packing (4 variants on one GPU vs one after
-# another). Packed rows and fused variants join the list once they exist.
+# loop vs the speed switches, MFU, one profiled step of each), packed_rows (packed vs padded micro-batches,
+# long-tailed lengths), packing (4 variants on one GPU vs one after another). Fused variants join once built.
 # Seen on an H200 (2026-11-26, benchmarks/results/gpu_checks/): lora_ab needed more than 150 s (base 300 steps,
 # r8 done, r32 cut), tests/test_cuda.py more than 171 s (six runs of the command, ~30 s of start-up each);
 # poll_cost took 4 s, throughput --only b,c --profile 82 s, packing 90 s. The next lease: GPU_CHECKS_ONLY=
-# "device cuda_tests lora_ab throughput" with GPU_CHECKS_THROUGHPUT_ARGS="--repeats 1 --only b,d,e".
+# "device cuda_tests lora_ab throughput packed_rows" with GPU_CHECKS_THROUGHPUT_ARGS="--repeats 1 --only b,d,e".
 # Budget: GPU_CHECKS_BUDGET_S (default 540 s); each check gets min(its own limit, what is left).
 # GPU_CHECKS_ONLY="throughput cuda_tests" runs only those (in this file's order); GPU_CHECKS_THROUGHPUT_ARGS
 # replaces throughput.py's arguments (default --repeats 2; --stand-in-cpu: --quick --repeats 1).
@@ -136,7 +136,10 @@ step cuda_tests 330 cuda_tests
 # ---- (c) throughput: the job vs the bare loop vs the speed switches; MFU; one profiled step of each
 step throughput 230 python3 benchmarks/throughput.py "${tp_args[@]}" --profile --out "$work"
 
-# ---- (d) packed rows vs padded, fused variants vs separate processes: not built yet (issues 27, 28)
+# ---- (d) packed rows vs padded micro-batches on a long-tailed corpus (issue 27); fused variants: not built yet
+step packed_rows 150 python3 benchmarks/packed_rows.py --repeats "$([ "$standin" = 1 ] && echo 1 || echo 2)" \
+  --steps "$([ "$standin" = 1 ] && echo 6 || echo 30)" --out "$work"
+
 
 # ---- (e) 4 variants packed on one GPU vs one after another
 step packing 120 python3 benchmarks/packing.py --shapes 8x512 --steps 60 --out "$work"

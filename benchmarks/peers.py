@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jobrun import run_job  # noqa: E402
 from provenance import REPO, header  # noqa: E402
 
 WARMUP = 5
@@ -72,23 +72,10 @@ def window_rate(step_end_times: list[float], tokens: list[int]) -> float:
 
 # ---- the job (its real command) ---------------------------------------------------------------------------
 def job(corpus: str, pc_path: Path, steps: int, packing: str, tmp: Path) -> dict:
-    args = [sys.executable, "-m", "slurm_router", "base.enabled=false", *data_overrides(corpus, pc_path),
-            f"train.steps={steps}", f"train.global_batch_size={TRAIN['batch']}", f"train.lr={TRAIN['lr']}",
-            f"model.lora.r={TRAIN['r']}", f"model.lora.alpha={TRAIN['alpha']}", "train.eval_every=0",
-            "train.eval_batches=1", "train.eval_batch_size=4", f"train.packing={packing}", f"run_root={tmp}",
-            "launcher.cpu_slots=1"]
-    from slurm_router.cpu import THREADS_ENV
-    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp, env={**os.environ, THREADS_ENV: str(THREADS)})
-    if out.returncode != 0:
-        raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])
-    run_dir = Path(out.stdout.strip().splitlines()[-1].split("run_dir: ", 1)[1])
-    rows = [json.loads(line) for line in (run_dir / "tasks/main/events-rank0.jsonl").read_text().splitlines()]
-    st = sorted((r for r in rows if r["event"] == "step"), key=lambda r: r["step"])
-    pad = sum(r["n_pad_tokens"] for r in st[WARMUP:])
-    real = sum(r["n_tokens"] for r in st[WARMUP:])
-    return {"tokens_per_s": window_rate([r["time"] for r in st], [r["n_tokens"] for r in st]),
-            "useful_fraction": real / (real + pad), "micro_batches_per_step": statistics.median(sum(r["n_micro"])
-                                                                                               for r in st)}
+    return run_job(["base.enabled=false", *data_overrides(corpus, pc_path), f"train.steps={steps}",
+                    f"train.global_batch_size={TRAIN['batch']}", f"train.lr={TRAIN['lr']}", f"model.lora.r={TRAIN['r']}",
+                    f"model.lora.alpha={TRAIN['alpha']}", "train.eval_every=0", "train.eval_batches=1",
+                    "train.eval_batch_size=4", f"train.packing={packing}"], tmp, WARMUP, THREADS)
 
 
 # ---- the peers (each in a process of its own: python peers.py --peer NAME ...) ---------------------------
@@ -183,8 +170,9 @@ def available_peers() -> list[str]:
     if "batch_rebalance" in (TrainingArguments.__doc__ or ""):
         names.append("hf batch_rebalance")
     try:
-        import trl  # noqa: F401
+        import trl
         names.append("trl padding_free")
+        del trl
     except ImportError:
         pass
     return names

@@ -198,7 +198,7 @@ class TrainConfig:
     # Packed micro-batches: a device's samples end to end in one row, no padding (slurm_router/train/packed.py).
     # auto: on unless train.compile (a row's length changes every step); a model whose attention cannot take
     # packed rows trains padded, with one line saying why.
-    packing: str = "false"                  # auto | true | false
+    packing: str = "auto"                   # auto | true | false
     checkpoint_every: int = 0               # save a checkpoint every N steps (0: only on a stop signal)
     keep_checkpoints: int = 3               # the newest K checkpoints are kept (a damaged newest falls back)
 
@@ -372,13 +372,14 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_writable_dir(path: str | os.PathLike, setting: str) -> Path:
+def check_writable_dir(path: str | os.PathLike, setting: str, fix: str | None = None) -> Path:
     """The folder `path` (made later, parents and all) can be written: probed by making and removing a folder in
     its nearest existing part, before anything else is written. `setting` ("run_root='runs'") leads the one
-    line a UserError gives, naming the path and the cause. Returns the absolute path."""
+    line a UserError gives, naming the path and the cause; `fix` ends it (default: set the setting to a folder
+    you can write). Returns the absolute path."""
     target = Path(os.path.expanduser(str(path))).absolute()
     probe = nearest_existing(target)
-    fix = f"set {setting.split('=', 1)[0]}= to a folder you can write"
+    fix = fix or f"set {setting.split('=', 1)[0]}= to a folder you can write"
     if not probe.is_dir():
         what = "a dangling symbolic link" if probe.is_symlink() and not probe.exists() else "a file, not a folder"
         raise UserError(f"{setting}: {probe} is {what}: {fix}")

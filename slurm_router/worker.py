@@ -18,7 +18,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -39,7 +38,7 @@ from slurm_router.train.model import (build_model, compile_backbone, count_param
                                       trainable_parameters)
 from slurm_router.train.optim import lr_at, make_optimizer
 from slurm_router.train import state as train_state
-from slurm_router.train.packed import enable as enable_packing, why_not_packable
+from slurm_router.train.packed import choose_packing
 from slurm_router.train.profile import profile_step, profiled
 
 # A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
@@ -137,7 +136,7 @@ class Worker:
         self.model = build_model(cfg.model, self.tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora,
                                  device=self.device, gradient_checkpointing=cfg.train.gradient_checkpointing,
                                  lora_seed=spec.seed).to(self.device)
-        self.packed = self._packing()
+        self.packed = choose_packing(self.model, cfg.train, self.rank == 0)
         if cfg.train.compile:
             compile_backbone(self.model)
         self.params = trainable_parameters(self.model)
@@ -160,20 +159,6 @@ class Worker:
         self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, spec.seed)
         self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
         self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
-
-    def _packing(self) -> bool:
-        """train.packing: packed micro-batches where the model's attention can take them (train/packed.py);
-        auto leaves them off under train.compile. A model that cannot: padded, with one line saying why."""
-        told = str(self.cfg.train.packing).lower()
-        if told == "false" or (told == "auto" and self.cfg.train.compile):
-            return False
-        reason = why_not_packable(self.model)
-        if reason is not None:
-            if self.rank == 0:
-                print(f"train.packing={told}: {reason}; this task trains padded micro-batches", flush=True)
-            return False
-        enable_packing(self.model)
-        return True
 
     def start(self) -> None:
         """The start row, then the checkpoint to resume from, or the step-0 held-out loss."""
@@ -217,11 +202,8 @@ class Worker:
         self.start()
         to_profile = profile_step() if self.rank == 0 else None
         for step in range(self.first_step, self.spec.steps):
-            if step == to_profile:
-                ended = profiled(lambda: self.train_step(step), self.device,
-                                 Path(self.spec.task_dir) / f"profile-step-{step}.txt")
-            else:
-                ended = self.train_step(step)
+            ended = (profiled(self.train_step, step, self.device, self.spec.task_dir) if step == to_profile
+                     else self.train_step(step))
             if isinstance(ended, Diverged):
                 return self.diverged(ended)
             if isinstance(ended, Pruned):

@@ -76,6 +76,22 @@ def enable(model: torch.nn.Module) -> None:
     lm.set_attn_implementation(ATTENTION)
 
 
+def choose_packing(model: torch.nn.Module, train_cfg, say: bool) -> bool:
+    """train.packing for this task: auto is on unless train.compile (a row's length changes every step: it
+    would recompile); on for a model that cannot take packed rows, it trains padded, with one line (say: rank 0)
+    saying why. Packing on enables the attention function."""
+    told = str(train_cfg.packing).lower()
+    if told == "false" or (told == "auto" and train_cfg.compile):
+        return False
+    reason = why_not_packable(model)
+    if reason is not None:
+        if say:
+            print(f"train.packing={told}: {reason}; this task trains padded micro-batches", flush=True)
+        return False
+    enable(model)
+    return True
+
+
 def packed_tensors(split, ids, device: torch.device):
     """(inputs (1, T), labels (1, T), number of targets, their flat positions, model kwargs) for one packed row
     of the samples `ids`, in the order given. labels are -100 at every non-target and at each sample's first

@@ -25,10 +25,12 @@ def profile_step() -> int | None:
     return int(told) if told.isdigit() else None
 
 
-def profiled(run: Callable[[], T], device: torch.device, default_out: Path) -> T:
-    """run() under torch.profiler; its top operators written to PROFILE_OUT (or default_out)."""
-    result, table = top_operators(run, device)
-    Path(os.environ.get(PROFILE_OUT_ENV) or default_out).write_text(table + "\n")
+def profiled(train_step: Callable[[int], T], step: int, device: torch.device, task_dir: str | os.PathLike) -> T:
+    """train_step(step) under torch.profiler; its top operators written to PROFILE_OUT (default: the task
+    directory's profile-step-N.txt)."""
+    result, table = top_operators(lambda: train_step(step), device)
+    out = os.environ.get(PROFILE_OUT_ENV) or Path(task_dir) / f"profile-step-{step}.txt"
+    Path(out).write_text(table + "\n")
     return result
 
 
