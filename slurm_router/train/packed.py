@@ -33,22 +33,24 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    out = torch.empty_like(query)
     by_length: dict[int, list[int]] = defaultdict(list)
     for start, end in packed_spans:
         by_length[end - start].append(start)
+    pieces: dict[int, torch.Tensor] = {}          # span start -> that sample's attention output
     for length, starts in by_length.items():
+        causal = length > 1
         if len(starts) == 1:
             s = starts[0]
-            out[:, :, s:s + length] = F.scaled_dot_product_attention(
-                query[:, :, s:s + length], key[:, :, s:s + length], value[:, :, s:s + length], dropout_p=dropout,
-                is_causal=length > 1, scale=scaling)
+            pieces[s] = F.scaled_dot_product_attention(query[:, :, s:s + length], key[:, :, s:s + length],
+                                                       value[:, :, s:s + length], dropout_p=dropout, is_causal=causal,
+                                                       scale=scaling)
             continue
         # samples of one length: one SDPA call over them stacked along the batch dimension
         q, k, v = (torch.cat([t[:, :, s:s + length] for s in starts]) for t in (query, key, value))
-        o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=length > 1, scale=scaling)
-        for i, s in enumerate(starts):
-            out[:, :, s:s + length] = o[i:i + 1]
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scaling)
+        pieces.update((s, o[i:i + 1]) for i, s in enumerate(starts))
+    # the spans tile the row in order: one concatenation (no per-sample in-place copies for autograd to undo)
+    out = torch.cat([pieces[start] for start, _ in packed_spans], dim=2)
     return out.transpose(1, 2).contiguous(), None
 
 
