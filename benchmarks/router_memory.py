@@ -237,7 +237,8 @@ def summary(res: dict) -> dict:
 def to_markdown(res: dict) -> str:
     s = summary(res)
     lines = ["## Memory: the router's memory model against real allocations (CPU)", "",
-             "Each row: one training micro-batch (n samples x len tokens) of a model built by "
+             "Each row: one training micro-batch (n samples of len tokens each: no padding, so a packed row of "
+             "train.packing holds the same tokens) of a model built by "
              "train/model.build_model, run through the worker's loss_sum and accumulate with AdamW's states "
              "allocated; measured = the allocator's peak (torch profiler, profile_memory=True: every tensor "
              "allocation and free since before the model was built), the CPU counterpart of "
