@@ -58,20 +58,55 @@ def missing_package(kind: str, where: str = "") -> UserError | None:
 
 
 def check_tracker(tracker: Any, where: str = "") -> None:
-    """tracker=...: each tracker's package is installed, wandb_mode is known, tracker.dir can be written.
-    Raises UserError (one line) before anything is written."""
+    """tracker=...: each tracker's package is installed, wandb_mode is known, and every store a tracker writes can
+    be written: tracker.dir (TensorBoard's logs, W&B's runs, MLflow's default store) and MLflow's own store when
+    tracker.mlflow_uri or $MLFLOW_TRACKING_URI names a local one. Raises UserError (one line) before anything is
+    written: under Slurm a store found unwritable in the job would be found only after the queue."""
     if tracker is None:
         return
     if tracker.get("wandb_mode") not in (None, *WANDB_MODES):
         raise UserError(f"{where}tracker.wandb_mode={tracker.wandb_mode!r} is not valid: choose one of "
                         f"{', '.join(WANDB_MODES)} (or leave it unset: $WANDB_MODE, else offline)")
+    from slurm_router.config import check_writable_dir
     if enabled(tracker) and tracker.get("dir"):
-        from slurm_router.config import check_writable_dir
-        check_writable_dir(tracker.dir, f"tracker.dir={tracker.dir!r}")
+        check_writable_dir(tracker.dir, f"{where}tracker.dir={tracker.dir!r}")
+    if tracker.get("mlflow"):
+        setting, uri = mlflow_uri_setting(tracker)
+        folder = mlflow_local_folder(uri) if uri else None
+        if folder is not None:
+            where = where if setting.startswith("tracker.") else ""      # the environment's is the run's
+            check_writable_dir(folder, f"{where}{setting}={uri!r}",
+                               fix=f"set {setting} to a file:// URI (or path) of a folder you can write")
     for kind in enabled(tracker):
         error = missing_package(kind, where)
         if error:
             raise error
+
+
+def mlflow_uri_setting(tracker: Any) -> tuple[str, str | None]:
+    """(where the MLflow store's URI comes from, the URI): tracker.mlflow_uri, else $MLFLOW_TRACKING_URI, else
+    None (the file store under tracker.dir, checked with it), the order Target.of resolves them in."""
+    if tracker.get("mlflow_uri"):
+        return "tracker.mlflow_uri", str(tracker.get("mlflow_uri"))
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return "MLFLOW_TRACKING_URI", os.environ["MLFLOW_TRACKING_URI"]
+    return "tracker.mlflow_uri", None
+
+
+def mlflow_local_folder(uri: str) -> Path | None:
+    """The local folder an MLflow tracking URI writes in: a file: URI's or a plain path's folder, a sqlite
+    database's parent; None for a server (http, databricks, ...: only reaching it would tell)."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path))
+    if parsed.scheme == "sqlite":       # sqlite:///relative.db, sqlite:////absolute.db
+        path = uri.split(":///", 1)[1] if ":///" in uri else ""
+        return Path(path).parent if path and path != ":memory:" else None
+    if not parsed.scheme and "://" not in uri:      # a plain path is a file store
+        return Path(uri)
+    return None
 
 
 # ---- where a task's trackers write ------------------------------------------------------------------------------
@@ -90,6 +125,7 @@ class Target:
     wandb_mode: str
     tags: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    run_dir: str = "RUN_DIR"                # where the run is (for the replay command a warning names)
 
     @classmethod
     def of(cls, spec, kinds: list[str] | None = None, run_dir: str | os.PathLike | None = None) -> "Target":
@@ -106,7 +142,8 @@ class Target:
                    wandb_mode=tracker.get("wandb_mode") or os.environ.get("WANDB_MODE") or "offline",
                    tags={"run_id": spec.run_id, "task": spec.name, "variant": spec.variant, "stage": spec.stage,
                          "seed": spec.seed},
-                   config={k: v for k, v in spec.config.items() if k != "variants"})    # the task's own
+                   config={k: v for k, v in spec.config.items() if k != "variants"},    # the task's own
+                   run_dir=str(run_dir or spec.run_dir))
 
     @property
     def name(self) -> str:
@@ -149,9 +186,9 @@ class TrackerSink:
                 logger.log(metrics_of(row), row.step, row.time, row.KIND)
             except Exception as e:          # a tracker's trouble never stops training
                 self.loggers.remove(logger)
-                print(f"warning: tracker {logger.kind}: logging failed at {row.KIND} step {row.step} "
-                      f"({type(e).__name__}: {str(e)[:200]}); it gets no more rows this attempt; the events file "
-                      f"has them all", file=sys.stderr, flush=True)
+                print(f"warning: tracker {logger.kind}: logging failed at the {row.KIND} row of step {row.step} "
+                      f"({one_line(e)}); dropped, training goes on; it gets no more rows this attempt; the events "
+                      f"file has them all", file=sys.stderr, flush=True)
         self.logged[row.KIND] += 1
 
     def close(self) -> None:
@@ -161,8 +198,8 @@ class TrackerSink:
             try:
                 logger.close(self.state, last)
             except Exception as e:
-                print(f"warning: tracker {logger.kind}: closing failed ({type(e).__name__}: {str(e)[:200]})",
-                      file=sys.stderr, flush=True)
+                print(f"warning: tracker {logger.kind}: closing failed ({one_line(e)})", file=sys.stderr,
+                      flush=True)
         self.loggers = []
 
 
@@ -186,18 +223,31 @@ def read_records(task_dir: str | os.PathLike) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def open_trackers(target: Target, task_dir: Path, earlier: list | None = None, replay: bool = False) -> TrackerSink:
-    """Open each of target's trackers, continuing the runs tracker.json names; record new ones there."""
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """An exception as `Type: message` on one line (a library's message may span many)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
+
+
+def open_trackers(target: Target, task_dir: Path, earlier: list | None = None, replay: bool = False,
+                  drop_failed: bool = False) -> TrackerSink:
+    """Open each of target's trackers, continuing the runs tracker.json names; record new ones there. A tracker
+    that cannot open raises RuntimeError (one line), or with drop_failed (a training task: a tracker's trouble
+    never stops training) is left out with one warning line."""
     records = read_records(task_dir)
     loggers = []
     for kind in target.kinds:
         try:
             loggers.append(LOGGERS[kind](target, records.get(kind)))
         except Exception as e:
+            if drop_failed:
+                print(f"warning: tracker {kind}: cannot open its run for task {target.task} ({one_line(e)}): "
+                      f"dropped, training goes on; the events file has every row (python -m slurm_router.analysis "
+                      f"{shlex.quote(target.run_dir)} --to {kind} replays them)", file=sys.stderr, flush=True)
+                continue
             for logger in loggers:
                 logger.close(None, False)
             raise RuntimeError(f"tracker {kind}: cannot open its run for task {target.task} "
-                               f"({type(e).__name__}: {str(e).strip()[:300]})") from e
+                               f"({one_line(e, 300)})") from e
     new = {logger.kind: logger.record for logger in loggers if records.get(logger.kind) != logger.record}
     if new:
         from slurm_router.checkpoint import atomic_write_text
@@ -228,15 +278,18 @@ def tracked_rows(events_path: Path, also: tuple[str, ...] = ("end",)) -> list:
 
 
 def task_sink(spec, events_path: Path) -> TrackerSink | None:
-    """The worker's hook (rank 0): the task's trackers, or None when the config turns none on."""
+    """The worker's hook (rank 0): the task's trackers, or None when the config turns none on. The submission
+    checked them (check_tracker); what fails here (a package the node lacks, a store gone or unwritable, a server
+    down) drops that tracker with one warning line: the README promises a tracker never fails the task."""
     target = Target.of(spec)
     if not target.kinds:
         return None
-    for kind in target.kinds:               # resume= of a run whose tracker was uninstalled since
+    for kind in list(target.kinds):         # a node without the package, or uninstalled since the submission
         error = missing_package(kind)
         if error:
-            raise error
-    return open_trackers(target, spec.task_dir, logged_before(events_path))
+            target.kinds.remove(kind)
+            print(f"warning: {error}: dropped, training goes on without it", file=sys.stderr, flush=True)
+    return open_trackers(target, spec.task_dir, logged_before(events_path), drop_failed=True)
 
 
 # ---- after the run: replay, and what to type next -----------------------------------------------------------
