@@ -11,6 +11,7 @@ import shutil
 
 from slurm_router.analysis.load import Task, of_kind
 from slurm_router.events import StartRow
+from slurm_router.launch.setup_lines import setup_failure
 from slurm_router.slurm_status import (LOCAL_STATES, SACCT_FIELDS, merge_status, normalize_state, parse_duration,
                                        parse_sacct, run_command)
 
@@ -101,6 +102,7 @@ def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str
         devices = meta.get("devices")
         f["devices_allocated"] = len(devices) if isinstance(devices, list) else devices
         f["node"] = f.get("node") or manifest.get("host")
+        f["setup_failed"] = setup_failure(manifest.get("run_dir"), meta.get("job_id"))  # launcher.setup stopped it
         if f["state"] == "CACHED":
             f["source"] = "cache (an earlier run's result)"
     ids = [str(j["job_id"]) for j in manifest.get("jobs", []) if j.get("job_id")]

@@ -109,9 +109,11 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     never = (facts.get("reason") or "").partition("DependencyNeverSatisfied: ")[2]
     if never and not task.has_events:           # cancelled by Slurm: the stage it waited on failed (status_parse)
         return [f"{task.name}: never ran: {never}"]
+    log = f"; see {task.meta['log_path']}" if task.meta.get("log_path") else ""
+    if facts.get("setup_failed") and state in ("FAILED", "PENDING"):     # PENDING: the manifest's, without sacct
+        return [f"{task.name}: setup failed: {facts['setup_failed']}, before the task started{log}"]
     if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED"):
         exit_code = f", exit {facts['exit_code']}" if facts.get("exit_code") not in (None, 0, "0:0") else ""
-        log = f"; see {task.meta['log_path']}" if task.meta.get("log_path") else ""
         return [f"{task.name}: {state.lower()}{exit_code} after {n}{f' of {want}' if want else ''} steps{log}"]
     if not task.has_events:
         what = {"SKIPPED": "skipped (an earlier stage failed)"}.get(state, f"no events yet ({state.lower() or '?'})")

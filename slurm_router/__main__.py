@@ -34,7 +34,9 @@ USAGE = """usage: python -m slurm_router [-m] [+experiment=NAME] [group=option .
   sweep:  -m (--multirun) model.lora.r=4,8 train.lr=range(1,4) router=round_robin,balanced: Hydra's sweep syntax,
           the grid's variants in one run (named from their overrides, e.g. r4_lr1e-3)
   resume: resume=RUN_DIR continues that run's unfinished tasks from their checkpoints with the run's own
-          launcher (a Slurm run is submitted again); resume=RUN_DIR launcher=local continues them here"""
+          launcher (a Slurm run is submitted again); resume=RUN_DIR launcher=local continues them here;
+          a Slurm run's jobs import its code snapshot (RUN_DIR/code): if it is gone, resume=RUN_DIR
+          new_snapshot=true records the current code as a new snapshot beside it"""
 
 
 def compose(overrides: list[str]):
@@ -158,11 +160,17 @@ def _tokenizer(cfg):
 def run(overrides: list[str], multirun: bool = False) -> int:
     resume = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "resume"]
     if resume:
-        others = [o for o in overrides if o not in resume]
-        if len(resume) > 1 or others not in ([], ["launcher=local"]) or multirun:
-            raise UserError("resume=RUN_DIR takes no other arguments but launcher=local: the run continues with "
-                            "its own config.yaml")
-        return resume_run(resume[0].split("=", 1)[1], here=bool(others))
+        from slurm_router.launch.snapshot import NEW_SNAPSHOT
+        flags = [o for o in overrides if o.split("=", 1)[0] == NEW_SNAPSHOT]
+        others = [o for o in overrides if o not in resume and o not in flags]
+        if len(resume) > 1 or others not in ([], ["launcher=local"]) or multirun or len(flags) > 1:
+            raise UserError(f"resume=RUN_DIR takes no other arguments but launcher=local and {NEW_SNAPSHOT}=true: "
+                            "the run continues with its own config.yaml")
+        new = _new_snapshot_flag(flags[0]) if flags else False
+        if new and others:
+            raise UserError(f"{NEW_SNAPSHOT}=true renews the code snapshot a Slurm run's jobs import; with "
+                            "launcher=local the tasks run this checkout as it is: drop one of the two")
+        return resume_run(resume[0].split("=", 1)[1], here=bool(others), new_snapshot=new)
     cfg = compose_grid(overrides, multirun)
     from slurm_router.config import validate
     from slurm_router.launch.registry import launcher_class
@@ -211,10 +219,21 @@ def _variants_line(variants: dict) -> str:
     return f"{len(names)} variant(s) {shown} x {len(seeds)} training seeds ({listed}) = {len(names) * len(seeds)} tasks"
 
 
-def resume_run(arg: str, here: bool = False) -> int:
+def _new_snapshot_flag(flag: str) -> bool:
+    from slurm_router.launch.snapshot import NEW_SNAPSHOT
+    value = flag.split("=", 1)[1].strip().lower()
+    if value not in ("true", "false"):
+        raise UserError(f"{flag}: {NEW_SNAPSHOT} is true or false (true: the jobs import the current code, recorded "
+                        "as a new snapshot beside the run's first)")
+    return value == "true"
+
+
+def resume_run(arg: str, here: bool = False, new_snapshot: bool = False) -> int:
     """resume=RUN_DIR: the unfinished tasks of that run, each from its newest valid checkpoint, with the run's
     own launcher (a Slurm run is submitted again), or here with launcher=local. plan_resume takes the run's
-    lock first (a second writer is refused, naming the holder) and plans from the manifest read under it."""
+    lock first (a second writer is refused, naming the holder) and plans from the manifest read under it.
+    new_snapshot: the Slurm jobs import the current code, snapshotted anew beside the run's first snapshot (which
+    is kept); without it a run whose snapshot is gone is refused (launch/snapshot.py)."""
     if not arg:
         raise UserError("resume= needs a run directory: resume=runs/<experiment>/<timestamp>")
     from slurm_router.launch.base import launch
@@ -236,7 +255,13 @@ def resume_run(arg: str, here: bool = False) -> int:
         manifest.set(state="completed")
         print(f"run_dir: {run_dir}")
         return 0
+    if new_snapshot and launcher_class(kind).synchronous:
+        raise UserError(f"new_snapshot=true: {run_dir} ran with launcher={kind}, whose tasks run this checkout as it "
+                        "is (no code snapshot): resume it without new_snapshot")
+    from slurm_router.trackers import check_tracker
+    check_tracker(cfg.get("tracker"))       # as a fresh run does: a store unwritable since is named before any job
     launcher = launcher_class(kind)(cfg, manifest)
+    launcher.new_snapshot = new_snapshot
     launcher.check_resume()
     refuse_live_tasks()
     renew_timeout_budget(todo)        # the user chose to go on: launcher.max_requeues counts afresh

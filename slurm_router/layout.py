@@ -5,6 +5,7 @@
       run.lock  manifest.lock             who writes this run now (runlock.py); the manifest's own short lock
       submit*.sbatch                      launcher=sbatch's rendered scripts
       code/  code.diff  pip-freeze.txt    launcher.snapshot: the submitted source, its uncommitted diff, pip freeze
+      code-resume<N>/ ...                 the same, taken by resume=RUN_DIR new_snapshot=true (the N-th resume)
       tasks/<name>/                       TaskPaths: task.json, events-rank<N>.jsonl, result.json,
                                           attempts.json, evals.jsonl (prune=true: prune.py),
                                           checkpoints/step-<N>.pt (+ .json sha256 sidecar),
@@ -33,6 +34,7 @@ CODE_DIR = "code"                   # launcher.snapshot: the tracked source as s
 CODE_DIFF = "code.diff"             # ... `git diff HEAD` of a dirty checkout at submission
 PIP_FREEZE = "pip-freeze.txt"       # ... the submitting interpreter's `pip freeze`
 REQUEUE_REQUEST = "requeue-request"  # logs/requeue-request.<job id>: a containerised task asks its batch script
+SETUP_FAILED = "setup-failed"       # logs/setup-failed.<job id>: which launcher.setup line stopped that job (one line)
 TRACKERS_DIR = "trackers"           # RUN_DIR/trackers/: tensorboard/, mlruns/, wandb/ (tracker.dir's default)
 TRACKER_FILE = "tracker.json"       # RUN_DIR/tasks/<task>/tracker.json: each tracker's run, for later attempts
 EVALS_FILE = "evals.jsonl"          # prune=true: rank 0's in-training evaluations, read by the other tasks (prune.py)
@@ -172,9 +174,24 @@ class RunLayout:
     def pip_freeze(self) -> Path:
         return self.root / PIP_FREEZE
 
+    def snapshot_files(self, resume: int = 0) -> tuple[Path, Path, Path]:
+        """(code/, code.diff, pip-freeze.txt) of the submission's snapshot; with resume=N those of the snapshot
+        `new_snapshot=true` took at the N-th resume (code-resume<N>/, code-resume<N>.diff,
+        pip-freeze-resume<N>.txt): a new record beside the submission's, never over it."""
+        if not resume:
+            return self.code, self.code_diff, self.pip_freeze
+        suffix = f"-resume{resume}"
+        return (self.root / f"{CODE_DIR}{suffix}", self.root / CODE_DIFF.replace(".", f"{suffix}.", 1),
+                self.root / PIP_FREEZE.replace(".", f"{suffix}.", 1))
+
     def requeue_request(self, job_id: str) -> Path:
         """logs/requeue-request.<job id>: a task inside a container asks the batch script to requeue it."""
         return self.logs / f"{REQUEUE_REQUEST}.{job_id}"
+
+    def setup_failed(self, job_id: str) -> Path:
+        """logs/setup-failed.<job id>: a Slurm job's launcher.setup line that failed, and its exit code, in words
+        (launch/setup_lines.py); removed when a later attempt's setup passes."""
+        return self.logs / f"{SETUP_FAILED}.{job_id}"
 
     def init_base(self, key: str) -> Path:
         """base-init/<key>/: the seed-built base (no base stage) its variants' adapters name, saved once."""

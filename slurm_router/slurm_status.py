@@ -21,6 +21,7 @@ from typing import Callable
 
 from slurm_router.config import UserError
 from slurm_router.events import EVENT, EndRow
+from slurm_router.launch.setup_lines import setup_failure
 from slurm_router.layout import TaskPaths
 from slurm_router.rundir import Manifest
 from slurm_router.status_parse import (FAILED_STATES, LOCAL_STATES, SACCT_FIELDS, SQUEUE_FIELDS, SUCCESS_STATES,
@@ -93,6 +94,9 @@ def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskSta
     for t in tasks:
         if t.state in FAILED_STATES:
             t.out_tail, t.err_tail = tail(t.log_path), tail(t.err_path)
+        setup = setup_failure(manifest.get("run_dir"), t.job_id) if t.state == "FAILED" else None
+        if setup:               # the job ended in launcher.setup: the task itself never started
+            t.reason = f"setup failed: {setup}"
     attach_progress(manifest, tasks)
     return tasks
 

@@ -85,7 +85,9 @@ def test_golden_submitit_parameters(runtime, tmp_path):
     golden = {"params": params, "task_runner_python": wrapped,
               "submitit_python": "<sys.executable>" if python == sys.executable else python}
     _golden(f"submitit-{runtime}.json", json.dumps(golden, indent=1, sort_keys=True) + "\n")
-    assert params["slurm_setup"][0] == "module load cuda/12.1"
+    setup = params["slurm_setup"]         # the user's line as written, before ours (setup_lines.guarded around it)
+    assert "module load cuda/12.1" in setup and setup.index("module load cuda/12.1") < setup.index(
+        "export PYTHONSAFEPATH=1")
     assert "export PYTHONSAFEPATH=1" in params["slurm_setup"]
     if runtime == "apptainer":      # submitit's own process stays outside (the submitter's interpreter)
         assert wrapped[:3] == ["apptainer", "exec", "--nv"] and "slurm_srun_args" not in params

@@ -65,7 +65,7 @@ def test_setup_lines_run_as_written_and_nothing_else_does(tmp_path):
     assert call["PYTHONPATH"] == f"{run_dir / 'code'}:/elsewhere"
     assert not list(tmp_path.rglob("pwned"))
     text = script.read_text()
-    assert text.index("set +u") < text.index("export SETUP_MARK") < text.index("set -u") < text.index("cd ")
+    assert text.index("set +u") < text.index("\nexport SETUP_MARK") < text.index("set -u") < text.index("cd ")
 
 
 def test_both_launchers_take_the_same_options():
@@ -79,14 +79,21 @@ def test_both_launchers_take_the_same_options():
     assert "#SBATCH --mail-type=END,FAIL\n#SBATCH --mail-user=someone@example.org\n" in text
     assert "\nexec '/opt/py 3/bin/python' -m slurm_router.job --run-dir /r --stage variants\n" in text
     report = report_script(cfg, "/r", "/r/code")       # the report job: the same setup, snapshot and interpreter
-    assert report.splitlines()[1:3] == ["module load cuda/12.1", "source ~/venv/bin/activate"]
+    lines = report.splitlines()
+    at = lines.index("module load cuda/12.1")           # as written, each after the number of its line
+    assert lines[at - 1:at + 3] == ["_slurm_router_setup_line=1", "module load cuda/12.1", "_slurm_router_setup_line=2",
+                                    "source ~/venv/bin/activate"]
     assert report.endswith("cd /r\nexec '/opt/py 3/bin/python' -m slurm_router.analysis /r")
 
     cfg = compose(["launcher=slurm", "launcher.setup=['module load cuda/12.1']", "launcher.python=/opt/py 3/bin/python",
                    "launcher.mail_type=END", "launcher.mail_user=someone@example.org"])
     params = submitit_params(cfg, 1, "variants", None, "/r", "/r/code")
-    assert params["slurm_setup"] == ["module load cuda/12.1", 'export PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"',
-                                     "export PYTHONSAFEPATH=1"]
+    setup = params["slurm_setup"]       # the user's line as written, in setup_lines.guarded's frame, then ours
+    assert setup[setup.index("module load cuda/12.1") - 2:] == [
+        "set -e", "_slurm_router_setup_line=1", "module load cuda/12.1", "set +e", "_slurm_router_setup_line=0",
+        '[ "$(trap -p EXIT)" != "$_slurm_router_trap" ] || trap - EXIT      # an EXIT trap of your own stays',
+        "rm -f /r/logs/setup-failed.\"$_slurm_router_job\"", "# ---- end of launcher.setup ----",
+        'export PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"', "export PYTHONSAFEPATH=1"]
     assert params["slurm_mail_type"] == "END" and params["slurm_mail_user"] == "someone@example.org"
     assert submitit_python(cfg, None) == "'/opt/py 3/bin/python'"
     default = compose(["launcher=sbatch"])
@@ -105,8 +112,9 @@ def test_submitit_renders_setup_python_and_mail(tmp_path):
     slurm = ex._executor
     text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")
     assert "#SBATCH --mail-type=END,FAIL\n" in text and "#SBATCH --mail-user=someone@example.org\n" in text
-    assert ('# setup\nmodule load cuda/12.1\nexport PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"\n'
-            'export PYTHONSAFEPATH=1\n') in text
+    assert "\n# setup\n# ---- launcher.setup" in text
+    assert ('\nmodule load cuda/12.1\nset +e\n' in text and '# ---- end of launcher.setup ----\n'
+            'export PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"\nexport PYTHONSAFEPATH=1\n') in text
     assert "'/opt/py 3/bin/python' -u -m submitit.core._submit" in text
 
 

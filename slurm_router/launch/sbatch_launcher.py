@@ -13,6 +13,7 @@ from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import container_spec, resolve_container, task_python
 from slurm_router.launch.sbatch_render import SbatchSpec, safe_job_name, sbatch_directives, submit_sbatch
 from slurm_router.launch.sbatch_render import submit_wrapped, write_sbatch
+from slurm_router.launch.setup_lines import guarded
 from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, check_nodes, check_packing,
                                               check_slurm, mail_options, sbatch_error, srun_layout, stage_devices,
                                               tasks_per_pack)
@@ -44,7 +45,7 @@ def report_script(cfg, run_dir: str, pythonpath: str | None) -> str:
     then the report, on the host (outside any container)."""
     lc = cfg.launcher
     python = sys.executable if container_spec(cfg, run_dir, gpus=False) else task_python(cfg, in_container=False)
-    lines = ["set -eo pipefail", *(str(line) for line in launcher_setting(lc, "setup") or ())]
+    lines = ["set -eo pipefail", *guarded(launcher_setting(lc, "setup"), run_dir)]
     if pythonpath:
         lines.append(f'export PYTHONPATH={shlex.quote(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     lines += [f"cd {shlex.quote(run_dir)}", "exec " + shlex.join([python, "-m", "slurm_router.analysis", run_dir])]

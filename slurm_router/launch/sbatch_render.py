@@ -30,6 +30,7 @@ from string import Template
 
 from slurm_router.config import MAIL_TYPES, SlurmLauncherConfig
 from slurm_router.launch.container import ContainerSpec, outside_exports
+from slurm_router.launch.setup_lines import guarded
 from slurm_router.launch.slurm_common import afterok
 from slurm_router.layout import RunLayout
 from slurm_router.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
@@ -262,12 +263,9 @@ def task_command(spec: SbatchSpec) -> str:
 
 def prologue(spec: SbatchSpec) -> str:
     """What runs before `cd RUN_DIR`: launcher.setup's lines as written (in the directory the run was submitted
-    from; a failing line stops the job), then the exports, quoted. Empty, or lines ending in a newline."""
-    lines = []
-    if spec.setup:
-        lines += ["# ---- launcher.setup: your own shell lines, run as written (trusted, like a hand-written sbatch",
-                  "# script); a line that fails stops the job ----", "set +u", *spec.setup, "set -u",
-                  "# ---- end of launcher.setup ----"]
+    from; a failing line stops the job and names itself: setup_lines.py), then the exports, quoted. Empty, or
+    lines ending in a newline."""
+    lines = guarded(spec.setup, spec.run_dir, ("set +u", "set -u"))   # a venv's activate may read unset names
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.env]
     if spec.pythonpath:         # launcher.snapshot: the submitted code first
         lines.append(f'export PYTHONPATH={shlex.quote(spec.pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')

@@ -97,6 +97,7 @@ def stage_devices(stage: Stage) -> int:
 class SlurmLauncher(Launcher):
     """The part of launcher=slurm (submitit) and launcher=sbatch that does not depend on how they submit."""
     pythonpath: str | None = None       # launcher.snapshot's RUN_DIR/code once prepare() ran (launch/snapshot.py)
+    new_snapshot: bool = False          # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -108,10 +109,13 @@ class SlurmLauncher(Launcher):
 
     def prepare(self) -> None:
         from slurm_router.launch import snapshot
-        self.pythonpath = snapshot.ensure(self.manifest, bool(self.cfg.launcher.get("snapshot", False)))
+        self.pythonpath = snapshot.ensure(self.manifest, bool(self.cfg.launcher.get("snapshot", False)),
+                                          self.new_snapshot)
 
     def check_resume(self) -> None:
+        from slurm_router.launch import snapshot
         check_slurm()
+        snapshot.check_resume(self.manifest, bool(self.cfg.launcher.get("snapshot", False)), self.new_snapshot)
 
     def refuse_live_tasks(self) -> None:
         """Never run a task twice at once: a resumed Slurm run must have nothing left in Slurm. Tasks that wait
@@ -164,8 +168,10 @@ class SlurmLauncher(Launcher):
         if report_state == "COMPLETED" and summary_file.is_file():
             summary = json.loads(summary_file.read_text())
         else:
-            print(f"report job {run.report_job_id or '-'} ended {report_state}: writing the report here",
-                  file=sys.stderr)
+            from slurm_router.launch.setup_lines import setup_failure
+            setup = setup_failure(self.layout.root, run.report_job_id)
+            print(f"report job {run.report_job_id or '-'} ended {report_state}"
+                  f"{f' (setup failed: {setup})' if setup else ''}: writing the report here", file=sys.stderr)
             summary = write_report(self.layout.root)
         print_table(summary)
         print(f"run_dir: {self.layout.root}")

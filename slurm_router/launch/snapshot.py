@@ -12,6 +12,11 @@ The manifest's `snapshot` says where it came from: the git commit, whether the t
 `git diff HEAD` of tracked files is in RUN_DIR/code.diff and the untracked files copied are listed), the
 number of files, and RUN_DIR/pip-freeze.txt (the submitting interpreter's `pip freeze`). An untracked file over
 UNTRACKED_MAX_BYTES is left out, with a warning naming it (data, not code).
+
+That record is the run's provenance, so it is never rewritten. A resume whose snapshot folder is gone is refused in
+one line (the jobs would silently import whatever the checkout holds now); `resume=RUN_DIR new_snapshot=true` takes
+the current code as a new snapshot instead, into RUN_DIR/code-resume<N>/ (N: the resume's number), recorded in the
+manifest's `resume_snapshots` list beside the untouched `snapshot`; the jobs then import the newest one.
 """
 from __future__ import annotations
 
@@ -24,11 +29,14 @@ from pathlib import Path
 
 import slurm_router
 from slurm_router.checkpoint import WriteError, atomic_write_text
+from slurm_router.config import UserError
 from slurm_router.layout import RunLayout
 
 GIT_TIMEOUT_S = 30
 PIP_TIMEOUT_S = 120
 UNTRACKED_MAX_BYTES = 16 << 20
+RESUME_SNAPSHOTS = "resume_snapshots"   # the manifest's list of the snapshots resume= new_snapshot=true took
+NEW_SNAPSHOT = "new_snapshot"           # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -96,19 +104,19 @@ def _link_mapped_subpackages(root: Path, package: Path, code: Path) -> list[str]
     return linked
 
 
-def _git_record(root: Path, layout: RunLayout, untracked: list[str]) -> dict:
+def _git_record(root: Path, diff_path: Path, untracked: list[str]) -> dict:
     head = _git(root, "rev-parse", "HEAD")
     changed = bool(_git(root, "status", "--porcelain", "--untracked-files=no").stdout.strip())
     record = {"git_commit": head.stdout.strip() if head.returncode == 0 else None,
               "git_dirty": changed or bool(untracked), "diff": None, "untracked": untracked}
     if changed:
         diff = _git(root, "diff", "HEAD", "--binary")
-        atomic_write_text(layout.code_diff, diff.stdout)
-        record["diff"] = str(layout.code_diff)
+        atomic_write_text(diff_path, diff.stdout)
+        record["diff"] = str(diff_path)
     return record
 
 
-def _pip_freeze(layout: RunLayout) -> str | None:
+def _pip_freeze(path: Path) -> str | None:
     try:
         proc = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True,
                               timeout=PIP_TIMEOUT_S)
@@ -118,17 +126,19 @@ def _pip_freeze(layout: RunLayout) -> str | None:
     if proc.returncode != 0:
         print(f"warning: pip freeze failed: {proc.stderr.strip()[:200]}", file=sys.stderr)
         return None
-    atomic_write_text(layout.pip_freeze, proc.stdout)
-    return str(layout.pip_freeze)
+    atomic_write_text(path, proc.stdout)
+    return str(path)
 
 
-def take(run_dir: str | os.PathLike, package: Path | None = None) -> dict:
+def take(run_dir: str | os.PathLike, package: Path | None = None, resume: int = 0) -> dict:
     """Copy the source of `package` (default: the slurm_router being run) into RUN_DIR/code/ (through code.tmp/,
-    renamed when whole) and write code.diff and pip-freeze.txt; the manifest's `snapshot` record. WriteError
+    renamed when whole) and write code.diff and pip-freeze.txt; the manifest's `snapshot` record. resume=N: into
+    code-resume<N>/ and its own diff and pip freeze instead (new_snapshot=true), never over the first. WriteError
     (one line) if the run dir cannot take it."""
     layout, package = RunLayout(run_dir), (package or package_dir()).resolve()
+    code, diff_path, pip_path = layout.snapshot_files(resume)
     root = git_root(package)
-    tmp = layout.root / f"{layout.code.name}.tmp"
+    tmp = layout.root / f"{code.name}.tmp"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -138,44 +148,97 @@ def take(run_dir: str | os.PathLike, package: Path | None = None) -> dict:
             for f in files:
                 _copy(root / f, tmp / f)
             _link_mapped_subpackages(root, package, tmp)
-            import_root = layout.code / package.parent.relative_to(root)
-            record = {"kind": "git", "source": str(root), **_git_record(root, layout, untracked)}
+            import_root = code / package.parent.relative_to(root)
+            record = {"kind": "git", "source": str(root), **_git_record(root, diff_path, untracked)}
         else:           # an installed package: the folder itself (subpackages included), without caches
             shutil.copytree(package, tmp / package.name, symlinks=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             files = [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()]
-            import_root = layout.code
+            import_root = code
             record = {"kind": "package", "source": str(package), "git_commit": None, "git_dirty": None,
                       "diff": None, "untracked": []}
-        os.replace(tmp, layout.code)
-        pip = _pip_freeze(layout)
+        os.replace(tmp, code)
+        pip = _pip_freeze(pip_path)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise WriteError.of(e.filename or layout.code, e) from None
-    return {"code": str(layout.code), "pythonpath": str(import_root), "files": len(files), **record,
+        raise WriteError.of(e.filename or code, e) from None
+    return {"code": str(code), "pythonpath": str(import_root), "files": len(files), **record,
             "pip_freeze": pip}
 
 
+def current_record(manifest_data: dict) -> dict | None:
+    """The snapshot the run's jobs import: the newest one new_snapshot=true took, else the submission's (None: the
+    run has none, launcher.snapshot=false)."""
+    later = manifest_data.get(RESUME_SNAPSHOTS) or []
+    return later[-1] if later else manifest_data.get("snapshot")
+
+
 def pythonpath(manifest_data: dict) -> str | None:
-    """The folder a job puts first on PYTHONPATH: the run's snapshot (None: it has none)."""
-    record = manifest_data.get("snapshot") or {}
-    path = record.get("pythonpath")
+    """The folder a job puts first on PYTHONPATH: the run's snapshot (None: it has none, or it is gone)."""
+    path = (current_record(manifest_data) or {}).get("pythonpath")
     return path if path and Path(path).is_dir() else None
 
 
-def ensure(manifest, enabled: bool) -> str | None:
+def _describe(record: dict) -> str:
+    """' at 1a2b3c4d5e6f + uncommitted changes (code.diff)': where a snapshot's code came from."""
+    if record.get("git_dirty") is None:
+        return ""
+    changes = [*([f"uncommitted changes ({Path(record['diff']).name})"] if record.get("diff") else []),
+               *([f"{len(record['untracked'])} untracked file(s)"] if record.get("untracked") else [])]
+    return f" at {(record.get('git_commit') or 'no commit')[:12]}" + (f" + {' + '.join(changes)}" if changes else "")
+
+
+def check_resume(manifest, enabled: bool, new: bool) -> None:
+    """resume= that submits jobs: the snapshot they would import must still be there, or the user asks for a new
+    one (new_snapshot=true). Otherwise one line (UserError), before anything about the run changes: a job that
+    silently imported the current checkout would lose the run's provenance."""
+    record, root = current_record(manifest.data), manifest.layout.root
+    if new and not enabled:
+        raise UserError(f"{NEW_SNAPSHOT}=true: this run was submitted with launcher.snapshot=false, so its jobs import "
+                        f"the checkout as it is; there is no snapshot to renew: resume={root} without {NEW_SNAPSHOT}")
+    if new or not record or not enabled or pythonpath(manifest.data):
+        return
+    raise UserError(f"resume={root}: the run's code snapshot {record.get('code')} is missing (the code submitted "
+                    f"from {record.get('source')}{_describe(record)}): the jobs would run other code than was submitted; "
+                    f"restore that folder, or resume with the current code recorded as a new snapshot beside the "
+                    f"first: python -m slurm_router resume={root} {NEW_SNAPSHOT}=true")
+
+
+def ensure(manifest, enabled: bool, new: bool = False) -> str | None:
     """Once per submission, before the first stage: take the snapshot (a fresh run), keep the one the run has
-    (resume=), or none (launcher.snapshot=false). Records it in the manifest; returns the PYTHONPATH folder."""
+    (resume=), take a new one beside it (resume= new_snapshot=true), or none (launcher.snapshot=false). Records it
+    in the manifest; returns the PYTHONPATH folder. A resume whose snapshot is gone: UserError (check_resume)."""
+    resumed = int(manifest.data.get("resumed") or 0)
+    if resumed:
+        check_resume(manifest, enabled, new)
+    if new and resumed:
+        return _renew(manifest, resumed)
     have = pythonpath(manifest.data)
     if have or not enabled:
-        if have and manifest.data.get("resumed"):
-            print(f"snapshot: the jobs run the code submitted with this run ({manifest.layout.code})")
+        if have and resumed:
+            record = current_record(manifest.data)
+            print(f"snapshot: the jobs run the code recorded at resume {record['resume']} ({record['code']})"
+                  if record.get("resume") else
+                  f"snapshot: the jobs run the code submitted with this run ({record.get('code')})")
         return have
     record = take(manifest.layout.root)
     manifest.set(snapshot=record)
-    changes = [*(["uncommitted changes (code.diff)"] if record["diff"] else []),
-               *([f"{len(record['untracked'])} untracked file(s)"] if record["untracked"] else [])]
-    state = "" if record["git_dirty"] is None else f" at {(record['git_commit'] or 'no commit')[:12]}" + (
-        f" + {' + '.join(changes)}" if changes else "")
-    print(f"snapshot: {record['files']} files of {record['source']}{state} -> {record['code']}")
+    print(f"snapshot: {record['files']} files of {record['source']}{_describe(record)} -> {record['code']}")
+    return record["pythonpath"]
+
+
+def _renew(manifest, resume: int) -> str:
+    """new_snapshot=true at the N-th resume: the current code into code-resume<N>/, appended to the manifest's
+    resume_snapshots; the submission's `snapshot` record (and any folder it names) stays as it was."""
+    import time
+    first = manifest.data.get("snapshot")
+    gone = bool(first) and not Path(first.get("pythonpath") or "").is_dir()
+    record = {**take(manifest.layout.root, resume=resume), "resume": resume,
+              "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "why": f"{NEW_SNAPSHOT}=true" + (f" ({first.get('code')} was missing)" if gone else "")}
+    manifest.set(**{RESUME_SNAPSHOTS: [*(manifest.data.get(RESUME_SNAPSHOTS) or []), record]})
+    kept = (f"; the submission's snapshot stays recorded in the manifest ({first.get('code')}"
+            f"{_describe(first)}{', its folder missing' if gone else ''})") if first else ""
+    print(f"snapshot: {NEW_SNAPSHOT}=true: {record['files']} files of {record['source']}{_describe(record)} -> "
+          f"{record['code']}{kept}")
     return record["pythonpath"]

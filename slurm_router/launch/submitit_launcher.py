@@ -19,6 +19,7 @@ import tempfile
 from slurm_router.config import SubmititLauncherConfig, launcher_setting
 from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import ContainerSpec, container_spec, outside_exports, task_python
+from slurm_router.launch.setup_lines import guarded
 from slurm_router.launch.slurm_common import (REPORT_TIMEOUT_MIN, SlurmLauncher, afterok, sbatch_error,
                                               mail_options, srun_layout, stage_devices, tasks_per_pack)
 from slurm_router.plan import Stage
@@ -45,12 +46,13 @@ def _captured_stderr():
             out["text"] = tmp.read()
 
 
-def job_setup(cfg, pythonpath: str | None) -> list[str]:
-    """submitit's `setup`: launcher.setup as written (the user's shell, trusted), then ours, quoted: the snapshot
-    first on PYTHONPATH. The job keeps the submission directory as its cwd (relative paths in the config mean
-    what they meant there), so PYTHONSAFEPATH=1 (Python 3.11) keeps `python -m` from putting that directory,
-    often the checkout itself, first on sys.path."""
-    lines = [str(line) for line in launcher_setting(cfg.launcher, "setup") or ()]
+def job_setup(cfg, pythonpath: str | None, run_dir: str = "/run_dir") -> list[str]:
+    """submitit's `setup`: launcher.setup as written (the user's shell, trusted; a failing line stops the job, as
+    under launcher=sbatch, and names itself: setup_lines.py), then ours, quoted: the snapshot first on PYTHONPATH.
+    The job keeps the submission directory as its cwd (relative paths in the config mean what they meant there),
+    so PYTHONSAFEPATH=1 (Python 3.11) keeps `python -m` from putting that directory, often the checkout itself,
+    first on sys.path."""
+    lines = guarded(launcher_setting(cfg.launcher, "setup"), run_dir, ("set -e", "set +e"))
     if pythonpath:
         lines += [f'export PYTHONPATH={shlex.quote(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
                   "export PYTHONSAFEPATH=1"]
@@ -93,7 +95,7 @@ def submitit_params(cfg, devices: int, stage: str, after: str | None, run_dir: s
         params["mem_gb"] = lc.mem_gb
     container = container_spec(cfg, run_dir, gpus=True)
     outside = outside_exports(srun_workers=lc.srun_workers) if container is not None else []
-    params.update(slurm_setup=job_setup(cfg, pythonpath) + outside, **mail_params(cfg))
+    params.update(slurm_setup=job_setup(cfg, pythonpath, run_dir) + outside, **mail_params(cfg))
     if container is not None and container.runtime == "pyxis":
         params["slurm_srun_args"] = container.srun_args()
     return params
@@ -152,6 +154,6 @@ class SubmititLauncher(SlurmLauncher):
         ex = self._executor(shlex.quote(on_host),          # the report runs outside any image
                             name=f"{self.cfg.experiment}-report", timeout_min=REPORT_TIMEOUT_MIN, cpus_per_task=1,
                             slurm_additional_parameters={"dependency": f"afterany:{after}"} if after else {},
-                            slurm_setup=job_setup(self.cfg, self.pythonpath), **mail_params(self.cfg),
+                            slurm_setup=job_setup(self.cfg, self.pythonpath, run_dir), **mail_params(self.cfg),
                             **partition)
         return ex.submit(write_report_job, str(self.layout.root)).job_id
