@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="fresh + cached pairs (each fresh one with a new cache)")
     args = ap.parse_args()
     command = "python benchmarks/quickstart_time.py" + (f" --repeats {args.repeats}" if args.repeats != 1 else "")
+    head = header(command)              # the commit the runs start from
     load_before = os.getloadavg()
     fresh, cached = [], []
     with tempfile.TemporaryDirectory(prefix="quickstart_time-") as tmp:
@@ -50,7 +51,7 @@ def main() -> None:
             cached.append(timed_run(cache, Path(tmp) / f"cached-{i}"))
             print(f"repeat {i}: fresh {fresh[-1]:.1f} s, cached {cached[-1]:.1f} s", flush=True)
     load_after = os.getloadavg()
-    res = {"command": command, "header": header(command), "argv": ["python", "-m", "slurm_router", *COMMAND],
+    res = {"command": command, "header": head, "argv": ["python", "-m", "slurm_router", *COMMAND],
            "fresh_s": fresh, "cached_s": cached, "fresh_median_s": statistics.median(fresh),
            "cached_median_s": statistics.median(cached), "load_before": load_before, "load_after": load_after}
     lines = ["# The first command's wall time (`python -m slurm_router +experiment=lora_ab`)", "", *res["header"], "",
