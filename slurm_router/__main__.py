@@ -171,6 +171,9 @@ def run(overrides: list[str], multirun: bool = False) -> int:
             raise UserError(f"{NEW_SNAPSHOT}=true renews the code snapshot a Slurm run's jobs import; with "
                             "launcher=local the tasks run this checkout as it is: drop one of the two")
         return resume_run(resume[0].split("=", 1)[1], here=bool(others), new_snapshot=new)
+    if any(o.split("=", 1)[0].lstrip("+") == "new_snapshot" for o in overrides):
+        raise UserError("new_snapshot=true goes with resume=RUN_DIR (a resumed Slurm run's jobs then import the "
+                        "current code, recorded as a new snapshot); a new Slurm run snapshots the current code anyway")
     cfg = compose_grid(overrides, multirun)
     from slurm_router.config import validate
     from slurm_router.launch.registry import launcher_class

@@ -262,6 +262,11 @@ CASES = [
     (["resume={broken_run}"], "the manifest is damaged"),
     (["resume={no_config_run}"], "config.yaml is missing or damaged"),
     (["resume={broken_run}", "train.steps=3"], "takes no other arguments"),
+    # resume=RUN_DIR new_snapshot=true (issue 31): only with resume=, only true or false, not with launcher=local
+    (["new_snapshot=true"], "new_snapshot=true goes with resume=RUN_DIR"),
+    (["resume={broken_run}", "new_snapshot=maybe"], "new_snapshot=maybe: new_snapshot is true or false"),
+    (["resume={broken_run}", "new_snapshot=true", "launcher=local"], "with launcher=local the tasks run this "
+                                                                      "checkout as it is: drop one of the two"),
     # prompt/completion, chat and parquet data (issue 13): found by build_corpus before anything is written
     (["data=jsonl", "data.path={pc_nofield.jsonl}", "data.prompt_field=prompt", "data.completion_field=completion"],
      "line 2 of {pc_nofield.jsonl} has no field 'completion' (its fields: 'prompt', 'answer'): set "

@@ -40,7 +40,8 @@ def _cancel_all(manifest: dict) -> list[str]:
     ids = [i for i in ids if i]
     subprocess.run(["scancel", *ids], check=False)
     for job_id in ids:
-        wait_until(lambda: _gone_from_slurm(job_id), f"job {job_id} gone from squeue", timeout=120, poll_s=0.5)
+        wait_until(lambda job_id=job_id: _gone_from_slurm(job_id), f"job {job_id} gone from squeue", timeout=120,
+                   poll_s=0.5)
     return ids
 
 
@@ -90,7 +91,7 @@ def _refused_then_renewed(tmp_path: Path, run_dir: Path) -> None:
     renewed = run_cli(f"resume={run_dir}", "new_snapshot=true", cwd=tmp_path, timeout=300)
     assert renewed.returncode == 0, renewed.stdout[-3000:] + renewed.stderr[-3000:]
     code = run_dir / "code-resume1"
-    assert f"snapshot: new_snapshot=true: " in renewed.stdout and f"-> {code}" in renewed.stdout, renewed.stdout
+    assert "snapshot: new_snapshot=true: " in renewed.stdout and f"-> {code}" in renewed.stdout, renewed.stdout
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["snapshot"] == first, "the submission's snapshot record was rewritten"
     [record] = manifest["resume_snapshots"]

@@ -54,14 +54,14 @@ def guarded(lines, run_dir: str, around: tuple[str, str] = ("", "")) -> list[str
         f"{REPORT_FN}() {{",
         f'    local rc="$1" n="${{{LINE_VAR}:-0}}"',
         '    [ "$n" -gt 0 ] || return 0',
-        f'    local what="launcher.setup line $n (${{_slurm_router_setup_texts[$((n - 1))]}}) failed with exit code '
+        '    local what="launcher.setup line $n (${_slurm_router_setup_texts[$((n - 1))]}) failed with exit code '
         '$rc"',
         '    printf \'slurm_router: %s, before the task started\\n\' "$what"',
         '    printf \'slurm_router: %s, before the task started\\n\' "$what" >&2',
         f'    printf \'%s\\n\' "$what" > {marker} 2>/dev/null || :',
         "}",
         f"trap '{REPORT_FN} \"$?\"' EXIT",
-        f"_slurm_router_trap=\"$(trap -p EXIT)\"",
+        "_slurm_router_trap=\"$(trap -p EXIT)\"",
     ]
     if around[0]:
         out.append(around[0])

@@ -199,9 +199,9 @@ def check_resume(manifest, enabled: bool, new: bool) -> None:
     if new or not record or not enabled or pythonpath(manifest.data):
         return
     raise UserError(f"resume={root}: the run's code snapshot {record.get('code')} is missing (the code submitted "
-                    f"from {record.get('source')}{_describe(record)}): the jobs would run other code than was submitted; "
-                    f"restore that folder, or resume with the current code recorded as a new snapshot beside the "
-                    f"first: python -m slurm_router resume={root} {NEW_SNAPSHOT}=true")
+                    f"from {record.get('source')}{_describe(record)}): the jobs would run other code than was "
+                    f"submitted; restore that folder, or resume with the current code recorded as a new snapshot "
+                    f"beside the first: python -m slurm_router resume={root} {NEW_SNAPSHOT}=true")
 
 
 def ensure(manifest, enabled: bool, new: bool = False) -> str | None:
