@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -61,7 +62,8 @@ def main() -> None:
         peak = max((r["peak_mem_bytes"] or 0) for r in rs) / 2**20
         lines.append(f"| {mode} | {med[mode]:,.0f} ({min(speeds):,.0f}-{max(speeds):,.0f}) | "
                      f"{100 * rs[0]['useful_fraction']:.1f}% | {rs[0]['micro_batches_per_step']:.0f} | {peak:,.0f} |")
-    lines += ["", f"Packed / padded: {med['packed'] / med['padded']:.2f}x tokens/s."]
+    lines += ["", f"Packed / padded: {med['packed'] / med['padded']:.2f}x tokens/s. Load average (1, 5, 15 min) at "
+              f"the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs."]
     for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
         (folder / f"packed_rows-{device}.md").write_text("\n".join(lines) + "\n")
         (folder / f"packed_rows-{device}.json").write_text(json.dumps({"device": gpu or device, "runs": runs,

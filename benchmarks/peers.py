@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -229,6 +230,8 @@ def main() -> None:
                   f"micro-batches per step, useful "
                   f"{100 * runs[(c, 'job, padded micro-batches (train.packing=false)')][0]['useful_fraction']:.1f}%.",
                   ""]
+    lines.append(f"Load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
+                 f"on {os.cpu_count()} CPUs.")
     out = REPO / "benchmarks" / "results" / "peers-cpu"
     out.with_suffix(".md").write_text("\n".join(lines))
     out.with_suffix(".json").write_text(json.dumps({"rows": table, "raw": {f"{c}/{n}": v for (c, n), v in
