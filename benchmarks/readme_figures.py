@@ -234,6 +234,37 @@ for _run, _label in (("a", "a: bare loop"), ("b", "b: slurm_router job"), ("c", 
                             ("peak memory GiB", "peak_gib")):
             OTHERS[f"throughput-cuda.md:{_run}_{_name}"] = functools.partial(_throughput, "cuda", _label, _col)
 
+def _peer(corpus: str, run: str, column: str = "tokens/s") -> str:
+    """A cell of benchmarks/results/peers-cpu.md's table for `corpus` (its tables follow '## corpus')."""
+    section = text("peers-cpu.md").split(f"## {corpus}\n", 1)[1]
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == run:
+            return lead(cells[1]) if column == "tokens/s" else cells[2].rstrip("x")
+    raise KeyError(f"peers-cpu.md: no row {run!r} under ## {corpus}")
+
+
+for _corpus in ("stdlib", "prompt_completion"):
+    for _key, _run in (("packed", "job, packed (train.packing=true)"),
+                       ("padded", "job, padded micro-batches (train.packing=false)"), ("hf_random", "hf random"),
+                       ("hf_group_by_length", "hf group_by_length"), ("hf_batch_rebalance", "hf batch_rebalance"),
+                       ("trl_padding_free", "trl padding_free")):
+        OTHERS[f"peers-cpu.md:{_corpus}_{_key}_tokens_per_s"] = functools.partial(_peer, _corpus, _run)
+        if (_corpus, _key) in {("stdlib", "hf_random"), ("stdlib", "hf_group_by_length"), ("stdlib", "padded"),
+                               ("prompt_completion", "hf_group_by_length")}:          # the ratios the README quotes
+            OTHERS[f"peers-cpu.md:{_corpus}_{_key}_ratio"] = functools.partial(_peer, _corpus, _run, "ratio")
+OTHERS["packed_rows-cpu.md:ratio"] = lambda: re.search(r"Packed / padded: ([\d.]+)x", text("packed_rows-cpu.md")).group(1)
+
+
+def _packed_rows(mode: str, column: str) -> str:
+    cell = next(r for r in table("packed_rows-cpu.md", "micro-batches") if r["micro-batches"] == mode)[column]
+    return lead(cell)
+
+
+for _mode in ("packed", "padded"):
+    OTHERS[f"packed_rows-cpu.md:{_mode}_tokens_per_s"] = functools.partial(_packed_rows, _mode, "tokens/s")
+    OTHERS[f"packed_rows-cpu.md:{_mode}_peak_mib"] = functools.partial(_packed_rows, _mode, "peak memory MiB")
+
 FIGURES: dict[str, Callable[[], str]] = {
     **{f"router.json:{k}": f for k, f in ROUTER.items()},
     **{f"router_noise.json:{k}": f for k, f in NOISE.items()},
