@@ -209,3 +209,16 @@ def test_the_job_packed_trains_the_padded_loss_curve(tmp_path, devices, policy):
     assert all(n <= 1 for r in rows["true"] for n in r["n_micro"]), "one packed row per device"
     assert any(r["n_pad_tokens"] > 0 or max(r["n_micro"]) > 1 for r in rows["false"]), \
         "the padded run pays padding or extra micro-batches (else this test shows nothing)"
+
+
+def test_a_model_packed_rows_would_change_trains_padded_and_says_why(capsys):
+    """Sliding-window attention: per-sample causal SDPA would attend past the window, so the task trains padded."""
+    from transformers import MistralConfig, MistralForCausalLM
+    from slurm_router.train.packed import choose_packing
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, sliding_window=16))
+    train = OmegaConf.create({"packing": "auto", "compile": False})
+    assert choose_packing(model, train, say=True) is False
+    assert "sliding-window attention" in capsys.readouterr().out
+    assert choose_packing(_gpt2(), train, say=True) is True
+    assert choose_packing(_gpt2(), OmegaConf.create({"packing": "auto", "compile": True}), say=True) is False

@@ -66,8 +66,14 @@ def why_not_packable(model: torch.nn.Module) -> str | None:
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(lm, "_supports_attention_backend", False):
         return f"{type(lm).__name__} does not route its attention through transformers' AttentionInterface"
-    if getattr(lm.config, "_attn_implementation", None) not in ("sdpa", "eager", ATTENTION):
-        return f"{type(lm).__name__} uses attn_implementation={lm.config._attn_implementation!r}"
+    config = lm.config
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", ATTENTION):
+        return f"{type(lm).__name__} uses attn_implementation={config._attn_implementation!r}"
+    # per-sample causal SDPA is full causal attention: a sliding window or logit soft-capping would be lost
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"{type(lm).__name__} uses sliding-window attention (sliding_window={config.sliding_window})"
+    if getattr(config, "attn_logit_softcapping", None):
+        return f"{type(lm).__name__} soft-caps its attention logits"
     return None
 
 
