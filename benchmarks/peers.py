@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import json
 import os
 import statistics
@@ -170,12 +171,8 @@ def available_peers() -> list[str]:
     names = ["hf random", "hf group_by_length"]
     if "batch_rebalance" in (TrainingArguments.__doc__ or ""):
         names.append("hf batch_rebalance")
-    try:
-        import trl
+    if importlib.util.find_spec("trl") is not None:
         names.append("trl padding_free")
-        del trl
-    except ImportError:
-        pass
     return names
 
 
