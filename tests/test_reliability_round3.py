@@ -174,7 +174,9 @@ def test_a_tracker_whose_store_goes_away_mid_run_is_dropped_and_the_task_complet
                                             if any(r["event"] == "step" for r in event_rows(d))), None),
                               "the first step", timeout=280, poll_s=0.1)
         record = read_json(task_dir / "tracker.json")["mlflow"]
-        folder = next(Path(task_dir.parents[1], "trackers", "mlruns").glob(f"*/{record['run_id']}"))
+        # MLflow makes the run's folder after the task records its run id: wait for it (a fresh clone's CI found none)
+        folder = wait_until(lambda: next(Path(task_dir.parents[1], "trackers", "mlruns").glob(f"*/{record['run_id']}"),
+                                         None), "the MLflow run's folder", timeout=60, poll_s=0.05)
         shutil.rmtree(folder)
         out, err = proc.communicate(timeout=280)
     finally:
