@@ -78,8 +78,8 @@ def _speaks_for_the_task(rank: int, lost: list[int]) -> bool:
 
 def _peer_lost(spec, rank: int, address: str | None, error: str) -> str:
     """One line for a peer rank that died mid-collective: which rank and node, and what resume= does. Rank 0
-    records it as the task's end, or, if rank 0 is the one lost, the lowest rank on another node (the other
-    ranks' srun tasks are ended by srun)."""
+    records it as the task's end, or, if rank 0 is the one lost, the lowest rank on another node. srun does not kill the
+    others (--kill-on-bad-exit=0: sbatch_render._srun), so the writer lives to write; each rank exits after it."""
     from slurm_router.layout import checkpoint_step
     from slurm_router.requeue import current_attempt, task_event
     try:

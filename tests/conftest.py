@@ -27,13 +27,7 @@ SLOW_FILES = ("test_requeue_time_limit", "test_requeue_slurm", "test_invariant",
 # timing hazard: test id -> why. At most MAX_FLAKY. Every rerun is printed in the summary (scripts/test.sh: -rR
 # with the first attempt's traceback) and appended to the rerun record (--rerun-record). Fix the race instead of
 # adding a line here; a test not named here runs once, and its first result is the verdict.
-FLAKY: dict[str, str] = {
-    # seen once (fresh clone, quiet machine, 2026-11-26): rank 0 SIGKILLed on mn1, the task FAILED in 3.1 s but rank 1
-    # wrote no end row within 30 s. Rank 1 must find the lost node (reverse DNS, scontrol) and write the row while
-    # srun (--kill-on-bad-exit) ends it: a race between that write and srun's kill, not yet removed
-    "tests/test_multinode.py::test_killed_worker_on_one_node_fails_fast_and_resume_finishes[rank0_on_mn1]":
-        "srun's kill-on-bad-exit races the surviving rank's end-row write when rank 0 is the one lost",
-}
+FLAKY: dict[str, str] = {}
 MAX_FLAKY = 5
 
 # Per-test time limits (pytest-timeout) longer than pyproject.toml's default (300 s, which fits a real run with 4

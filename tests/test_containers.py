@@ -60,7 +60,7 @@ def test_golden_apptainer_sbatch():
 def test_golden_pyxis_sbatch_srun_workers():
     text = render_sbatch(_spec("pyxis", ntasks=2))
     _golden("array-pyxis.sbatch", text)
-    assert ("srun --ntasks=2 --cpus-per-task=4 --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=1 --gpus-per-task=1 "
+    assert ("srun --ntasks=2 --cpus-per-task=4 --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=0 --gpus-per-task=1 "
             "'--container-image=nvcr.io#nvidia/pytorch:24.01-py3' --container-mounts="
             f"{RUN}:{RUN},/data/corpus:/data/corpus,/scratch/shared:/shared --container-workdir={RUN} "
             "python3 -m slurm_router.job") in text

@@ -73,7 +73,7 @@ def test_directives_minimal_and_srun_mode():
     assert not any("--gres" in line for line in lines)
     assert "#SBATCH --signal=USR2@120" in lines and "#SBATCH --no-requeue" in lines
     assert render_sbatch(srun).rstrip().endswith(
-        "srun --ntasks=4 --cpus-per-task=1 --nodes=1 --ntasks-per-node=4 --kill-on-bad-exit=1 --gpus-per-task=1 /py x"
+        "srun --ntasks=4 --cpus-per-task=1 --nodes=1 --ntasks-per-node=4 --kill-on-bad-exit=0 --gpus-per-task=1 /py x"
     )
     two_nodes = dataclasses.replace(srun, nodes=2)      # resources.nodes_per_task=2: 2 srun tasks on each node
     lines = sbatch_directives(two_nodes)
@@ -187,7 +187,7 @@ def test_hostile_values_cannot_inject_shell(tmp_path, ntasks):
     if ntasks > 1:
         srun_argv = json.loads(srun_record.read_text())
         assert srun_argv == ["--ntasks=2", "--cpus-per-task=1", "--nodes=1", "--ntasks-per-node=2",
-                             "--kill-on-bad-exit=1", "--gpus-per-task=1", fake_python, *argv]
+                             "--kill-on-bad-exit=0", "--gpus-per-task=1", fake_python, *argv]
     else:
         assert not srun_record.exists()
     assert not list(tmp_path.rglob("pwned")), "an injected command ran"

@@ -206,9 +206,12 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
 
 def _srun(spec: SbatchSpec) -> list[str]:
     # 22.05's srun does not inherit --cpus-per-task from sbatch: repeat the per-task resources.
+    # --kill-on-bad-exit=0 (also over a cluster's KillOnBadExit=1): when one worker dies, the others must live
+    # long enough to see it in their next collective and record the task's end (srun_worker._peer_lost); srun
+    # killing them at once raced that write. They exit by themselves right after it.
     srun = ["srun", f"--ntasks={spec.ntasks}", f"--cpus-per-task={spec.cpus_per_task}"]
     if spec.ntasks > 1:
-        srun += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks // spec.nodes}", "--kill-on-bad-exit=1"]
+        srun += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks // spec.nodes}", "--kill-on-bad-exit=0"]
         if spec.gpus_per_task:
             srun.append(f"--gpus-per-task={spec.gpus_per_task}")
     return srun                 # one task: the step has the job's GPUs (--gres)
