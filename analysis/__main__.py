@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from slurm_router.analysis.report import ReportError, print_table, report_run
-from slurm_router.checkpoint import WriteError
-from slurm_router.layout import RunLayout
-from slurm_router.trackers import KINDS
+from slurm_router.fileio import WriteError
+from slurm_router.rundir.layout import RunLayout
+from slurm_router.tracking.trackers import KINDS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _replay(run_dirs: list[Path], kind: str) -> int:
-    from slurm_router.config import UserError
-    from slurm_router.trackers import replay
+    from slurm_router.errors import UserError
+    from slurm_router.tracking.trackers import replay
     if len(run_dirs) != 1:
         print(f"error: --to {kind} replays one run: give one RUN_DIR", file=sys.stderr)
         return 2

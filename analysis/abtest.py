@@ -11,7 +11,7 @@ noise only, and the sentence says which, and on how many seeds and eval batches 
 variants: Holm's correction over the pairs.
 
 The winner is the variant with the lowest mean held-out loss; the verdict says whether it beats every other
-variant, and names its adapter (tasks/<task>/adapter/, slurm_router/adapters.py) so the user can load it or
+variant, and names its adapter (tasks/<task>/adapter/, slurm_router/artifacts/adapters.py) so the user can load it or
 `python -m slurm_router.export RUN_DIR --merge OUT`: with several seeds, the adapter of its seed with the
 lowest held-out loss (the verdict is about the variant; the best replicate is the one to use), and the
 report lists every replicate's adapter.
@@ -29,7 +29,7 @@ import numpy as np
 
 from slurm_router.analysis import stats
 from slurm_router.analysis.load import Task
-from slurm_router.layout import FULL_MODEL
+from slurm_router.rundir.layout import FULL_MODEL
 
 N_BOOT = 2000
 SEED = 0            # fixed: the same run gives the same report, every time it is regenerated
@@ -109,7 +109,7 @@ def replicates(tasks: list[Task]) -> dict[str, list[Replicate]]:
 
 
 def pruned(tasks: list[Task]) -> dict[str, list[dict]]:
-    """Variant -> its replicates that prune=true stopped: [{task, seed, step, detail}] (slurm_router/prune.py)."""
+    """Variant -> its replicates that prune=true stopped: [{task, seed, step, detail}] (slurm_router/worker/prune.py)."""
     out: dict[str, list[dict]] = {}
     for t in tasks:
         if t.stage != "base" and t.pruned:

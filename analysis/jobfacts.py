@@ -10,10 +10,11 @@ import re
 import shutil
 
 from slurm_router.analysis.load import Task, of_kind
-from slurm_router.events import StartRow
-from slurm_router.launch.setup_lines import setup_failure
-from slurm_router.slurm_status import (LOCAL_STATES, SACCT_FIELDS, merge_status, normalize_state, parse_duration,
-                                       parse_sacct, run_command)
+from slurm_router.rundir.events import StartRow
+from slurm_router.rundir.progress import setup_failure
+from slurm_router.launch.slurm.parse import (LOCAL_STATES, SACCT_FIELDS, merge_status, normalize_state, parse_duration,
+                                             parse_sacct)
+from slurm_router.launch.slurm.status import run_command
 
 RESOURCE_FIELDS = ("JobID", "Timelimit", "AllocTRES", "NCPUS", "TotalCPU", "MaxRSS", "ReqMem")
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from slurm_router.checkpoint import WriteError, atomic_write_bytes
-from slurm_router.events import EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of, scan_events
-from slurm_router.layout import RunLayout, TaskPaths
+from slurm_router.fileio import WriteError, atomic_write_bytes
+from slurm_router.rundir.events import EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of, scan_events
+from slurm_router.rundir.layout import RunLayout, TaskPaths
 
 # Fields the report cannot do without, per event kind (anything else is optional); names checked against the
-# schema (slurm_router/events.py) when this module loads.
+# schema (slurm_router/rundir/events.py) when this module loads.
 REQUIRED = {
     StepRow.KIND: fields_of(StepRow, "step", "device", "loss", "n_tokens", "t_step_s", "busy_s_all"),
     MicroRow.KIND: fields_of(MicroRow, "step", "device", "n_tokens", "n_pad_tokens"),
@@ -94,7 +94,7 @@ class Task:
 
     @property
     def pruned(self) -> dict | None:
-        """{step, detail} when prune=true stopped this task at an evaluation (slurm_router/prune.py), else None."""
+        """{step, detail} when prune=true stopped this task at an evaluation (slurm_router/worker/prune.py), else None."""
         if not self.end or self.end.get("exit_state") != "pruned":
             return None
         step = self.end.get("step")

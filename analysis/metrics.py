@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from slurm_router.analysis.load import Task, of_kind
-from slurm_router.events import StartRow
+from slurm_router.rundir.events import StartRow
 
 WARMUP_FRACTION = 0.1
 # Dense bf16 peak FLOP/s from the vendors' data sheets (SXM parts); matched as substrings of the device name.

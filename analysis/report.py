@@ -8,7 +8,7 @@ and jobfacts.py (seff-like job facts and advice); plots.py draws, render.py writ
 running or requeued run still gets a report of what exists, and says what is missing (damaged event lines
 included: left out and named, never a reason to refuse). A diverged variant (its loss went non-finite) is
 listed as diverged at step N with its lr, and the verdict is among the others; so is a variant that prune=true
-stopped early (slurm_router/prune.py): its line says at which evaluation and why. The verdict names the winner
+stopped early (slurm_router/worker/prune.py): its line says at which evaluation and why. The verdict names the winner
 and the path of its adapter (summary.json: `winner`; each variant's `adapter` and `adapter_best`).
 
 Seed replicates (`seeds=3`): summary.json's `variants` stays one entry per task (r8-s0, r8-s1, ...; the
@@ -26,7 +26,7 @@ from slurm_router.analysis import abtest, jobfacts, metrics, plots
 from slurm_router.analysis.load import (ReportError, Task, atomic_write, load_run,  # noqa: F401  (ReportError: API)
                                         make_dir)
 from slurm_router.analysis.metrics import WARMUP_FRACTION, finite
-from slurm_router.layout import ADAPTER_FILES, RunLayout
+from slurm_router.rundir.layout import ADAPTER_FILES, RunLayout
 from slurm_router.analysis.render import fmt, gib, pct, to_html, to_markdown
 
 DEFINITIONS = [
@@ -380,6 +380,11 @@ def print_table(summary: dict) -> None:
         console.print(line, highlight=False)
     for line in summary.get("missing", []):
         console.print(f"missing: {line}", highlight=False)
-    from slurm_router.trackers import tracker_lines     # tracker=...: where to look, and the `wandb sync` line
+    from slurm_router.tracking.trackers import tracker_lines     # tracker=...: where to look, and the `wandb sync` line
     for line in tracker_lines(summary["run_dir"]):
         print(line, flush=True)
+
+
+def write_report_job(run_dir: str) -> dict:
+    """The last job of a Slurm run: the report, once every stage has ended (afterany)."""
+    return write_report(Path(run_dir))

@@ -18,7 +18,7 @@ def run_job(overrides: list[str], tmp: Path, warmup: int, threads: int | None = 
             ) -> dict:
     """Run `python -m slurm_router OVERRIDES run_root=tmp` (one CPU slot); tokens/s over the timed window, the
     useful-token fraction, micro-batches per step (median) and the largest memory peak a step row reported."""
-    from slurm_router.cpu import THREADS_ENV
+    from slurm_router.worker.cpu import THREADS_ENV
     full_env = {**os.environ, **(env or {})}
     if threads:
         full_env[THREADS_ENV] = str(threads)

@@ -84,7 +84,7 @@ def job(corpus: str, pc_path: Path, steps: int, packing: str, tmp: Path) -> dict
 def _samples(corpus: str, pc_path: Path):
     """The job's own training split (the same corpus code and settings), as (tokens, target mask) pairs."""
     from omegaconf import OmegaConf
-    from slurm_router.config import DataConfig
+    from slurm_router.config.schema import DataConfig
     from slurm_router.train.data import ByteTokenizer, build_corpus
     cfg = (DataConfig(kind="stdlib") if corpus == "stdlib" else
            DataConfig(kind="jsonl", path=str(pc_path), prompt_field="prompt", completion_field="completion"))

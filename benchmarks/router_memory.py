@@ -18,7 +18,7 @@ Then a cost-model simulation of capped devices on a long-tail workload. Its trut
 peaks of one config (non-negative least squares: fixed + per padded token + per n x len^2; its largest residual
 on the measured shapes is printed), not the router's seed; the router starts from its seed and learns from every
 observed peak and out-of-memory error. A micro-batch whose true peak exceeds the cap is an out-of-memory error:
-the worker halves it and retries (as slurm_router.worker does).
+the worker halves it and retries (as slurm_router.worker.worker does).
 
     python benchmarks/router_memory.py            # prints the tables; run_router_benchmarks.py collects them
 """
@@ -66,8 +66,8 @@ def _measure_config(spec: dict, shapes) -> dict:
     from omegaconf import OmegaConf
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from slurm_router.config import ModelConfig, TrainConfig
-    from slurm_router.microbatch import accumulate, loss_sum
+    from slurm_router.config.schema import ModelConfig, TrainConfig
+    from slurm_router.worker.microbatch import accumulate, loss_sum
     from slurm_router.train.model import build_model, memory_shape, parameter_bytes
     from slurm_router.train.optim import make_optimizer
 

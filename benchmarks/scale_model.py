@@ -24,7 +24,7 @@ from router_common import machine_info, median
 from workloads import lognormal_lengths, sample_batches
 
 from slurm_router.router import Router, RouterSettings
-from slurm_router.step_stats import StepStats
+from slurm_router.worker.step_stats import StepStats
 
 DEVICES = (8, 64, 512)
 # Gradient sizes (parameters). gpt2-small: counted with peft (model=gpt2_small, LoRA r=8 on c_attn and c_proj,

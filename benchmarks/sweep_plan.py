@@ -42,12 +42,12 @@ def phases(args: list[str], run_root: str, held: bool = False) -> dict[str, floa
     """The steps of __main__.run, each timed (the launcher's check, the model check and the corpus included).
     held: submitted for real, held back by --begin, then cancelled."""
     from slurm_router.__main__ import _check_models, _tokenizer, compose_grid
-    from slurm_router.config import validate
+    from slurm_router.config.variants import validate
     from slurm_router.launch.base import launch
     from slurm_router.launch.registry import launcher_class
-    from slurm_router.plan import make_plan
-    from slurm_router.rundir import create_run_dir, new_run_dir
-    from slurm_router.runlock import own_run, release_all
+    from slurm_router.launch.plan import make_plan
+    from slurm_router.rundir.manifest import create_run_dir, new_run_dir
+    from slurm_router.rundir.lock import own_run, release_all
     from slurm_router.train.data import build_corpus
     t = {"start": time.perf_counter()}
     cfg = compose_grid([*args, *COMMON, *(HELD if held else []), f"run_root={run_root}"], multirun=True)
@@ -96,8 +96,8 @@ def main() -> None:
     opts = ap.parse_args()
     t0 = time.perf_counter()
     import slurm_router.__main__  # noqa: F401
-    import slurm_router.launch.sbatch_launcher  # noqa: F401
-    import slurm_router.rundir  # noqa: F401
+    import slurm_router.launch.slurm.sbatch_launcher  # noqa: F401
+    import slurm_router.rundir.manifest  # noqa: F401
     import slurm_router.train.data  # noqa: F401
     imports_s = time.perf_counter() - t0
     grids = {4: (2, 2), 100: (10, 10), 400: (40, 10)}

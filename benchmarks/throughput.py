@@ -31,7 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from provenance import header  # noqa: E402
-from slurm_router.train.profile import PROFILE_OUT_ENV, PROFILE_STEP_ENV, top_operators  # noqa: E402
+from slurm_router.worker.profile import PROFILE_OUT_ENV, PROFILE_STEP_ENV, top_operators  # noqa: E402
 
 
 def shapes(device: str) -> dict:
@@ -91,7 +91,7 @@ def job(s: dict, tmp: Path, extra: list[str], profile_to: list | None = None) ->
             "model.lora.alpha=32", f"train.global_batch_size={s['batch']}", f"train.steps={steps}",
             "train.eval_batches=1", "train.eval_batch_size=2", "train.eval_every=0", "train.lr=1e-4",
             f"run_root={tmp}", "launcher.cpu_slots=1", *extra]
-    from slurm_router.cpu import THREADS_ENV
+    from slurm_router.worker.cpu import THREADS_ENV
     env = {**os.environ, THREADS_ENV: str(os.cpu_count())}
     prof_file = tmp / f"profile-{time.time_ns()}.txt"
     if profile_to is not None:

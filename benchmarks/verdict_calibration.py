@@ -145,12 +145,12 @@ def power(effect: float, n_seeds: int, n_draws: int, seed: int = 5) -> float:
 
 def prune_rates(n_draws: int, seed: int, effects=(0.0, 0.0, 0.0), n_seeds: int = 3, looks: int = 4,
                 noise: Noise = Noise(), single_seed_ok: bool = False) -> tuple[float, float]:
-    """prune=true (slurm_router/prune.py) over `looks` evaluations of len(effects) variants (the first is the
+    """prune=true (slurm_router/worker/prune.py) over `looks` evaluations of len(effects) variants (the first is the
     best; effect > 0 is worse by that much): (the share of draws where a variant as good as the best is ever
     pruned, the share where each worse variant is pruned, averaged). Each look draws fresh tables: evaluations
     of one run are correlated over time, which only lowers the first rate (Bonferroni holds under any
     dependence). single_seed_ok: what the rule would do if it pruned on eval-sample noise alone."""
-    from slurm_router import prune
+    from slurm_router.worker import prune
     rng = np.random.default_rng(seed)
     names = [f"v{i}" for i in range(len(effects))]
     equal = [n for n, e in zip(names, effects) if e == effects[0]]
@@ -175,7 +175,7 @@ def band(n_draws: int, p: float = ALPHA, level: float = 0.99) -> tuple[float, fl
 
 def prune_section(n: int) -> list[str]:
     """prune=true: how often an equally good variant is stopped, and how often a worse one is."""
-    lines = ["", "## prune=true: early stops (slurm_router/prune.py)", "",
+    lines = ["", "## prune=true: early stops (slurm_router/worker/prune.py)", "",
              f"3 variants, 4 in-training evaluations (each a fresh draw), {n} simulated runs per cell, default "
              "noise. A/A: all three equally good, the share of runs where any variant is ever pruned (wanted: at "
              "most 5%). A/B: one variant worse by the effect (nats per token), the share of runs where it is "

@@ -24,7 +24,7 @@ if __name__ == "__main__":      # a Ctrl-C while the imports below load: one lin
     signal.signal(signal.SIGINT, _interrupted_early)
     signal.signal(signal.SIGTERM, _interrupted_early)
 
-from slurm_router.config import UserError
+from slurm_router.errors import UserError
 
 USAGE = """usage: python -m slurm_router [-m] [+experiment=NAME] [group=option ...] [key=value ...]
   groups: model data router launcher tracker experiment (see conf/); e.g. +experiment=lora_ab router=round_robin
@@ -41,7 +41,8 @@ USAGE = """usage: python -m slurm_router [-m] [+experiment=NAME] [group=option .
 
 def compose(overrides: list[str]):
     """Hydra's compose API (not @hydra.main: no cwd change, no outputs/ folder, our own error lines)."""
-    from slurm_router.config import check_launcher_keys, register_schema
+    from slurm_router.config.checks import check_launcher_keys
+    from slurm_router.config.schema import register_schema
     register_schema()
     with _one_line_errors():
         cfg = _hydra_compose(_free_form_overrides(overrides))
@@ -53,7 +54,7 @@ def _hydra_compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from slurm_router.config import conf_dir
+    from slurm_router.config.schema import conf_dir
     with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
         return hydra_compose(config_name="config", overrides=overrides)
 
@@ -64,8 +65,8 @@ def _free_form_overrides(overrides: list[str]) -> list[str]:
     (`variants.r8.train.lr=1e-3`) need no '+' either, but only for a variant the experiment has: a typo must not
     add a variant; a new one is added on purpose with `+variants.NAME...`. The merged variant is still checked
     against the schema (config.variant_configs)."""
-    from slurm_router.config import FREE_FORM_KEYS
-    from slurm_router.sweep import parse_overrides
+    from slurm_router.config.schema import FREE_FORM_KEYS
+    from slurm_router.config.sweep import parse_overrides
     parsed = parse_overrides(overrides)
     free = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete())
             and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in FREE_FORM_KEYS)]
@@ -97,7 +98,7 @@ def _one_line_errors():
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    from slurm_router.config import EXPERIMENT_HINT, explain
+    from slurm_router.config.checks import EXPERIMENT_HINT, explain
     try:
         yield
     except MissingConfigException as e:
@@ -120,41 +121,11 @@ def _missing_option(e) -> UserError:
     if m:
         group, option = m.groups()
         if not options:             # Hydra lists them only for a single option, not for one of a list
-            from slurm_router.config import conf_dir
+            from slurm_router.config.schema import conf_dir
             options = sorted(p.stem for p in (Path(conf_dir()) / group).glob("*.yaml"))
         return UserError(f"{group}={option}: no such {group} in conf/{group}/; choose one of: "
                          f"{', '.join(options) or '(none)'}")
     return UserError(text.strip().splitlines()[0])
-
-
-def _check_models(cfg, variants: dict) -> None:
-    """model=hf checkpoints, before anything is written (workers read them later): config and whole weights,
-    then a causal LM whose layers include each variant's model.lora.target_modules (built on the meta device)."""
-    named = [("", cfg), *((f"variants.{n}: " if cfg.variants else "", c) for n, c in variants.items())]
-    named = [(where, c) for where, c in named if c.model.kind == "hf"]
-    if not named:
-        return
-    from slurm_router.train.model import check_architecture, check_checkpoint
-    for c in {(c.model.name_or_path, c.data.max_len): c for _, c in named}.values():
-        check_checkpoint(c.model, c.data.max_len)
-    seen = set()
-    for where, c in named:
-        key = (c.model.name_or_path, c.model.lora.enabled, repr(c.model.lora.target_modules))
-        if key not in seen:
-            seen.add(key)
-            check_architecture(c.model, where)
-
-
-def _tokenizer(cfg):
-    from slurm_router.train.data import make_tokenizer
-    try:                        # a local checkpoint can be broken in many ways; each is the user's to fix
-        return make_tokenizer(cfg.model)
-    except UserError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"model.name_or_path={cfg.model.name_or_path!r}: cannot load its tokenizer ({first}): "
-                        "give a complete local transformers checkpoint (config, weights, tokenizer files)") from None
 
 
 def run(overrides: list[str], multirun: bool = False) -> int:
@@ -175,34 +146,27 @@ def run(overrides: list[str], multirun: bool = False) -> int:
         raise UserError("new_snapshot=true goes with resume=RUN_DIR (a resumed Slurm run's jobs then import the "
                         "current code, recorded as a new snapshot); a new Slurm run snapshots the current code anyway")
     cfg = compose_grid(overrides, multirun)
-    from slurm_router.config import validate
-    from slurm_router.launch.registry import launcher_class
-    variants = validate(cfg)
-    from slurm_router.plan import check_fits_base
-    check_fits_base(cfg, variants)
-    from slurm_router.rundir import create_run_dir, new_run_dir
-    run_id, run_dir = new_run_dir(cfg)                 # in a run_root that can be written, or one line now
-    _check_models(cfg, variants)
-    launcher = launcher_class(cfg.launcher.kind)
-    launcher.check(cfg)
-    from slurm_router.train.data import build_corpus
-    corpus = build_corpus(cfg.data, _tokenizer(cfg))   # fail on bad data before any file is written
+    from slurm_router.cli.checks import check_new_run
+    from slurm_router.rundir.manifest import create_run_dir
+    checked = check_new_run(cfg)                       # every check, in order, before any file is written
+    variants, launcher, corpus, run_id, run_dir = (checked.variants, checked.launcher, checked.corpus,
+                                                   checked.run_id, checked.run_dir)
     print(f"experiment {cfg.experiment}: {_variants_line(variants)}; "
           f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples"
           f"{corpus.counts_note()}")
 
     from slurm_router.launch.base import launch
-    from slurm_router.plan import make_plan
+    from slurm_router.launch.plan import make_plan
     stages = make_plan(cfg, variants, run_id, str(run_dir))
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
-    from slurm_router.runlock import own_run
+    from slurm_router.rundir.lock import own_run
     own_run(manifest)                                  # the one writer of this run dir from here (runlock.py)
     return launch(launcher(cfg, manifest), stages)
 
 
 def compose_grid(overrides: list[str], multirun: bool = False):
-    """compose(), and with -m the grid of the sweep overrides as the variants (slurm_router.sweep)."""
-    from slurm_router.sweep import expand_grid, split_sweeps
+    """compose(), and with -m the grid of the sweep overrides as the variants (slurm_router.config.sweep)."""
+    from slurm_router.config.sweep import expand_grid, split_sweeps
     fixed, sweeps = split_sweeps(overrides, multirun)
     cfg = compose(fixed)
     if sweeps:
@@ -212,7 +176,7 @@ def compose_grid(overrides: list[str], multirun: bool = False):
 
 def _variants_line(variants: dict) -> str:
     """'2 variant(s) r8, r32 x 3 training seeds (0, 1, 2) = 6 tasks' (a long list shows its ends)."""
-    from slurm_router.config import training_seeds
+    from slurm_router.config.variants import training_seeds
     names = list(variants)
     shown = ", ".join(names if len(names) <= 12 else [*names[:5], "...", *names[-5:]])
     seeds = training_seeds(next(iter(variants.values())))
@@ -241,7 +205,7 @@ def resume_run(arg: str, here: bool = False, new_snapshot: bool = False) -> int:
         raise UserError("resume= needs a run directory: resume=runs/<experiment>/<timestamp>")
     from slurm_router.launch.base import launch
     from slurm_router.launch.registry import launcher_class
-    from slurm_router.resume import plan_resume, renew_timeout_budget
+    from slurm_router.launch.resume import plan_resume, renew_timeout_budget
     manifest, cfg, stages = plan_resume(arg)
     run_dir = manifest.layout.root
     kind = "local" if here else cfg.get("launcher", {}).get("kind", "local")
@@ -261,11 +225,10 @@ def resume_run(arg: str, here: bool = False, new_snapshot: bool = False) -> int:
     if new_snapshot and launcher_class(kind).synchronous:
         raise UserError(f"new_snapshot=true: {run_dir} ran with launcher={kind}, whose tasks run this checkout as it "
                         "is (no code snapshot): resume it without new_snapshot")
-    from slurm_router.trackers import check_tracker
-    check_tracker(cfg.get("tracker"))       # as a fresh run does: a store unwritable since is named before any job
+    from slurm_router.cli.checks import check_resumed_run
     launcher = launcher_class(kind)(cfg, manifest)
     launcher.new_snapshot = new_snapshot
-    launcher.check_resume()
+    check_resumed_run(cfg, launcher)
     refuse_live_tasks()
     renew_timeout_budget(todo)        # the user chose to go on: launcher.max_requeues counts afresh
     manifest.set(state="running", resumed=manifest.data.get("resumed", 0) + 1, launcher=kind)
@@ -278,13 +241,13 @@ def _interrupted() -> int:
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # a second Ctrl-C must not cut the bookkeeping short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from slurm_router.lifecycle import EXIT_INTERRUPTED
-    from slurm_router.runlock import held_dirs
+    from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED
+    from slurm_router.rundir.lock import held_dirs
     dirs = held_dirs()
     if not dirs:
         print("\ninterrupted: nothing was written", file=sys.stderr)
     for root in dirs:
-        from slurm_router.rundir import Manifest
+        from slurm_router.rundir.manifest import Manifest
         manifest = Manifest.load(root)
         state = manifest.data.get("state")
         if state in ("completed", "failed"):
@@ -303,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     # A KeyboardInterrupt the interpreter drops (raised in a callback) is raised again (lifecycle.raise_stop).
     import signal
 
-    from slurm_router.lifecycle import forget_stops, raise_stop
+    from slurm_router.rundir.lifecycle import forget_stops, raise_stop
     forget_stops()
     before = signal.signal(signal.SIGINT, raise_stop), signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, raise_stop)
@@ -329,7 +292,7 @@ def _main(argv: list[str]) -> int:
         print(f"error: unknown option {bad[0]}: arguments are -m (a sweep) and Hydra overrides like train.steps=20 "
               "(see python -m slurm_router --help)", file=sys.stderr)
         return 2
-    from slurm_router.lifecycle import stops_raised
+    from slurm_router.rundir.lifecycle import stops_raised
     try:
         code = run(argv, multirun)
     except KeyboardInterrupt:
@@ -342,7 +305,7 @@ def _main(argv: list[str]) -> int:
             code = 2
         else:
             raise
-    from slurm_router.runlock import release_all
+    from slurm_router.rundir.lock import release_all
     release_all()                     # every process of the run has ended: the lock is free, said released
     return code
 

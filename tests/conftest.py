@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_router.events import EVENT, EndRow, StepRow
+from slurm_router.rundir.events import EVENT, EndRow, StepRow
 
 REPO = Path(__file__).resolve().parents[1]
 # scripts/test.sh runs 4 test files side by side on a machine with few cores, so every worker process of every

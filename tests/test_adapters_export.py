@@ -56,7 +56,7 @@ def _task_cfg(run_dir: Path, variant: str):
 
 def held_out_loss(model, run_dir: Path, variant: str) -> float:
     """The token-weighted loss of `model` on the held-out batches the worker evaluated (same seed, same data)."""
-    from slurm_router.microbatch import batch_tensors
+    from slurm_router.worker.microbatch import batch_tensors
     from slurm_router.train.data import build_corpus, eval_batches, make_tokenizer
     from slurm_router.train.loss import token_loss_sum
     cfg = _task_cfg(run_dir, variant)
@@ -112,14 +112,14 @@ def test_the_transformers_byte_tokenizer_encodes_as_the_byte_tokenizer():
 
 
 def test_a_folder_is_written_whole_or_not_at_all(tmp_path):
-    from slurm_router.adapters import write_folder
+    from slurm_router.artifacts.adapters import write_folder
     target = tmp_path / "adapter"
     write_folder(target, lambda tmp: (tmp / "a.json").write_text("old"))
 
     def half(tmp):
         (tmp / "a.json").write_text("new")
         raise OSError(28, "No space left on device")
-    from slurm_router.checkpoint import WriteError
+    from slurm_router.fileio import WriteError
     with pytest.raises(WriteError) as e:
         write_folder(target, half)
     assert "No space left on device" in str(e.value) and str(target) in str(e.value)

@@ -497,9 +497,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys, args, ex
 def test_dict_overrides_reach_both_slurm_launchers():
     """`launcher.additional_parameters={nice: 10}` (the README's syntax) and `...additional_parameters.nice=10`
     reach submitit's parameters and the rendered sbatch script (tests/test_bad_input.py submits the latter)."""
-    from slurm_router.launch.sbatch_launcher import sbatch_spec
-    from slurm_router.launch.sbatch_render import sbatch_directives
-    from slurm_router.launch.submitit_launcher import submitit_params
+    from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
+    from slurm_router.launch.slurm.sbatch_render import sbatch_directives
+    from slurm_router.launch.slurm.submitit_launcher import submitit_params
     for value in ("launcher.additional_parameters={nice: 10}", "launcher.additional_parameters.nice=10"):
         cfg = compose(["launcher=slurm", value])
         assert submitit_params(cfg, 1, "variants", None)["slurm_additional_parameters"]["nice"] == 10
@@ -510,9 +510,9 @@ def test_dict_overrides_reach_both_slurm_launchers():
 def test_nodes_per_task_places_devices_over_nodes_for_both_slurm_launchers():
     """resources.nodes_per_task=2 with 4 devices: 2 nodes, 2 srun tasks (one GPU each) on each; 1 (the default):
     every srun task of the task on one node (tests/test_multinode.py runs it on the 2-node cluster)."""
-    from slurm_router.launch.sbatch_launcher import sbatch_spec
-    from slurm_router.launch.sbatch_render import sbatch_directives
-    from slurm_router.launch.submitit_launcher import submitit_params
+    from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
+    from slurm_router.launch.slurm.sbatch_render import sbatch_directives
+    from slurm_router.launch.slurm.submitit_launcher import submitit_params
     for nodes, per_node in ((2, 2), (1, 4)):
         args = ["launcher.srun_workers=true", "resources.devices_per_task=4", f"resources.nodes_per_task={nodes}"]
         params = submitit_params(compose(["launcher=slurm", *args]), 4, "variants", None)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli, run_dir_of
-from slurm_router import base_cache
-from slurm_router.config import UserError
+from slurm_router.artifacts import base_cache
+from slurm_router.errors import UserError
 
 # A base stage of 4 steps and one LoRA variant of 2: a run is two task start-ups (~40 s on 2 busy cores).
 FAST = ["base.enabled=true", "base.steps=4", "base.global_batch_size=8", "train.steps=2", "train.global_batch_size=8",
@@ -96,8 +96,8 @@ def test_a_worker_refuses_damaged_weights_in_one_line_and_unmarks_the_cache(tmp_
 
 def test_the_plan_trains_a_truncated_cache_again_and_says_so(tmp_path, capsys):
     from slurm_router.__main__ import compose
-    from slurm_router.config import validate
-    from slurm_router.plan import make_plan
+    from slurm_router.config.variants import validate
+    from slurm_router.launch.plan import make_plan
     cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
     variants = validate(cfg)
     folder = base_cache.weights_path(cfg)

@@ -9,10 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from slurm_router.checkpoint import (CheckpointError, checkpoint_path, latest_valid_checkpoint, load_checkpoint,
-                                     save_checkpoint, verify_checkpoint)
-from slurm_router.layout import TaskPaths
-from slurm_router.plan import TaskSpec
+from slurm_router.worker.checkpoint import CheckpointError, checkpoint_path, latest_valid_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint
+from slurm_router.rundir.layout import TaskPaths
+from slurm_router.rundir.spec import TaskSpec
 
 
 def _state(step: int) -> dict:
@@ -76,7 +75,7 @@ def process_group(tmp_path):
 def test_state_round_trip_continues_bitwise(tmp_path, process_group):
     """Weights, AdamW moments, RNG streams and router state: a restored replica takes the same steps."""
     from slurm_router.router import Router, RouterSettings
-    from slurm_router.train import state
+    from slurm_router.worker import state
 
     def setup():
         torch.manual_seed(0)
@@ -120,7 +119,7 @@ def _spec(tmp_path, **launcher) -> TaskSpec:
 
 
 def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monkeypatch):
-    from slurm_router import requeue
+    from slurm_router.allocation import requeue
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -138,10 +137,11 @@ def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monke
 
 
 def test_attempts_count_and_slurm_restarts_are_logged_once(tmp_path, monkeypatch):
-    from slurm_router import requeue
+    from slurm_router.allocation import requeue
+    from slurm_router.rundir import attempts
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
-    assert [requeue.next_attempt(spec.task_dir) for _ in range(3)] == [0, 1, 2]
+    assert [attempts.next_attempt(spec.task_dir) for _ in range(3)] == [0, 1, 2]
     monkeypatch.setenv("SLURM_JOB_ID", "55")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     requeue.note_slurm_restart(spec)
@@ -151,7 +151,7 @@ def test_attempts_count_and_slurm_restarts_are_logged_once(tmp_path, monkeypatch
 
 
 def test_a_torn_last_event_line_is_dropped_before_appending(tmp_path):
-    from slurm_router.requeue import repair_torn_tail
+    from slurm_router.allocation.requeue import repair_torn_tail
     p = tmp_path / "events-rank0.jsonl"
     p.write_bytes(b'{"event":"step"}\n{"event":"mi')
     repair_torn_tail(p)
@@ -163,7 +163,7 @@ def test_a_torn_last_event_line_is_dropped_before_appending(tmp_path):
 def test_requeue_names_the_array_task_not_the_array(monkeypatch):
     """Slurm may give one array task the array's own id: `scontrol requeue <that id>` would requeue every task
     of the array (found on the real cluster: a time-out of one variant killed its sibling mid-checkpoint)."""
-    from slurm_router.requeue import slurm_job_ref
+    from slurm_router.allocation.requeue import slurm_job_ref
     monkeypatch.setenv("SLURM_JOB_ID", "467")
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "467")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
@@ -184,7 +184,7 @@ class _Children:
 def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
     """The Ctrl-C race: a signal that lands while the workers are being spawned (blocked, delivered as soon as
     the mask is restored) must be forwarded to them, not only remembered."""
-    from slurm_router.supervisor import TaskSupervisor
+    from slurm_router.allocation.supervisor import TaskSupervisor
     old = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
     try:
         sup = TaskSupervisor().install()
@@ -205,7 +205,7 @@ def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
 
 
 def test_a_stop_before_the_start_stops_the_task_or_reaches_a_pack():
-    from slurm_router.supervisor import TaskStopped, TaskSupervisor
+    from slurm_router.allocation.supervisor import TaskStopped, TaskSupervisor
     sup = TaskSupervisor()
     sup.on_signal(signal.SIGTERM)
     with pytest.raises(TaskStopped):
@@ -215,8 +215,8 @@ def test_a_stop_before_the_start_stops_the_task_or_reaches_a_pack():
 
 
 def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
-    from slurm_router import requeue
-    from slurm_router.lifecycle import TaskOutcome
+    from slurm_router.allocation import requeue
+    from slurm_router.rundir.lifecycle import TaskOutcome
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -243,13 +243,13 @@ def test_a_job_process_spawned_with_stop_signals_blocked_never_dies_of_an_early_
     supervisor does for its children (the local launcher should too: without it that TERM kills the process)."""
     import subprocess
     import sys
-    from slurm_router.supervisor import stop_signals_blocked
+    from slurm_router.allocation.supervisor import stop_signals_blocked
     spec = _spec(tmp_path)
     paths = TaskPaths(spec.task_dir)
     paths.dir.mkdir(parents=True)
     paths.task_file.write_text(spec.to_json())
     with stop_signals_blocked():
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.job", str(paths.task_file)],
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.allocation.job", str(paths.task_file)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)

@@ -22,7 +22,7 @@ import pytest
 from conftest import run_cli, run_dir_of, wait_until
 from fake_runtime import calls, install_fake_apptainer, slurm_calls
 from slurm_router.launch.container import ContainerSpec
-from slurm_router.launch.sbatch_render import SbatchSpec, render_sbatch
+from slurm_router.launch.slurm.sbatch_render import SbatchSpec, render_sbatch
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN = "/scratch/runs/lora_ab/2024-01-01_12-00-00"
@@ -43,7 +43,7 @@ def _spec(runtime: str, **changes) -> SbatchSpec:
                               mounts=("/scratch/shared:/shared",), workdir=RUN if runtime == "pyxis" else None)
     fields = dict(job_name="lora_ab-variants", run_dir=RUN, array_size=2, gpus_per_task=1, cpus_per_task=4,
                   timeout_min=90, partition="gpu", python="python3", container=container,
-                  task_argv=("-m", "slurm_router.job", "--run-dir", RUN, "--stage", "variants"),
+                  task_argv=("-m", "slurm_router.allocation.job", "--run-dir", RUN, "--stage", "variants"),
                   setup=("module load cuda/12.1", "source /opt/venvs/lab/bin/activate"),
                   pythonpath=f"{RUN}/code", mail_type="END,FAIL", mail_user="someone@example.org")
     return SbatchSpec(**{**fields, **changes})
@@ -53,7 +53,7 @@ def test_golden_apptainer_sbatch():
     text = render_sbatch(_spec("apptainer"))
     _golden("array-apptainer.sbatch", text)
     assert "exec --nv --bind /scratch/runs/lora_ab/2024-01-01_12-00-00,/data/corpus,/scratch/shared:/shared " \
-           "'/images/pytorch 24.01.sif' python3 -m slurm_router.job" in text
+           "'/images/pytorch 24.01.sif' python3 -m slurm_router.allocation.job" in text
     assert "#SBATCH --signal=B:USR2@120" in text            # the batch shell, outside, gets it and passes it on
 
 
@@ -63,7 +63,7 @@ def test_golden_pyxis_sbatch_srun_workers():
     assert ("srun --ntasks=2 --cpus-per-task=4 --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=0 --gpus-per-task=1 "
             "'--container-image=nvcr.io#nvidia/pytorch:24.01-py3' --container-mounts="
             f"{RUN}:{RUN},/data/corpus:/data/corpus,/scratch/shared:/shared --container-workdir={RUN} "
-            "python3 -m slurm_router.job") in text
+            "python3 -m slurm_router.allocation.job") in text
     one = render_sbatch(_spec("pyxis"))         # one task: still a step (pyxis is srun's), with the job's GPUs
     assert "\nsrun --ntasks=1 --cpus-per-task=4 '--container-image=" in one and "--gpus-per-task" not in one
 
@@ -73,7 +73,7 @@ def test_golden_submitit_parameters(runtime, tmp_path):
     """What launcher=slurm hands submitit: the executor's parameters, the interpreter submitit runs on, and (apptainer)
     the words the PackRunner of one starts the task with inside the image."""
     from slurm_router.__main__ import compose
-    from slurm_router.launch.submitit_launcher import submitit_params, submitit_python, task_runner_python
+    from slurm_router.launch.slurm.submitit_launcher import submitit_params, submitit_python, task_runner_python
     from slurm_router.launch.container import container_spec
     image = "/images/pytorch.sif" if runtime == "apptainer" else "nvcr.io#nvidia/pytorch:24.01-py3"
     cfg = compose(["launcher=slurm", f"launcher.container.image='{image}'", f"launcher.container.runtime={runtime}",
@@ -215,7 +215,7 @@ def _assert_requeued_in_the_image(run_dir: Path, rt: Path, packed: bool) -> None
     for call in made:
         assert call["nv"] and call["binds"] == [str(run_dir), str(run_dir.parents[2] / "extra")], call
         assert call["image"] == str(run_dir.parents[2] / "images" / "lab.sif")
-        assert call["command"][:3] == [sys.executable, "-m", "slurm_router.job"], call
+        assert call["command"][:3] == [sys.executable, "-m", "slurm_router.allocation.job"], call
         assert call["env"]["SETUP_MARK"] == "from-setup"                     # launcher.setup ran first, outside
         assert call["slurm_router"] == str(run_dir / "code" / "slurm_router" / "__init__.py")     # the snapshot
         assert call["env"]["PYTHONPATH"].split(":")[0] == str(run_dir / "code")

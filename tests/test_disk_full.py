@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from conftest import run_cli, run_dir_of
-from slurm_router import base_cache
-from slurm_router.checkpoint import WriteError, atomic_write_text, save_checkpoint
+from slurm_router.artifacts import base_cache
+from slurm_router.fileio import WriteError, atomic_write_text
+from slurm_router.worker.checkpoint import save_checkpoint
 
 
 def _files(folder: Path) -> list[str]:

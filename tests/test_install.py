@@ -36,7 +36,7 @@ def test_non_editable_install_finds_conf_and_analysis(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(REPO)], check=True,
                    cwd=tmp_path, timeout=300, env=env)
-    where = subprocess.run([py, "-c", "import slurm_router.config as c, slurm_router.analysis as a; "
+    where = subprocess.run([py, "-c", "import slurm_router.config.schema as c, slurm_router.analysis as a; "
                             "print(c.conf_dir()); print(a.__file__)"], cwd=tmp_path, capture_output=True,
                            text=True, check=True, env=env).stdout.split()
     assert all(str(venv) in w for w in where), where

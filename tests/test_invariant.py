@@ -6,7 +6,7 @@ speeds and micro-batch splitting, up to float reduction order. Real multi-proces
 import pytest
 
 from conftest import run_cli, run_dir_of, step_losses
-from slurm_router.events import MicroRow, read_events
+from slurm_router.rundir.events import MicroRow, read_events
 
 COMMON = ["base.enabled=false", "train.steps=6", "train.global_batch_size=12", "train.warmup_steps=0",
           "train.lr=1e-2", "train.eval_batches=1", "train.eval_batch_size=4", "data.max_documents=40",

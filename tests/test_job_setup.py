@@ -18,9 +18,9 @@ import pytest
 
 from conftest import run_cli, run_dir_of, wait_until
 from slurm_router.__main__ import compose
-from slurm_router.launch.sbatch_launcher import report_script, sbatch_spec
-from slurm_router.launch.sbatch_render import SbatchSpec, render_sbatch
-from slurm_router.launch.submitit_launcher import job_setup, submitit_params, submitit_python
+from slurm_router.launch.slurm.sbatch_launcher import report_script, sbatch_spec
+from slurm_router.launch.slurm.sbatch_render import SbatchSpec, render_sbatch
+from slurm_router.launch.slurm.submitit_launcher import job_setup, submitit_params, submitit_python
 
 SRUN = pytest.mark.skipif(shutil.which("srun") is None, reason="submitit's Slurm executor needs srun on the PATH")
 RECORDER = r'''#!{python}
@@ -77,7 +77,7 @@ def test_both_launchers_take_the_same_options():
     assert spec.setup == ("module load cuda/12.1", "source ~/venv/bin/activate")
     text = render_sbatch(spec)
     assert "#SBATCH --mail-type=END,FAIL\n#SBATCH --mail-user=someone@example.org\n" in text
-    assert "\nexec '/opt/py 3/bin/python' -m slurm_router.job --run-dir /r --stage variants\n" in text
+    assert "\nexec '/opt/py 3/bin/python' -m slurm_router.allocation.job --run-dir /r --stage variants\n" in text
     report = report_script(cfg, "/r", "/r/code")       # the report job: the same setup, snapshot and interpreter
     lines = report.splitlines()
     at = lines.index("module load cuda/12.1")           # as written, each after the number of its line

@@ -25,8 +25,8 @@ import pytest
 
 from conftest import run_cli, run_dir_of, wait_until
 
-from slurm_router.srun_worker import wait_for_master
-from slurm_router.supervisor import TaskFailed
+from slurm_router.allocation.srun_worker import wait_for_master
+from slurm_router.allocation.supervisor import TaskFailed
 
 
 def cluster_test(fn):
@@ -93,7 +93,7 @@ def _sacct_state(env: dict, job_id: str) -> str:
 
 def _still_in_slurm(env: dict, run_dir: Path) -> list:
     """The run's tasks that Slurm still holds (what resume= refuses on: slurm_status.live_tasks), on this cluster."""
-    from slurm_router.slurm_status import live_tasks
+    from slurm_router.launch.slurm.status import live_tasks
 
     def runner(argv: list[str]) -> str:
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
@@ -254,7 +254,7 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
 
 def test_who_records_the_end_when_a_peer_is_lost(monkeypatch):
     """Rank 0 records a lost peer; when rank 0's node is the one lost, the lowest rank on another node does."""
-    from slurm_router.srun_worker import _speaks_for_the_task
+    from slurm_router.allocation.srun_worker import _speaks_for_the_task
     monkeypatch.setenv("SLURM_NTASKS", "4")
     assert _speaks_for_the_task(0, [2, 3])
     assert [r for r in range(1, 4) if _speaks_for_the_task(r, [0, 1])] == [2]

@@ -18,8 +18,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import run_cli, run_dir_of, step_losses
-from slurm_router.config import DataConfig, ModelConfig
-from slurm_router.microbatch import batch_tensors
+from slurm_router.config.schema import DataConfig, ModelConfig
+from slurm_router.worker.microbatch import batch_tensors
 from slurm_router.router import MemoryModel, RouterSettings
 from slurm_router.router.packing import pack_rows, split_for_oom
 from slurm_router.train.data import ByteTokenizer, build_corpus, make_tokenizer
@@ -200,7 +200,7 @@ def test_the_job_packed_trains_the_padded_loss_curve(tmp_path, devices, policy):
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         task = run_dir_of(out) / "tasks" / "main"
         curves[packing] = step_losses(task)
-        from slurm_router.events import read_events
+        from slurm_router.rundir.events import read_events
         rows[packing] = [r for r in read_events(task / "events-rank0.jsonl") if r["event"] == "step"]
     assert len(curves["true"]) == 5
     for packed, padded in zip(curves["true"], curves["false"]):

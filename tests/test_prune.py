@@ -1,4 +1,4 @@
-"""prune=true (slurm_router/prune.py): a clear loser stops at an in-training evaluation, decided by the verdict's
+"""prune=true (slurm_router/worker/prune.py): a clear loser stops at an in-training evaluation, decided by the verdict's
 statistics; an equally good variant is rarely stopped; a variant that is not pruned trains exactly as alone."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from conftest import run_cli, run_dir_of, step_losses
-from slurm_router import prune
+from slurm_router.worker import prune
 from verdict_calibration import band, prune_rates, simulate
 
 

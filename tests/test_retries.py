@@ -1,5 +1,5 @@
 """launcher.max_failures: a task that failed for a reason not its own runs again from its checkpoint, away from
-the node it failed on, up to N times; its own error never does (slurm_router.retry).
+the node it failed on, up to N times; its own error never does (slurm_router.allocation.retry).
 
 Unit tests for the decisions (which failures count, the budget in attempts.json, which nodes to exclude, NODE_FAIL
 found in sacct), then the real single-node Slurm cluster: a worker killed with SIGKILL mid-run makes its task
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from conftest import event_rows, run_cli, run_dir_of
-from slurm_router import retry
-from slurm_router.config import SbatchLauncherConfig, SubmititLauncherConfig
-from slurm_router.plan import TaskSpec
+from slurm_router.allocation import retry
+from slurm_router.config.schema import SbatchLauncherConfig, SubmititLauncherConfig
+from slurm_router.rundir.spec import TaskSpec
 
 
 def test_only_a_worker_killed_by_a_signal_is_not_its_own_error():
@@ -127,8 +127,8 @@ def test_a_signal_death_is_retried_within_the_budget_and_its_own_error_never(spe
 def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, tmp_path):
     """Inside a container (no scontrol there) the task writes the request file its batch script acts on and
     ends with exit 76; the node is not excluded then."""
-    from slurm_router.lifecycle import EXIT_REQUEUE
-    from slurm_router.requeue import REQUEUE_REQUEST_ENV
+    from slurm_router.rundir.lifecycle import EXIT_REQUEUE
+    from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV
     monkeypatch.setenv(REQUEUE_REQUEST_ENV, str(tmp_path / "requeue.json"))
     slurm = FakeSlurm()
     retried = retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, slurm)
@@ -138,7 +138,7 @@ def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, 
 
 
 def test_no_retry_outside_slurm_or_for_a_packed_task(spec, monkeypatch):
-    from slurm_router.launch.pack import PACKED_ENV
+    from slurm_router.allocation.pack import PACKED_ENV
     monkeypatch.setenv(PACKED_ENV, "1")          # a pack's task: a requeue would restart the pack's other tasks
     assert retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, FakeSlurm()) is None
     monkeypatch.delenv(PACKED_ENV)
@@ -234,7 +234,7 @@ def test_a_killed_worker_is_retried_once_and_an_own_error_never(tmp_path, base_c
     # bad: its worker raised; never retried, and status says how it failed
     bad = states["bad"]
     assert (bad["state"], bad["attempts"], bad["retries"], bad["requeues"]) == ("FAILED", 1, [], 0)
-    assert "raised slurm_router.microbatch.SimulatedOOM" in (run_dir / "logs" / f"{jobs['bad']}.err").read_text()
+    assert "raised slurm_router.worker.microbatch.SimulatedOOM" in (run_dir / "logs" / f"{jobs['bad']}.err").read_text()
 
 
 @pytest.mark.slurm

@@ -189,7 +189,7 @@ def test_status_cancel_stops_a_live_local_run_as_ctrl_c_does(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from slurm_router.runlock import acquire
+    from slurm_router.rundir.lock import acquire
     acquire(sys.argv[1])
     print("held", flush=True)
     time.sleep(600)
@@ -225,7 +225,7 @@ def test_a_second_writer_is_refused_by_name_and_a_stale_lock_is_taken_over(tmp_p
 
 WRITER = textwrap.dedent("""
     import sys
-    from slurm_router.rundir import Manifest
+    from slurm_router.rundir.manifest import Manifest
     manifest = Manifest.load(sys.argv[1])
     for i in range(150):
         manifest.set_task(sys.argv[2], count=i)
@@ -239,7 +239,7 @@ def test_concurrent_manifest_writers_never_lose_each_others_fields(tmp_path):
     tasks = read_json(tmp_path / "manifest.json")["tasks"]
     assert tasks == {"a": {"count": 149}, "b": {"count": 149}}
 
-    from slurm_router.rundir import Manifest
+    from slurm_router.rundir.manifest import Manifest
     mine, theirs = Manifest.load(tmp_path), Manifest.load(tmp_path)
     theirs.set_task("b", pid=123)                    # another process's field, after `mine` was read
     mine.data["tasks"]["a"]["state"] = "running"     # a change made in place, then saved whole
@@ -271,7 +271,7 @@ def test_two_resumes_of_a_slurm_run_at_once_submit_it_once(tmp_path):
         assert len(errors) == 1 and ("is in use by pid" in errors[0] or "still in Slurm" in errors[0]), err
         jobs = read_json(run_dir / "manifest.json")["jobs"]
         assert len(jobs) == 2, jobs                     # the run's own array job and one resubmission
-        from slurm_router.slurm_status import query_slurm
+        from slurm_router.launch.slurm.status import query_slurm
         squeue, _ = query_slurm(jobs[0]["job_id"] + "," + jobs[1]["job_id"])
         live = {k: r.state for k, r in squeue.items() if r.state in ("PENDING", "RUNNING")}
         assert all(k.startswith(jobs[1]["job_id"]) for k in live), live

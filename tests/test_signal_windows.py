@@ -38,7 +38,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
 
 SPAWN_MASK = textwrap.dedent("""
     import sys
-    from slurm_router.supervisor import spawn_blocked, stop_signals_blocked
+    from slurm_router.allocation.supervisor import spawn_blocked, stop_signals_blocked
 
     def report(rank, path):
         with open("/proc/self/status") as f:
@@ -233,7 +233,7 @@ def test_a_ctrl_c_the_interpreter_drops_is_raised_again_at_the_launchers_next_lo
     """A KeyboardInterrupt raised while the interpreter runs a callback (here a __del__; in a run, importlib's
     module-lock cleanup during a lazy import) is printed and dropped; the command's handler counted it, and the
     launcher's loops (the local queue, each stage, the report) raise it again."""
-    from slurm_router.lifecycle import forget_stops, raise_if_stop_dropped, raise_stop
+    from slurm_router.rundir.lifecycle import forget_stops, raise_if_stop_dropped, raise_stop
 
     before = signal.signal(signal.SIGINT, raise_stop)
     try:
@@ -255,7 +255,7 @@ def test_an_error_that_a_dropped_ctrl_c_caused_is_reported_as_the_interrupt(monk
     'defaults'` with exit 2. The command counted the stop, so the error after it reads as the interrupt: one
     line, exit 130, as a Ctrl-C at that moment always did."""
     import slurm_router.__main__ as cli
-    from slurm_router.config import UserError
+    from slurm_router.errors import UserError
 
     def compose_hit_by_a_signal(argv, multirun):
         _signal_dropped_in_a_callback(signal.SIGTERM)

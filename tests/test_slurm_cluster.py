@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_router import slurm_status as st
-from slurm_router.launch.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch
-from slurm_router.rundir import Manifest
+from slurm_router.launch.slurm import status as st
+from slurm_router.launch.slurm.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch
+from slurm_router.rundir.manifest import Manifest
 
 pytestmark = [
     pytest.mark.slurm,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_router import slurm_status as st
+from slurm_router.launch.slurm import status as st
+from slurm_router.cli import status as cli_status
 
 OUT = Path(__file__).parent / "golden" / "slurm_outputs"
 
@@ -41,7 +42,7 @@ def test_parse_duration(raw, seconds):
 
 
 def test_format_duration_takes_the_local_launchers_float_seconds():
-    from slurm_router.status_parse import format_duration
+    from slurm_router.launch.slurm.parse import format_duration
     assert format_duration(3725.6) == "1:02:06" and format_duration(59) == "0:00:59" and format_duration(None) == "-"
 
 
@@ -275,7 +276,7 @@ def test_table_names_the_failed_stage_and_the_tasks_it_took_down(capsys):
     manifest = failed_base_manifest("222") | {"run_id": "r", "experiment": "e", "run_dir": "/runs/e/1"}
     tasks = st.merge_status(manifest, st.parse_squeue(read("squeue_never_satisfied.txt")),
                             st.parse_sacct(read("sacct_never_satisfied.txt")))
-    st.render_table(manifest, tasks)
+    cli_status.render_table(manifest, tasks)
     out = capsys.readouterr().out
     assert "2 task(s) never ran (r8, r32): stage base failed (base FAILED)" in out
     assert "resume=/runs/e/1" in out and "Slurm keeps them PENDING" in out

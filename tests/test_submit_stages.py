@@ -8,12 +8,12 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from slurm_router import base_cache
-from slurm_router.config import LocalLauncherConfig, SubmititLauncherConfig
+from slurm_router.artifacts import base_cache
+from slurm_router.config.schema import LocalLauncherConfig, SubmititLauncherConfig
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs, TaskJob, submit_stages
-from slurm_router.lifecycle import TaskState
-from slurm_router.plan import Stage, TaskSpec
-from slurm_router.rundir import Manifest, create_run_dir
+from slurm_router.rundir.lifecycle import TaskState
+from slurm_router.rundir.spec import Stage, TaskSpec
+from slurm_router.rundir.manifest import Manifest, create_run_dir
 
 
 class FakeSlurm(Launcher):
@@ -66,7 +66,7 @@ def _run(tmp_path, cached_base=False):
     run_dir = tmp_path / "run"
     cache = tmp_path / "cache"
     cache.mkdir()
-    weights = cache / "abc"     # a cache entry: a save_pretrained folder (slurm_router/base_cache.py)
+    weights = cache / "abc"     # a cache entry: a save_pretrained folder (slurm_router/artifacts/base_cache.py)
     if cached_base:             # a whole cache: weights, their sha256 sidecar, meta.json last
         from transformers import GPT2Config, GPT2LMHeadModel
         tiny = GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=8, n_embd=8, n_layer=1, n_head=2))
@@ -125,7 +125,7 @@ def test_synchronous_launcher_records_final_states(tmp_path):
 
 def test_resume_submits_only_the_unfinished_tasks(tmp_path):
     """The base completed and v1 completed in the first run: resume's stages hold v0 and v2 only."""
-    from slurm_router.resume import plan_resume
+    from slurm_router.launch.resume import plan_resume
     cfg, manifest, stages = _run(tmp_path, cached_base=True)
     manifest.layout.config.write_text(OmegaConf.to_yaml(cfg))
     for name in ("base", "v1"):
@@ -141,7 +141,7 @@ def test_resume_submits_only_the_unfinished_tasks(tmp_path):
 
 
 def test_the_registry_is_the_one_place_kinds_are_named():
-    from slurm_router.config import CHOICES
+    from slurm_router.config.schema import CHOICES
     from slurm_router.launch.registry import LAUNCHERS, launcher_class
     assert tuple(LAUNCHERS) == CHOICES["launcher.kind"] == ("local", "slurm", "sbatch")
     assert all(cls.schema.kind == kind for kind, cls in LAUNCHERS.items())
@@ -150,7 +150,7 @@ def test_the_registry_is_the_one_place_kinds_are_named():
 
 
 def test_local_threads_follow_the_workers_that_run_side_by_side(tmp_path, monkeypatch):
-    """One CPU task on an 8-slot pool gets every core; four tasks share them (slurm_router.cpu)."""
+    """One CPU task on an 8-slot pool gets every core; four tasks share them (slurm_router.worker.cpu)."""
     from slurm_router.launch import local
     seen = []
     monkeypatch.setattr(local, "device_pool", lambda cfg: ([f"cpu{i}" for i in range(8)], False))
@@ -169,10 +169,10 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
                                                                            report_state):
     """launcher.wait=true: the run's tasks, then the report job; the report it wrote is printed, not written
     again (one writer of report/); if it failed, say so and write it here."""
-    from slurm_router import slurm_status
+    from slurm_router.launch.slurm import status as slurm_status
     from slurm_router.analysis import report
-    from slurm_router.launch.submitit_launcher import SubmititLauncher
-    from slurm_router.status_parse import TaskStatus
+    from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
+    from slurm_router.launch.slurm.parse import TaskStatus
     cfg, manifest, _ = _run(tmp_path)
     cfg.launcher.wait = True
     order, written = [], []

@@ -11,9 +11,11 @@ import pytest
 
 from conftest import run_cli, run_dir_of, step_losses
 from slurm_router.__main__ import compose_grid, main
-from slurm_router.config import NAME_RE, validate
-from slurm_router.plan import TaskSpec, make_plan
-from slurm_router.sweep import fit_name, format_value, short_keys
+from slurm_router.config.schema import NAME_RE
+from slurm_router.config.variants import validate
+from slurm_router.launch.plan import make_plan
+from slurm_router.rundir.spec import TaskSpec
+from slurm_router.config.sweep import fit_name, format_value, short_keys
 
 
 def grid(*args: str) -> dict:
@@ -130,7 +132,7 @@ def test_old_task_files_load_with_the_configs_seed(tmp_path):
 
 
 def test_the_manifest_records_each_tasks_seed_and_variant(tmp_path):
-    from slurm_router.rundir import create_run_dir
+    from slurm_router.rundir.manifest import create_run_dir
     cfg = compose_grid(["+experiment=lora_ab", "seeds=2", f"base.cache_dir={tmp_path / 'cache'}"])
     stages = make_plan(cfg, validate(cfg), "run", str(tmp_path / "run"))
     manifest = create_run_dir(cfg, "run", tmp_path / "run", stages, "local")
@@ -138,7 +140,7 @@ def test_the_manifest_records_each_tasks_seed_and_variant(tmp_path):
     assert {n: (t["variant"], t["seed"]) for n, t in tasks.items() if n != "base"} == {
         "r8-s0": ("r8", 0), "r8-s1": ("r8", 1), "r32-s0": ("r32", 0), "r32-s1": ("r32", 1)}
     assert json.loads((tmp_path / "run" / "tasks" / "r32-s1" / "task.json").read_text())["seed"] == 1
-    from slurm_router.status_parse import local_status
+    from slurm_router.launch.slurm.parse import local_status
     assert [t.variant for t in local_status(manifest.data)] == list(tasks)       # one status row per task
 
 

@@ -1,5 +1,5 @@
 """The worker's pure parts: StepStats round-trips through the gathered float64 tensor, the CPU thread count
-comes from the one rule in slurm_router.cpu, and the loop's files stay small.
+comes from the one rule in slurm_router.worker.cpu, and the loop's files stay small.
 
     pytest tests/test_worker_units.py
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slurm_router import cpu
-from slurm_router.step_stats import StepStats
+from slurm_router.worker import cpu
+from slurm_router.worker.step_stats import StepStats
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def test_cpu_threads_come_from_the_launcher_else_the_workers_share(monkeypatch):
     monkeypatch.setenv(cpu.THREADS_ENV, "5")
     assert cpu.worker_threads(3) == 5
     # the worker asks the one rule, nothing else of its own
-    src = (REPO / "slurm_router" / "worker.py").read_text()
+    src = (REPO / "slurm_router" / "worker" / "worker.py").read_text()
     assert "worker_threads(" in src and "SLURM_CPUS_PER_TASK" not in src and "SLURM_ROUTER_THREADS" not in src
 
 
@@ -47,7 +47,7 @@ def _functions(tree):
             yield node
 
 
-@pytest.mark.parametrize("name", ["worker.py", "microbatch.py", "step_stats.py", "events.py"])
+@pytest.mark.parametrize("name", ["worker/worker.py", "worker/microbatch.py", "worker/step_stats.py", "rundir/events.py"])
 def test_worker_files_stay_small(name):
     path = REPO / "slurm_router" / name
     text = path.read_text()
@@ -57,7 +57,7 @@ def test_worker_files_stay_small(name):
 
 
 def test_worker_names_its_steps():
-    from slurm_router.worker import Worker, train
+    from slurm_router.worker.worker import Worker, train
     for step in ("setup", "plan", "sync", "learn", "observe", "evaluate", "checkpoint", "run", "finish"):
         assert callable(getattr(Worker, step))
     assert list(__import__("inspect").signature(train).parameters) == ["spec", "rank", "world", "master", "resume"]

@@ -19,11 +19,11 @@ from typing import ClassVar
 
 from omegaconf import OmegaConf
 
-from slurm_router import base_cache
-from slurm_router.config import UserError
-from slurm_router.layout import RunLayout
-from slurm_router.lifecycle import TaskState, raise_if_stop_dropped
-from slurm_router.plan import Stage, TaskSpec
+from slurm_router.artifacts import base_cache
+from slurm_router.errors import UserError
+from slurm_router.rundir.layout import RunLayout
+from slurm_router.rundir.lifecycle import TaskState, raise_if_stop_dropped
+from slurm_router.rundir.spec import Stage, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class RunJobs:
 
 class Launcher(ABC):
     """One backend. Instances are made after the run directory exists; check() runs before anything is written."""
-    schema: ClassVar[type]                  # its config dataclass (slurm_router.config); schema.kind names it
+    schema: ClassVar[type]                  # its config dataclass (slurm_router.config.schema); schema.kind names it
     synchronous: ClassVar[bool] = False     # submit_stage returns only once the stage's tasks have ended
 
     def __init__(self, cfg, manifest):
@@ -146,7 +146,7 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
 
 def cached_base(task: TaskSpec) -> Path | None:
     """The cache's meta.json of a base stage task whose weights an earlier run trained, if the cache is whole
-    (verified: slurm_router.base_cache), else None; a damaged cache is named in one line."""
+    (verified: slurm_router.artifacts.base_cache), else None; a damaged cache is named in one line."""
     if not task.save_weights or not base_cache.usable(task.save_weights):
         return None
     return base_cache.meta_path(task.save_weights)

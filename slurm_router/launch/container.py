@@ -1,9 +1,9 @@
 """launcher.container: how a task's command is wrapped to run inside an image (docs/ARCHITECTURE.md, "How a
 job runs"). Pure: argv lists, no I/O but os.path.
 
-    apptainer   apptainer exec [--nv] --bind RUN_DIR,DATA,...  IMAGE  python3 -m slurm_router.job ...
+    apptainer   apptainer exec [--nv] --bind RUN_DIR,DATA,...  IMAGE  python3 -m slurm_router.allocation.job ...
     pyxis       srun ... --container-image=IMAGE --container-mounts=RUN_DIR:RUN_DIR,... --container-workdir=RUN_DIR
-                         python3 -m slurm_router.job ...
+                         python3 -m slurm_router.allocation.job ...
 
 Requeue from inside a container: images seldom carry Slurm's client, so the task never calls `scontrol` there.
 Whatever runs outside the container does it:
@@ -12,7 +12,7 @@ Whatever runs outside the container does it:
   (76) when its verdict (requeue.after_stop) is a requeue; the shell then runs `scontrol requeue` for its own
   array task and exits 75.
 - launcher=slurm, apptainer: submitit's own process runs outside, on the submitting interpreter, and starts
-  the task as a child `apptainer exec ... python3 -m slurm_router.job TASK_FILE` (launch.pack.PackRunner with
+  the task as a child `apptainer exec ... python3 -m slurm_router.allocation.job TASK_FILE` (launch.pack.PackRunner with
   one task); the child asks for the requeue with exit 76 and submitit requeues, as for a pack.
 - launcher=slurm, pyxis: pyxis wraps srun steps, and submitit's process is the step, so it runs inside the
   image: the image needs submitit, and `scontrol` for requeues (else use launcher=sbatch).
@@ -105,7 +105,7 @@ def _image(runtime: str, image: str) -> str:
 
 def task_binds(cfg, run_dir: str) -> tuple[str, ...]:
     """What a task reads or writes outside its run dir: data.path, model.name_or_path, the base cache."""
-    from slurm_router.base_cache import cache_root
+    from slurm_router.artifacts.base_cache import cache_root
     paths = [run_dir, _dir_of(cfg.data.get("path")), _dir_of(cfg.model.get("name_or_path"))]
     if cfg.base.get("enabled"):
         paths.append(str(cache_root(cfg).absolute()))
@@ -144,7 +144,7 @@ def resolve_container(cfg) -> None:
     """Before anything is written: launcher.container's image and runtime_cmd paths made absolute in cfg (the
     job runs elsewhere, and resume= may start from another folder), and what the runtime's bind lists cannot
     carry (a ',' or ':' in run_root or a bound path) refused in one line (UserError)."""
-    from slurm_router.config import UserError
+    from slurm_router.errors import UserError
     c = cfg.launcher.get("container")
     if c is None or not c.image:
         return
@@ -161,7 +161,7 @@ def outside_exports(srun_workers: bool) -> list[str]:
     """Bash lines run outside the image before the task starts in it, for what the task would otherwise ask
     Slurm's client (which the image lacks): the job's end time (requeue.decide tells a time limit from a
     preemption by it) and, with launcher.srun_workers, where the D workers meet (srun_worker.srun_master)."""
-    from slurm_router.requeue import JOB_END_ENV
+    from slurm_router.allocation.requeue import JOB_END_ENV
     lines = ['job_end="$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null || :)"',      # e.g. 2024-01-01T12:00:00
              f'export {JOB_END_ENV}="$([ -n "$job_end" ] && date -d "$job_end" +%s 2>/dev/null || :)"']
     if srun_workers:

@@ -10,7 +10,7 @@ save a checkpoint and exit (code 75), and `python -m slurm_router resume=RUN_DIR
 that had finished is recorded as finished wherever the Ctrl-C lands; if every task had, the run is completed
 and only the report is left to `python -m slurm_router.analysis RUN_DIR`.
 
-The job processes share the launcher's run lock (slurm_router.runlock, pass_fds) and watch the launcher's pid
+The job processes share the launcher's run lock (slurm_router.rundir.lock, pass_fds) and watch the launcher's pid
 (supervisor.LAUNCHER_PID_ENV): if the launcher dies, even by SIGKILL, they stop within seconds by themselves.
 """
 from __future__ import annotations
@@ -23,16 +23,17 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_router.config import LocalLauncherConfig, UserError
-from slurm_router.cpu import THREADS_ENV, threads_per_worker
+from slurm_router.config.schema import LocalLauncherConfig
+from slurm_router.errors import UserError
+from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
 from slurm_router.launch.progress import Progress
-from slurm_router.layout import RunLayout
-from slurm_router.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState, raise_if_stop_dropped
-from slurm_router.plan import Stage, TaskSpec
-from slurm_router.runlock import LOCK_FD_ENV
-from slurm_router.runlock import held as held_lock
-from slurm_router.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
+from slurm_router.rundir.layout import RunLayout
+from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState, raise_if_stop_dropped
+from slurm_router.rundir.spec import Stage, TaskSpec
+from slurm_router.rundir.lock import LOCK_FD_ENV
+from slurm_router.rundir.lock import held as held_lock
+from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
 
 
 def detect_gpus() -> list[str]:
@@ -115,7 +116,7 @@ class LocalLauncher(Launcher):
         if self._pool is None:                  # GPUs are probed once per run, when the first stage starts
             self._pool = device_pool(self.cfg)
         pool, on_gpu = self._pool
-        # The workers of this stage that run side by side share the cores: decided once, here (slurm_router.cpu).
+        # The workers of this stage that run side by side share the cores: decided once, here (slurm_router.worker.cpu).
         threads = threads_per_worker(min(len(pool), sum(t.devices for t in stage.tasks)))
         return StageJobs(states=_run_queue(stage.tasks, pool, on_gpu, self.layout, self.manifest, threads))
 
@@ -245,7 +246,7 @@ def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, 
     if lock is not None:
         env[LOCK_FD_ENV] = str(lock.fd)
     with open(log, "ab") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.job", str(layout.task(spec.name).task_file)],
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.allocation.job", str(layout.task(spec.name).task_file)],
                                 stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 pass_fds=(lock.fd,) if lock is not None else ())
     return Running(spec, proc, devices, log)

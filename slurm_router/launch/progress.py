@@ -9,10 +9,10 @@ import json
 import sys
 from pathlib import Path
 
-from slurm_router.events import EVENT, EvalRow, StepRow
-from slurm_router.layout import TaskPaths
-from slurm_router.lifecycle import TaskState
-from slurm_router.plan import TaskSpec
+from slurm_router.rundir.events import EVENT, EvalRow, StepRow
+from slurm_router.rundir.layout import TaskPaths
+from slurm_router.rundir.lifecycle import TaskState
+from slurm_router.rundir.spec import TaskSpec
 
 
 class _Tail:

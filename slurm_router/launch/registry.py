@@ -1,11 +1,11 @@
 """The launchers by name: the one place a launcher kind (launcher=local|slurm|sbatch) is looked up."""
 from __future__ import annotations
 
-from slurm_router.config import UserError
+from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher
 from slurm_router.launch.local import LocalLauncher
-from slurm_router.launch.sbatch_launcher import SbatchLauncher
-from slurm_router.launch.submitit_launcher import SubmititLauncher
+from slurm_router.launch.slurm.sbatch_launcher import SbatchLauncher
+from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.schema.kind: cls for cls in (LocalLauncher, SubmititLauncher, SbatchLauncher)}
 

@@ -12,9 +12,8 @@ passes removes that file. An EXIT trap the user's own lines set is left in place
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
-from slurm_router.layout import RunLayout
+from slurm_router.rundir.layout import RunLayout
 
 LINE_VAR = "_slurm_router_setup_line"     # the setup line running now (1-based); 0 once setup has passed
 REPORT_FN = "_slurm_router_setup_failed"
@@ -78,15 +77,3 @@ def guarded(lines, run_dir: str, around: tuple[str, str] = ("", "")) -> list[str
         "# ---- end of launcher.setup ----",
     ]
     return out
-
-
-def setup_failure(run_dir: str | Path | None, job_id: str | None) -> str | None:
-    """What RUN_DIR/logs/setup-failed.<job id> says (`launcher.setup line 1 (exit 3) failed with exit code 3`), or
-    None: the job's setup passed, or has not run."""
-    if not run_dir or not job_id:
-        return None
-    try:
-        text = RunLayout(run_dir).setup_failed(str(job_id)).read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return text.splitlines()[0] if text else None

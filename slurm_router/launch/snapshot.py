@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 
 import slurm_router
-from slurm_router.checkpoint import WriteError, atomic_write_text
-from slurm_router.config import UserError
-from slurm_router.layout import RunLayout
+from slurm_router.fileio import WriteError, atomic_write_text
+from slurm_router.errors import UserError
+from slurm_router.rundir.layout import RunLayout
 
 GIT_TIMEOUT_S = 30
 PIP_TIMEOUT_S = 120

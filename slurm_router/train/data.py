@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from slurm_router.config import UserError
+from slurm_router.errors import UserError
 from slurm_router.train.chat import ChatError, chat_tokens
 from slurm_router.train.records import Fields, checked_records, jsonl_rows, read_bytes, record_fields, records
 

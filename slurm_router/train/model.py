@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from slurm_router.config import UserError, check_target_modules, target_module_names
+from slurm_router.config.checks import check_target_modules, target_module_names
+from slurm_router.errors import UserError
 
 # What transformers loads a causal LM's weights from, in its order of preference.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from slurm_router.config import UserError
+from slurm_router.errors import UserError
 from slurm_router.train.chat import ROLES
 
 FORMATS = {"text": ("text_field",), "prompt_completion": ("prompt_field", "completion_field"),

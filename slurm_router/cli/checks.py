@@ -1,0 +1,89 @@
+"""The one ordered validation of a run, called by every entry point that starts tasks (python -m slurm_router,
+resume=RUN_DIR): each check raises UserError (one line, exit 2) before any file of the run is written.
+
+A new run, in this order: the config alone (values, seeds, variants, prune: config.variants.validate), the
+trackers of every variant (a known mode, its package, a writable store), every variant fits the one base stage
+(launch.plan), the run root can be written, model=hf checkpoints (config, whole weights, a causal LM with the
+LoRA target layers, built on the meta device), the launcher's own checks (Slurm on PATH, the partition, the
+container image...), then the data (the corpus is built once, so a bad file is named now).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from slurm_router.config.variants import validate
+from slurm_router.errors import UserError
+from slurm_router.launch.plan import check_fits_base
+from slurm_router.launch.registry import launcher_class
+from slurm_router.rundir.manifest import new_run_dir
+from slurm_router.tracking.trackers import check_tracker
+
+
+@dataclass
+class CheckedRun:
+    variants: dict[str, DictConfig]     # each variant's merged config ({"main": cfg} without variants)
+    launcher: type                      # the launcher class of launcher.kind
+    corpus: Any                         # the data, built once (train.data.Corpus)
+    run_id: str
+    run_dir: Path                       # not created yet
+
+
+def check_new_run(cfg: DictConfig) -> CheckedRun:
+    """A new run whose every check passed, in order."""
+    variants = validate(cfg)
+    for where, c in _each_config(cfg, variants):
+        check_tracker(c.get("tracker"), where)
+    check_fits_base(cfg, variants)
+    run_id, run_dir = new_run_dir(cfg)                  # in a run_root that can be written, or one line now
+    check_models(cfg, variants)
+    launcher = launcher_class(cfg.launcher.kind)
+    launcher.check(cfg)
+    from slurm_router.train.data import build_corpus
+    corpus = build_corpus(cfg.data, tokenizer(cfg))     # fail on bad data before any file is written
+    return CheckedRun(variants, launcher, corpus, run_id, run_dir)
+
+
+def check_resumed_run(cfg: DictConfig, launcher: Any) -> None:
+    """resume=RUN_DIR: the run's own config passed when it started; what can have changed since is checked again
+    (a tracker store made unwritable, the launcher's code snapshot)."""
+    check_tracker(cfg.get("tracker"))
+    launcher.check_resume()
+
+
+def _each_config(cfg: DictConfig, variants: dict[str, DictConfig]) -> list[tuple[str, DictConfig]]:
+    """("", the experiment's config), then ("variants.NAME: ", each variant's) when there are variants."""
+    return [("", cfg), *((f"variants.{n}: ", c) for n, c in variants.items() if cfg.variants)]
+
+
+def check_models(cfg, variants: dict) -> None:
+    """model=hf checkpoints, before anything is written (workers read them later): config and whole weights,
+    then a causal LM whose layers include each variant's model.lora.target_modules (built on the meta device)."""
+    named = [("", cfg), *((f"variants.{n}: " if cfg.variants else "", c) for n, c in variants.items())]
+    named = [(where, c) for where, c in named if c.model.kind == "hf"]
+    if not named:
+        return
+    from slurm_router.train.model import check_architecture, check_checkpoint
+    for c in {(c.model.name_or_path, c.data.max_len): c for _, c in named}.values():
+        check_checkpoint(c.model, c.data.max_len)
+    seen = set()
+    for where, c in named:
+        key = (c.model.name_or_path, c.model.lora.enabled, repr(c.model.lora.target_modules))
+        if key not in seen:
+            seen.add(key)
+            check_architecture(c.model, where)
+
+
+def tokenizer(cfg):
+    from slurm_router.train.data import make_tokenizer
+    try:                        # a local checkpoint can be broken in many ways; each is the user's to fix
+        return make_tokenizer(cfg.model)
+    except UserError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"model.name_or_path={cfg.model.name_or_path!r}: cannot load its tokenizer ({first}): "
+                        "give a complete local transformers checkpoint (config, weights, tokenizer files)") from None

@@ -1,0 +1,224 @@
+"""The checks that turn a bad config value into one line saying what to do (no torch, no files written).
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from slurm_router.config.schema import CHOICES, LAUNCHER_SCHEMAS, RANGES, launcher_schema, valid_keys
+from slurm_router.errors import UserError
+
+
+# Layers of transformers' GPT-2 that peft LoRA can adapt (embeddings, Conv1D projections, the LM head), by their
+# dotted names: model=gpt2_* is checked without building it (no torch here); tests/test_hf_models.py checks
+# them against the real model. model=hf builds its architecture on the meta device (model.check_architecture).
+GPT2_LORA_BLOCK = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+TARGET_MODULES_HINT = "auto (peft's default layers for the architecture), all-linear, or a list of layer names"
+
+
+def gpt2_lora_layers(n_layer: int) -> list[str]:
+    return ["transformer.wte", "transformer.wpe",
+            *(f"transformer.h.{i}.{b}" for i in range(n_layer) for b in GPT2_LORA_BLOCK), "lm_head"]
+
+
+def target_module_names(value: Any, where: str = "") -> list[str] | None:
+    """model.lora.target_modules as a list of layer names (one name alone is a list of one); None for auto and
+    all-linear, which peft resolves. UserError if it is none of these."""
+    if value in ("auto", "all-linear"):
+        return None
+    is_list = isinstance(value, (list, tuple)) or OmegaConf.is_list(value)
+    names = ([value] if value else []) if isinstance(value, str) else list(value) if is_list else None
+    if names is None or not all(isinstance(n, str) and n for n in names):
+        raise UserError(f"{where}model.lora.target_modules={value!r} is not valid: use {TARGET_MODULES_HINT}")
+    if not names:
+        raise UserError(f"{where}model.lora.target_modules is empty: name the layers to adapt, or use "
+                        f"{TARGET_MODULES_HINT}")
+    return names
+
+
+def check_target_modules(names: list[str], layers: list[str], model: str, where: str = "") -> None:
+    """Each name is a layer LoRA can adapt (peft's rule: a layer's dotted name is it or ends with '.' + it);
+    else UserError listing the layers `model` has."""
+    for name in names:
+        if not any(layer == name or layer.endswith("." + name) for layer in layers):
+            have = ", ".join(dict.fromkeys(layer.rsplit(".", 1)[-1] for layer in layers))
+            raise UserError(f"{where}model.lora.target_modules: {name!r} is not a layer of {model} that LoRA can "
+                            f"adapt: its layers are {have} (or use auto or all-linear)")
+
+
+def nearest_existing(path: Path) -> Path:
+    """The nearest part of `path` that exists (itself, or the closest parent; a dangling link counts)."""
+    while not os.path.lexists(path):
+        path = path.parent
+    return path
+
+
+def check_writable_dir(path: str | os.PathLike, setting: str, fix: str | None = None) -> Path:
+    """The folder `path` (made later, parents and all) can be written: probed by making and removing a folder in
+    its nearest existing part, before anything else is written. `setting` ("run_root='runs'") leads the one
+    line a UserError gives, naming the path and the cause; `fix` ends it (default: set the setting to a folder
+    you can write). Returns the absolute path."""
+    target = Path(os.path.expanduser(str(path))).absolute()
+    probe = nearest_existing(target)
+    fix = fix or f"set {setting.split('=', 1)[0]}= to a folder you can write"
+    if not probe.is_dir():
+        what = "a dangling symbolic link" if probe.is_symlink() and not probe.exists() else "a file, not a folder"
+        raise UserError(f"{setting}: {probe} is {what}: {fix}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".slurm_router-write-test-", dir=probe))
+    except OSError as e:
+        cause = "it takes no new folders" if e.errno == errno.ENOENT else e.strerror or type(e).__name__
+        raise UserError(f"{setting}: cannot write in {probe} ({cause}): {fix}") from None
+    return target
+
+
+def launcher_key_error(key: str, kind: str, where: str = "") -> UserError:
+    """launcher.<name> that launcher=<kind> does not have: say which launchers have it, or which keys it has."""
+    name = key.split(".", 1)[1].split(".")[0]
+    have = [f"launcher={s.kind}" for s in LAUNCHER_SCHEMAS if name in {f.name for f in dataclasses.fields(s)}]
+    if have:
+        return UserError(f"{where}launcher.{name} does not apply to launcher={kind}: it is an option of "
+                         f"{', '.join(have)} only; choose one of those or drop launcher.{name}")
+    keys = sorted(f.name for f in dataclasses.fields(launcher_schema(kind)))
+    return UserError(f"{where}unknown key 'launcher.{name}': valid keys for launcher={kind} are {', '.join(keys)}")
+
+
+def check_launcher_keys(cfg: DictConfig) -> None:
+    """Keys added under launcher with '+' pass Hydra (the group's node is not closed): refuse them here."""
+    kind = cfg.launcher.kind
+    allowed = {f.name for f in dataclasses.fields(launcher_schema(kind))} if kind in CHOICES["launcher.kind"] else set()
+    extra = [k for k in cfg.launcher if k not in allowed]
+    if allowed and extra:
+        raise launcher_key_error(f"launcher.{extra[0]}", kind)
+
+
+def explain(error: Exception, where: str = "") -> UserError:
+    """One line for an OmegaConf/Hydra error about a key: unknown keys list the valid ones."""
+    key = getattr(error, "full_key", None) or ""
+    msg = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, ConfigKeyError) or "not in struct" in msg or re.search(r"Key '.*' not in", msg):
+        kind = getattr(getattr(error, "object_type", None), "kind", None)
+        if key.startswith("launcher.") and kind in CHOICES["launcher.kind"]:
+            return launcher_key_error(key, kind, where)
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        keys = valid_keys(parent)
+        under = f"under {parent}" if parent else "at the top level"
+        if not keys:
+            return UserError(f"{where}unknown key '{key}': {parent or 'the top level'} has no key "
+                             f"{key.rsplit('.', 1)[-1]!r} ({msg})")
+        return UserError(f"{where}unknown key '{key}': valid keys {under} are {', '.join(keys)}")
+    if isinstance(error, ValidationError) and key and re.search(r"'dict'|'\{\}'", msg):
+        return _not_a_group(key, msg, where)
+    if isinstance(error, ValidationError) and key:
+        return UserError(f"{where}{key}: {msg}")
+    return UserError(f"{where}{msg}")
+
+
+EXPERIMENT_HINT = ("experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: pick one "
+                   "with +experiment=NAME (its options live under train., data., model., ...; seeds= and prune= "
+                   "are set at the top level)")
+
+
+def _not_a_group(key: str, msg: str, where: str = "") -> UserError:
+    """`experiment.seeds=2`, `train.lr.x=1`: a dotted key under a plain value (the user guessed where it lives)."""
+    if key == "experiment":
+        return UserError(f"{where}experiment has no keys under it: {EXPERIMENT_HINT}")
+    kinds = {"Float": "a number", "Integer": "a whole number", "Boolean": "true or false", "string": "a string"}
+    what = next((v for k, v in kinds.items() if k in msg), "a single value")
+    return UserError(f"{where}{key} is {what} and has no keys under it: set {key}=VALUE")
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key)
+
+
+def check_values(cfg: DictConfig, where: str = "") -> None:
+    """Choices and ranges; raises UserError naming the key (prefixed with `where`, e.g. 'variants.r8.')."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value in ("True", "False") and value.lower() in allowed:   # a str key given true/false on the command line
+            continue
+        if value not in allowed:
+            raise UserError(f"{where}{key}={value!r} is not valid: choose one of {', '.join(allowed)}")
+    for key, (low, high, low_inclusive) in RANGES.items():
+        value = _get(cfg, key)
+        if value is None:
+            continue
+        lo = f">= {low}" if low_inclusive else f"> {low}"
+        hi = f" and <= {high}" if high is not None else ""
+        if isinstance(value, float) and math.isnan(value):      # nan passes every comparison below
+            raise UserError(f"{where}{key}=nan is not a number: it must be {lo}{hi}")
+        too_low = value < low if low_inclusive else value <= low
+        if too_low or (high is not None and value > high):
+            raise UserError(f"{where}{key}={value!r} is out of range: it must be {lo}{hi}")
+    names = target_module_names(cfg.model.lora.target_modules, where) if cfg.model.lora.enabled else None
+    if names and cfg.model.kind == "gpt2":      # model=hf: checked on its architecture (__main__._check_models)
+        check_target_modules(names, gpt2_lora_layers(cfg.model.n_layer), "GPT2LMHeadModel", where)
+    if cfg.model.n_embd % cfg.model.n_head:
+        raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")
+    if cfg.data.max_len > cfg.model.n_positions and cfg.model.kind == "gpt2":
+        raise UserError(f"{where}data.max_len={cfg.data.max_len} exceeds model.n_positions={cfg.model.n_positions}: "
+                        "lower data.max_len or raise model.n_positions")
+    if cfg.model.kind == "hf" and not cfg.model.name_or_path:
+        raise UserError(f"{where}model.name_or_path is required with model=hf: give a local checkpoint directory")
+    if cfg.model.kind == "hf" and not Path(os.path.expanduser(cfg.model.name_or_path)).is_dir():
+        raise UserError(f"{where}model.name_or_path={cfg.model.name_or_path!r} is not a directory: "
+                        "give a local transformers checkpoint (nothing is downloaded)")
+    if any(s <= 0 for s in cfg.router.device_slowdown):
+        raise UserError(f"{where}router.device_slowdown={list(cfg.router.device_slowdown)} must be all > 0")
+    if list(cfg.router.affinity_boundaries) != sorted(set(cfg.router.affinity_boundaries)):
+        raise UserError(f"{where}router.affinity_boundaries must be strictly increasing token lengths")
+    check_job_values(cfg.launcher, where)
+
+
+# Slurm's --mail-type names (sbatch(1), 22.05 on); a list is comma-separated
+MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
+              "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+CONTAINER_RUNTIMES = ("apptainer", "pyxis")
+
+
+def mail_types(value: Any, where: str = "") -> list[str]:
+    """launcher.mail_type as Slurm's names: 'END,FAIL', [END, FAIL] or None ([]). UserError for an unknown one."""
+    if value is None:
+        return []
+    is_list = isinstance(value, (list, tuple)) or OmegaConf.is_list(value)
+    names = [str(v).strip().upper() for v in value] if is_list else str(value).upper().split(",")
+    bad = next((n for n in names if n.strip() not in MAIL_TYPES), None)
+    if bad is not None:
+        raise UserError(f"{where}launcher.mail_type={value!r}: {bad.strip()!r} is not a Slurm mail type: use "
+                        f"{', '.join(MAIL_TYPES)} (several: launcher.mail_type='END,FAIL')")
+    return [n.strip() for n in names]
+
+
+def check_job_values(launcher: DictConfig, where: str = "") -> None:
+    """The Slurm launchers' job options (setup, python, container, mail): what is wrong, found before any file is
+    written. The apptainer image must exist here (the run dir holds its absolute path)."""
+    if "mail_type" in launcher:
+        mail_types(launcher.mail_type, where)
+    if launcher.get("mail_user") is not None and not str(launcher.mail_user).strip():
+        raise UserError(f"{where}launcher.mail_user is empty: give an address, or leave it unset")
+    if launcher.get("python") is not None and not str(launcher.python).strip():
+        raise UserError(f"{where}launcher.python is empty: give an interpreter, or leave it unset (the submitter's)")
+    container = launcher.get("container")
+    if container is None:
+        return
+    if container.runtime not in CONTAINER_RUNTIMES:
+        raise UserError(f"{where}launcher.container.runtime={container.runtime!r} is not valid: choose one of "
+                        f"{', '.join(CONTAINER_RUNTIMES)}")
+    image = container.image
+    if image is not None and not str(image).strip():
+        raise UserError(f"{where}launcher.container.image is empty: give an image, or leave it unset (no container)")
+    if image and container.runtime == "apptainer" and "://" not in image \
+            and not Path(os.path.expanduser(image)).is_file():
+        raise UserError(f"{where}launcher.container.image={image!r}: no such image file "
+                        f"({Path(os.path.expanduser(image)).absolute()}): give the path of a .sif image, or a URI "
+                        "such as docker://... that apptainer pulls")

@@ -1,0 +1,85 @@
+"""resume=RUN_DIR: continue the unfinished tasks of a run, each from its newest valid checkpoint, with the
+launcher the run used (a Slurm run's unfinished tasks are submitted again, into the same run dir), or here
+with launcher=local. Completed tasks are skipped; a base stage finished by another run is taken from the cache.
+
+    python -m slurm_router resume=runs/lora_ab/2024-01-01_12-00-00
+    python -m slurm_router resume=runs/lora_ab/2024-01-01_12-00-00 launcher=local
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from slurm_router.errors import UserError
+from slurm_router.launch.base import cached_base
+from slurm_router.rundir.layout import checkpoint_step
+from slurm_router.rundir.spec import Stage, TaskSpec
+from slurm_router.rundir.manifest import Manifest
+
+
+def _load_run(arg: str) -> tuple[Manifest, object]:
+    """The run's validated manifest (NotARunDir: one line) and its own config.yaml, read once this process holds
+    the run's lock (runlock.RunInUse, one line naming the holder, if another one does): a plan is made from
+    the current state, and two resumes never both run or submit the same tasks."""
+    from slurm_router.rundir.lock import own_run
+    manifest = Manifest.load(Path(arg).expanduser().resolve())     # a run dir, before run.lock is made in it
+    own_run(manifest)                                               # its manifest write reads the file again
+    try:
+        cfg = OmegaConf.load(manifest.layout.config)
+    except Exception:                           # missing, unreadable or not YAML: same advice
+        raise UserError(f"resume={arg}: config.yaml is missing or damaged") from None
+    return manifest, cfg
+
+
+def _task(manifest: Manifest, name: str) -> TaskSpec:
+    path = manifest.layout.task(name).task_file
+    try:
+        spec = TaskSpec.load(path)
+    except (OSError, ValueError, TypeError):
+        raise UserError(f"resume: {path} is missing or damaged") from None
+    if Path(spec.run_dir).resolve() != manifest.layout.root:
+        raise UserError(f"resume: {path} belongs to {spec.run_dir}: a run directory cannot be moved and resumed")
+    return spec
+
+
+def plan_resume(arg: str) -> tuple[Manifest, object, list[Stage]]:
+    """(manifest, config, stages holding only the unfinished tasks). Raises UserError (one line) for a run dir
+    that is not one, or a task whose checkpoints are all damaged."""
+    from slurm_router.worker.checkpoint import CheckpointError, latest_valid_checkpoint
+    manifest, cfg = _load_run(arg)
+    stages, notes = [], []
+    for s in manifest.data["stages"]:
+        todo, reuse = [], []
+        for name in s["tasks"]:
+            spec = _task(manifest, name)
+            paths = manifest.layout.task(name)
+            if paths.result.is_file():
+                notes.append(f"{name} completed")
+                continue
+            if cached_base(spec):               # another run has trained this base since: submit_stages reuses it
+                notes.append(f"{name} from the base cache")
+                reuse.append(spec)
+                continue
+            try:
+                path, warnings = latest_valid_checkpoint(paths.checkpoints)
+            except CheckpointError as e:
+                raise UserError(f"resume: task {name}: {e}") from None
+            for w in warnings:
+                print(f"warning: {name}: {w}", file=sys.stderr)
+            notes.append(f"{name} from step {checkpoint_step(path) if path else 0}")
+            todo.append(spec)
+        stages.append(Stage(s["name"], todo or reuse, cached=not todo, depends_on=list(s.get("depends_on", []))))
+    print(f"resume {manifest.layout.root}: {', '.join(notes)}")
+    return manifest, cfg, stages
+
+
+def renew_timeout_budget(specs: list[TaskSpec]) -> None:
+    """A resume is the user's decision to go on: each task gets launcher.max_requeues time-limit requeues and
+    launcher.max_failures retries afresh (its attempt count, requeue and failure history stay)."""
+    from slurm_router.rundir.attempts import reset_timeouts
+    from slurm_router.allocation.retry import renew
+    for spec in specs:
+        reset_timeouts(spec.task_dir)
+        renew(spec.task_dir)

@@ -1,0 +1,116 @@
+"""One vocabulary for a task's life (docs/ARCHITECTURE.md, "A task's lifecycle"): the states the manifest
+records, the exit codes a task process ends with, and the outcome each code means.
+
+    pending --submit--> submitted --start--> running --> completed | failed | interrupted
+    (a cached base is `cached` from the start; a task whose earlier stage failed is `skipped`)
+
+Every state here is one that something writes: the local queue and the Slurm launchers (manifest), and
+`status` maps Slurm's own words onto them for display. The exit codes are shared by the job process, the
+pack runner and the local queue, so they all read a child's end the same way (TaskOutcome.from_exit_code).
+"""
+from __future__ import annotations
+
+import enum
+import signal
+
+# The stop signals: Slurm's time-limit warning or a preemption (USR2), kill (TERM), Ctrl-C (INT). Each one makes a
+# task finish its step, checkpoint and stop (slurm_router.allocation.supervisor, worker.state).
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+EXIT_OK = 0
+EXIT_FAILED = 1             # a worker died or raised
+EXIT_USAGE = 2              # the user's mistake (bad config, unusable checkpoints): one line said why
+EXIT_STOPPED = 75           # stopped on a signal after a checkpoint; resume continues (EX_TEMPFAIL)
+EXIT_REQUEUE = 76           # stopped after a checkpoint, asks its pack (or, in a container, its batch script) to requeue
+EXIT_INTERRUPTED = 130      # the launcher itself after Ctrl-C (128 + SIGINT, as shells report it)
+
+
+# The command's stop signals (Ctrl-C, `kill`) raise KeyboardInterrupt, and none may be lost. One raised while the
+# interpreter runs a callback (importlib's module-lock cleanup during a lazy import, a __del__) is printed as
+# "Exception ignored" and dropped: the run would go on to its end. Each one raised is counted; the launcher's
+# loops call raise_if_stop_dropped where none can be in flight, and raise it again.
+_stops_raised = 0
+
+
+def raise_stop(signum, frame) -> None:
+    """The command's SIGINT and SIGTERM handler."""
+    global _stops_raised
+    _stops_raised += 1
+    raise KeyboardInterrupt
+
+
+def raise_if_stop_dropped() -> None:
+    """Call only where no KeyboardInterrupt can be propagating (a loop's top): a stop raised before and not
+    handled (the launcher ends after handling one) was dropped, and is raised again here."""
+    if _stops_raised:
+        raise KeyboardInterrupt
+
+
+def stops_raised() -> int:
+    """How many stops the handler raised since forget_stops (an error after one is the stop's doing)."""
+    return _stops_raised
+
+
+def forget_stops() -> None:
+    """A new command in this process (tests call main() in-process): no stop raised yet."""
+    global _stops_raised
+    _stops_raised = 0
+
+
+class TaskState(str, enum.Enum):
+    """What manifest.json says of a task. A str enum: it is written to JSON as its value."""
+    PENDING = "pending"             # planned, not started or submitted yet
+    CACHED = "cached"               # a base stage an earlier run trained: nothing to run
+    SUBMITTED = "submitted"         # in Slurm's queue (status asks Slurm for the live state)
+    RUNNING = "running"             # started by the local queue
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"     # stopped on a signal with a checkpoint: resume= continues it
+    SKIPPED = "skipped"             # an earlier stage did not complete: never started
+
+    @property
+    def done(self) -> bool:
+        """Its result exists (resume skips it)."""
+        return self in (TaskState.COMPLETED, TaskState.CACHED)
+
+    @property
+    def slurm_word(self) -> str:
+        """The word `status` shows for it, in Slurm's vocabulary (CACHED is ours)."""
+        return _SLURM_WORDS[self]
+
+
+_SLURM_WORDS = {TaskState.PENDING: "PENDING", TaskState.CACHED: "CACHED", TaskState.SUBMITTED: "PENDING",
+                TaskState.RUNNING: "RUNNING", TaskState.COMPLETED: "COMPLETED", TaskState.FAILED: "FAILED",
+                TaskState.INTERRUPTED: "CANCELLED", TaskState.SKIPPED: "CANCELLED"}
+
+
+class TaskOutcome(str, enum.Enum):
+    """How one task process (or a pack of them) ended."""
+    COMPLETED = "completed"
+    STOPPED = "stopped"             # checkpointed after a signal; not requeued
+    REQUEUE = "requeue"             # checkpointed and wants its allocation requeued (packed tasks)
+    FAILED = "failed"
+
+    @classmethod
+    def from_exit_code(cls, code: int | None) -> "TaskOutcome":
+        return {EXIT_OK: cls.COMPLETED, EXIT_STOPPED: cls.STOPPED, EXIT_REQUEUE: cls.REQUEUE}.get(code, cls.FAILED)
+
+    @classmethod
+    def combine(cls, outcomes: list["TaskOutcome"]) -> "TaskOutcome":
+        """A pack's outcome: any failure fails it; else any requeue request requeues it (once); else stopped if
+        any stopped."""
+        for worst in (cls.FAILED, cls.REQUEUE, cls.STOPPED):
+            if worst in outcomes:
+                return worst
+        return cls.COMPLETED
+
+    @property
+    def exit_code(self) -> int:
+        return {TaskOutcome.COMPLETED: EXIT_OK, TaskOutcome.STOPPED: EXIT_STOPPED,
+                TaskOutcome.REQUEUE: EXIT_REQUEUE, TaskOutcome.FAILED: EXIT_FAILED}[self]
+
+    @property
+    def state(self) -> TaskState:
+        """The manifest state this outcome leaves (a requeued task is interrupted until it runs again)."""
+        return {TaskOutcome.COMPLETED: TaskState.COMPLETED, TaskOutcome.FAILED: TaskState.FAILED}.get(
+            self, TaskState.INTERRUPTED)

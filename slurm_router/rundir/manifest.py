@@ -1,0 +1,177 @@
+"""The run directory's manifest: created once every check has passed, loaded (and validated) by status,
+resume, analysis and the job alike. File names come from slurm_router.rundir.layout; the manifest is rewritten
+atomically on every change, so a reader never sees half of it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurm_router.fileio import WriteError, atomic_write_text
+from slurm_router.config.checks import check_writable_dir
+from slurm_router.errors import UserError
+from slurm_router.rundir.layout import RunLayout
+from slurm_router.rundir.lifecycle import TaskState
+from slurm_router.rundir.spec import Stage
+from slurm_router.rundir.lock import short_lock
+
+
+class NotARunDir(UserError):
+    """A path that is not a run directory made by python -m slurm_router (or whose manifest is damaged)."""
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("slurm_router", "torch", "transformers", "peft", "submitit", "hydra-core", "pandas"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def new_run_dir(cfg: DictConfig) -> tuple[str, Path]:
+    """A fresh, unique run directory path (not created yet: nothing is written before the config checks pass)
+    in a folder that can be written (a path under /proc, a file, no permission: one line, UserError)."""
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    root = check_writable_dir(Path(cfg.run_root) / cfg.experiment, f"run_root={cfg.run_root!r}").resolve()
+    path, n = root / stamp, 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}_{n}"
+    return f"{cfg.experiment}-{path.name}", path
+
+
+class Manifest:
+    """A run's manifest.json. Every write is a read-modify-write under its own short lock (layout's manifest.lock,
+    runlock.short_lock): the file is read again, this change applied to it, and the file replaced atomically, so
+    a local job process recording its own end and the launcher recording its states never overwrite each
+    other's fields. `data` is the file as of this object's last read or write."""
+
+    def __init__(self, path: Path, data: dict):
+        self.path, self.data = path, data
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> "Manifest":
+        """The run's manifest, checked for the fields every reader relies on. Raises NotARunDir (one line)."""
+        root = Path(os.path.expanduser(str(run_dir)))
+        path = RunLayout(root).manifest
+        if not root.is_dir():
+            raise NotARunDir(f"{run_dir}: no such directory: give a run directory printed as run_dir: by a run")
+        if not path.is_file():
+            raise NotARunDir(f"{run_dir}: no manifest.json there: not a run directory made by python -m slurm_router")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise NotARunDir(f"{path}: cannot be read ({type(e).__name__}): the manifest is damaged") from None
+        ok = (isinstance(data, dict) and isinstance(data.get("stages"), list) and isinstance(data.get("tasks"), dict)
+              and all(isinstance(s, dict) and isinstance(s.get("tasks"), list) for s in data["stages"]))
+        if not ok:
+            raise NotARunDir(f"{path}: not a slurm_router manifest (no stages or tasks): the manifest is damaged")
+        return cls(path, data)
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.path.parent)
+
+    def _read(self) -> dict | None:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("tasks"), dict) else None
+
+    def refresh(self) -> "Manifest":
+        """Read the file again (another process may have written it)."""
+        self.data = self._read() or self.data
+        return self
+
+    def update(self, change) -> None:
+        """change(data) applied to the file as it is now, under the manifest's lock; then `data` is that."""
+        with short_lock(self.layout.manifest_lock):
+            data = self._read() or self.data
+            change(data)
+            atomic_write_text(self.path, json.dumps(data, indent=1))
+        self.data = data
+
+    def save(self) -> None:
+        """Write the changes made in place to `data`; fields only the file has (another process's) stay."""
+        mine = self.data
+
+        def merge(disk: dict) -> None:
+            if disk is mine:
+                return
+            tasks = disk.get("tasks") or {}
+            for name, fields in mine["tasks"].items():
+                tasks.setdefault(name, {}).update(fields)
+            disk.update({k: v for k, v in mine.items() if k != "tasks"}, tasks=tasks)
+        self.update(merge)
+
+    def stage_tasks(self, stage: str) -> list[str]:
+        """The task names of a stage, in array-index order (index i of the stage's array is task i)."""
+        return next(s["tasks"] for s in self.data["stages"] if s["name"] == stage)
+
+    def set_task(self, name: str, **fields) -> None:
+        self.update(lambda data: data["tasks"][name].update(fields))
+
+    def set(self, **fields) -> None:
+        self.update(lambda data: data.update(fields))
+
+
+def create_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str) -> Manifest:
+    """Write config.yaml, every task.json and the manifest. Called only after every check has passed. A write
+    that fails (disk full, permission) removes what it made and raises one line (UserError)."""
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as e:
+        raise WriteError.of(run_dir, e) from None
+    try:
+        return _fill_run_dir(cfg, run_id, run_dir, stages, launcher)
+    except BaseException as e:                  # a Ctrl-C too: never a half-made run directory
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise WriteError.of(e.filename or run_dir, e) from None
+        raise
+
+
+def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str) -> Manifest:
+    layout = RunLayout(run_dir)
+    layout.logs.mkdir()
+    atomic_write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
+    tasks = {}
+    for stage in stages:
+        for t in stage.tasks:
+            paths = layout.task(t.name)
+            paths.dir.mkdir(parents=True)
+            atomic_write_text(paths.task_file, t.to_json())
+            state = TaskState.CACHED if stage.cached else TaskState.PENDING
+            tasks[t.name] = {"stage": t.stage, "variant": t.variant, "seed": t.seed, "index": t.index,
+                             "devices": t.devices, "state": state.value, "task_dir": str(paths.dir)}
+    data = {"run_id": run_id, "experiment": cfg.experiment, "run_dir": str(run_dir), "launcher": launcher,
+            "created": time.time(), "host": platform.node(), "command": sys.argv, "git_commit": _git_commit(),
+            "versions": _versions(), "state": "running",
+            "stages": [{"name": s.name, "tasks": [t.name for t in s.tasks], "cached": s.cached,
+                        "depends_on": s.depends_on} for s in stages],
+            "tasks": tasks, "jobs": []}
+    manifest = Manifest(layout.manifest, data)
+    manifest.save()
+    return manifest
