@@ -28,6 +28,7 @@ fi
 # torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build onto a CPU machine.
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.13.0"
 python3 -m pip install -q -e ".[test,tracking]"
+bash scripts/lint.sh            # ruff and the import contracts first: seconds, and a broken shape fails at once
 
 if [ -n "$quick" ]; then
   :   # the quick tier's tests need neither Slurm nor a browser (tests/conftest.py QUICK_FILES, QUICK_RUN)
