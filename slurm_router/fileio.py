@@ -10,11 +10,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 from slurm_router.errors import UserError
 
 # What the user can do about a failed write, by its cause.
-_ADVICE = {errno.ENOSPC: "free space on that file system", errno.EDQUOT: "free space within your disk quota",
+_ADVICE: dict[int | None, str] = {errno.ENOSPC: "free space on that file system", errno.EDQUOT: "free space within your disk quota",
            errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
            errno.EROFS: "choose a writable file system"}
 
@@ -48,7 +49,7 @@ class _RecordingFile:
         self.f.flush()
 
 
-def _os_error(e: BaseException, recorded: OSError | None) -> OSError | None:
+def _os_error(e: BaseException | None, recorded: OSError | None) -> OSError | None:
     """The OSError behind a failed write: the one a write raised, else `e` or what it was raised from."""
     if recorded is not None:
         return recorded
@@ -76,7 +77,7 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
     except BaseException as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        cause = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _os_error(e, out and out.error)
+        cause = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _os_error(e, cast("OSError | None", out and out.error))
         if cause is not None:
             raise WriteError.of(path, cause) from None
         raise
@@ -115,6 +116,7 @@ def save_verified(path: str | os.PathLike, state: dict, **fields) -> dict:
     {**fields, file, time, sha256, bytes}. A file whose sidecar could not be written is removed too: it could
     never be verified. Returns the sidecar's content. WriteError (one line) when the disk refuses."""
     import torch
+    out: dict[str, Any]
     path, out = Path(path), {}
 
     def write(f):

@@ -123,6 +123,7 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
             table.add_row(*r, style=colors.get(t.state, "red" if t.state in FAILED_STATES else None))
         Console(width=max(Console().width, 160) if not sys.stdout.isatty() else None).print(table)
     for reason in dict.fromkeys(t.reason for t in tasks if t.blocked):
+        assert reason is not None
         names = [t.variant for t in tasks if t.reason == reason]
         pending = any(never_runs(t) for t in tasks if t.reason == reason)
         print(f"\n{len(names)} task(s) never ran ({', '.join(names)}): {reason.split(': ', 1)[-1]}; fix the cause, "
@@ -174,6 +175,7 @@ def stop_local_run(manifest: dict) -> str | None:
     owner = manifest.get("owner")
     if manifest.get("state") not in ("running", None) or owner_alive(owner) is not True:
         return None
+    assert owner is not None
     try:
         os.kill(int(owner["pid"]), signal.SIGTERM)
     except ProcessLookupError:

@@ -8,7 +8,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -163,7 +163,7 @@ def launcher_setting(launcher: dict | DictConfig | None, key: str) -> Any:
     for schema in LAUNCHER_SCHEMAS:     # a field with a default_factory (a list, a nested config) is no attribute
         found = {f.name: f for f in dataclasses.fields(schema)}.get(key)
         if found is not None:
-            return found.default_factory() if found.default is dataclasses.MISSING else found.default
+            return cast(Callable[[], Any], found.default_factory)() if found.default is dataclasses.MISSING else found.default
     raise KeyError(f"launcher.{key}: no launcher schema has it")
 
 
@@ -323,4 +323,4 @@ def valid_keys(path: str) -> list[str]:
     node = OmegaConf.structured(Config)
     if path:
         node = OmegaConf.select(node, path)
-    return sorted(node.keys()) if isinstance(node, DictConfig) else []
+    return sorted(cast(Iterable[str], node.keys())) if isinstance(node, DictConfig) else []

@@ -26,7 +26,7 @@ import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -255,11 +255,11 @@ def expand_grid(cfg: DictConfig, sweeps: list, fixed: list[str], compose: Callab
         else:
             _check_values(cfg, axis)
             edits.append([_nested(axis.key, v) for v in axis.values])
-    own = OmegaConf.to_container(cfg.variants, resolve=False) or {None: {}}
+    own = cast(dict, OmegaConf.to_container(cfg.variants, resolve=False) or {None: {}})
     variants: dict[str, dict] = {}
     for prefix, overrides in own.items():
         for point in itertools.product(*(range(len(a.values)) for a in axes)):
-            name = "_".join(([str(prefix)] if prefix is not None else []) + [a.parts[i] for a, i in zip(axes, point)])
+            name = "_".join(([str(prefix)] if prefix is not None else []) + [cast("list[str]", a.parts)[i] for a, i in zip(axes, point)])
             name = fit_name(name)
             if name in variants:
                 raise UserError(f"the grid of {' '.join(a.line for a in axes)} gives two variants named {name!r} "

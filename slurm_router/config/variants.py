@@ -4,7 +4,7 @@ validate(), every check that needs no data (the whole ordered pipeline: slurm_ro
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -12,7 +12,6 @@ from omegaconf.errors import OmegaConfBaseException
 from slurm_router.config.checks import check_values, explain
 from slurm_router.config.schema import NAME_RE
 from slurm_router.errors import UserError
-
 
 SEEDS_HINT = "seeds=N (N training seeds from seed on) or a list of distinct whole numbers >= 0, e.g. seeds=[0,5,9]"
 MAX_SEEDS = 1000
@@ -49,10 +48,10 @@ def training_seeds(cfg: DictConfig) -> list[int]:
 
 def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     """Each variant's full config: the experiment's config with that variant's overrides merged in."""
-    out = {}
+    out: dict[str, DictConfig] = {}
     if not isinstance(cfg.variants, DictConfig):
         raise UserError("variants must be a mapping of name -> overrides, e.g. variants: {r8: {model: {lora: {r: 8}}}}")
-    common = cfg.copy()
+    common: Any = cfg.copy()
     common.variants = {}            # merged without the variants, a sweep's 100 variants stay linear, and a fresh
     common = pickle.dumps(common)   # copy is unpickled for each (3x faster than OmegaConf.merge's deepcopy)
     for name, overrides in cfg.variants.items():
@@ -78,7 +77,8 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
                             "with each other): set prune= outside the variant")
         try:
             # unsafe_merge takes over its inputs: a fresh copy, and the overrides as plain containers
-            out[name] = OmegaConf.unsafe_merge(pickle.loads(common), OmegaConf.to_container(overrides) if overrides else {})
+            out[name] = cast(DictConfig, OmegaConf.unsafe_merge(
+                pickle.loads(common), OmegaConf.to_container(overrides) if overrides else {}))
         except OmegaConfBaseException as e:
             raise explain(e, where=f"variants.{name}: ") from None
     return out

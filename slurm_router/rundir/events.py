@@ -15,7 +15,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, cast
 
 
 class _Omit:
@@ -218,7 +218,7 @@ def row_class(kind: str) -> type[Row]:
 
 def parse_row(d: dict) -> Row:
     """A read row (a dict from read_events) as its typed row; ValueError for a kind or field not in the schema."""
-    cls = row_class(d.get(EVENT))
+    cls = row_class(cast(str, d.get(EVENT)))
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names - {EVENT})
     if unknown:

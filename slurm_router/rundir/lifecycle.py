@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import signal
+from typing import cast
 
 # The stop signals: Slurm's time-limit warning or a preemption (USR2), kill (TERM), Ctrl-C (INT). Each one makes a
 # task finish its step, checkpoint and stop (slurm_router.allocation.supervisor, worker.state).
@@ -93,7 +94,7 @@ class TaskOutcome(str, enum.Enum):
 
     @classmethod
     def from_exit_code(cls, code: int | None) -> "TaskOutcome":
-        return {EXIT_OK: cls.COMPLETED, EXIT_STOPPED: cls.STOPPED, EXIT_REQUEUE: cls.REQUEUE}.get(code, cls.FAILED)
+        return {EXIT_OK: cls.COMPLETED, EXIT_STOPPED: cls.STOPPED, EXIT_REQUEUE: cls.REQUEUE}.get(cast(int, code), cls.FAILED)
 
     @classmethod
     def combine(cls, outcomes: list["TaskOutcome"]) -> "TaskOutcome":

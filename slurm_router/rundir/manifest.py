@@ -17,13 +17,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurm_router.fileio import WriteError, atomic_write_text
 from slurm_router.config.checks import check_writable_dir
 from slurm_router.errors import UserError
+from slurm_router.fileio import WriteError, atomic_write_text
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import TaskState
-from slurm_router.rundir.spec import Stage
 from slurm_router.rundir.lock import short_lock
+from slurm_router.rundir.spec import Stage
 
 
 class NotARunDir(UserError):
@@ -31,7 +31,7 @@ class NotARunDir(UserError):
 
 
 def _versions() -> dict:
-    out = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     for pkg in ("slurm_router", "torch", "transformers", "peft", "submitit", "hydra-core", "pandas"):
         try:
             out[pkg] = metadata.version(pkg)

@@ -15,9 +15,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_router.rundir.attempts import load_attempts
 from slurm_router.rundir.events import EVENT, EvalRow, StepRow
 from slurm_router.rundir.layout import RunLayout, TaskPaths
-from slurm_router.rundir.attempts import load_attempts
 
 RECENT_STEPS = 10               # tokens/s and the ETA: over this many of the newest steps (of the current attempt)
 
@@ -31,6 +31,7 @@ def last_rows(path: str | os.PathLike, kind: str, n: int = 1) -> list[dict]:
             if os.fstat(f.fileno()).st_size == 0:
                 return []
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                out: list[dict]
                 out, end = [], len(m)
                 while len(out) < n:
                     start = m.rfind(needle, 0, end)
