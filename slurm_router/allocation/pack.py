@@ -16,13 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+from typing import cast
 
 from submitit.helpers import Checkpointable
 
-from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
+from slurm_router.allocation.supervisor import Supervised, TaskSupervisor
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_STOPPED, TaskOutcome
-from slurm_router.allocation.supervisor import Supervised, TaskSupervisor
+from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
 PACKED_ENV = "SLURM_ROUTER_PACKED"      # tells a child job process that this runner requeues, once
 
@@ -99,7 +100,7 @@ def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) ->
         from slurm_router.allocation.requeue import request_requeue_outside, slurm_job_ref  # JOB_TASK: never the array
         if request_requeue_outside(f"pack of {len(task_files)} task(s)"):     # in a container: the script does
             return outcome.exit_code
-        subprocess.run(["scontrol", "requeue", slurm_job_ref()], check=True, timeout=60)
+        subprocess.run(["scontrol", "requeue", cast(str, slurm_job_ref())], check=True, timeout=60)
         return EXIT_STOPPED
     return outcome.exit_code
 

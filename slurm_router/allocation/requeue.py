@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from slurm_router.config.schema import launcher_setting
 from slurm_router.fileio import atomic_write_text
@@ -23,6 +24,7 @@ from slurm_router.rundir.attempts import current_attempt, load_attempts, save_at
 from slurm_router.rundir.events import EventWriter
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.lifecycle import TaskOutcome
+
 # USR2 within signal_delay_s + this margin of the time limit counts as the time limit's warning.
 TIMEOUT_MARGIN_S = 60
 
@@ -120,7 +122,7 @@ def decide(spec, signum: int) -> Decision:
     if signum != signal.SIGUSR2 or not job:
         return Decision(False, "interrupted", f"stopped by {name}")
     launcher = spec.config.get("launcher") or {}
-    left = time_left_s(slurm_job_ref())
+    left = time_left_s(cast(str, slurm_job_ref()))
     near_limit = left is not None and left <= int(launcher_setting(launcher, "signal_delay_s")) + TIMEOUT_MARGIN_S
     data = load_attempts(spec.task_dir)
     if not near_limit:
@@ -150,7 +152,7 @@ def requeue_self(spec, decision: Decision, step: int, scontrol: bool = True) -> 
     task_event(spec, "requeue", reason=decision.reason, detail=decision.detail, step=step, job_id=job,
                time_requested=time.time())
     if scontrol:
-        subprocess.run(["scontrol", "requeue", slurm_job_ref()], check=True, capture_output=True, text=True,
+        subprocess.run(["scontrol", "requeue", cast(str, slurm_job_ref())], check=True, capture_output=True, text=True,
                        timeout=60)
 
 

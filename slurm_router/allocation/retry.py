@@ -33,14 +33,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
-from slurm_router.config.schema import launcher_setting
-from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 # attempts.json is requeue.py's file: its reader and writer (load_attempts, save_attempts) keep one format
 from slurm_router.allocation.requeue import Decision, requeue_self, slurm_job_ref
-from slurm_router.rundir.attempts import load_attempts, save_attempts
 from slurm_router.allocation.supervisor import TaskFailed
+from slurm_router.config.schema import launcher_setting
+from slurm_router.rundir.attempts import load_attempts, save_attempts
+from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 
 # How supervisor.Workers._describe names a worker that died of a signal (the other causes say "raised" or
 # "exit code"): "worker rank 0 (pid 123) killed by SIGKILL"
@@ -231,7 +231,7 @@ def exclude_nodes(exclude: list[str], kept: list[str], runner: Runner = run_comm
     """Keep the requeued task (held by Slurm again) off `exclude`; what was done, in words."""
     words = []
     if exclude:
-        job, nodes = slurm_job_ref(), ",".join(exclude)
+        job, nodes = cast(str, slurm_job_ref()), ",".join(exclude)
         runner(["scontrol", "update", f"jobid={job}", f"ExcNodeList={nodes}"])
         # scontrol update prints nothing, done or refused (the task already started again): ask Slurm
         done = f"ExcNodeList={nodes}" in runner(["scontrol", "show", "job", job])
@@ -249,7 +249,7 @@ def count_node_failures(spec, runner: Runner = run_command) -> str | None:
     made by itself (JobRequeue) runs as before."""
     if not _retriable_here() or int(os.environ.get("SLURM_RESTART_COUNT") or 0) <= 0:
         return None
-    rows = parse_node_failures(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j", slurm_job_ref(),
+    rows = parse_node_failures(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j", cast(str, slurm_job_ref()),
                                        "--format=JobIDRaw,State,NodeList,Start"]))
     limit = int(launcher_setting(spec.config.get("launcher"), "max_failures"))
     if limit <= 0:          # not asked for: Slurm's own requeue after a node failure goes on as it always did

@@ -37,9 +37,10 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from typing import cast
 
 from slurm_router.rundir.layout import TaskPaths
-from slurm_router.rundir.lifecycle import STOP_SIGNALS, EXIT_OK, EXIT_STOPPED, TaskOutcome
+from slurm_router.rundir.lifecycle import EXIT_OK, EXIT_STOPPED, STOP_SIGNALS, TaskOutcome
 
 # After one worker has ended normally, the others get this long to end too (rank 0 still writes results).
 WORKER_GRACE_S = 300.0
@@ -97,7 +98,7 @@ def watch_parent_process(grace_s: float = ORPHAN_GRACE_S) -> None:
 
     def watch() -> None:
         parent.join()
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        signal.pthread_kill(cast(int, threading.main_thread().ident), signal.SIGINT)
         time.sleep(grace_s)
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=watch, name="watch-job-process", daemon=True).start()
@@ -170,7 +171,7 @@ def _exit_without_teardown(code: int) -> None:
     trackers' among them), the standard streams flushed. A worker forked from the forkserver ended with
     os._exit before too (multiprocessing's fork start)."""
     import atexit
-    threading._shutdown()       # as multiprocessing's own bootstrap does: executors' threads told, then joined
+    threading._shutdown()  # type: ignore[attr-defined]  # private, not in typeshed; as multiprocessing's own bootstrap does: executors' threads told, then joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -215,7 +216,7 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
         fd, error_file = tempfile.mkstemp(prefix="slurm_router-worker-error-", suffix=".pickle")
         os.close(fd)
         os.unlink(error_file)           # written only if the worker raises; the job process removes it then
-        p = ctx.Process(target=_child, args=(fn, rank, args, error_file), daemon=False)
+        p = ctx.Process(target=_child, args=(fn, rank, args, error_file), daemon=False)  # type: ignore[attr-defined]  # typeshed: BaseContext has no Process; each concrete context has
         p.start()
         processes.append(p)
         error_files.append(error_file)
@@ -227,6 +228,7 @@ def _start_forkserver(ctx) -> None:
     long as the process) with slurm_router.allocation.forkserver_tie imported first, so that it dies with this process.
     The tie reads this process's pid from the environment, set only while the forkserver starts."""
     from multiprocessing import forkserver
+
     from slurm_router.allocation.forkserver_tie import FORKSERVER_PARENT_ENV
     ctx.set_forkserver_preload(["slurm_router.allocation.forkserver_tie", *WORKER_PRELOAD])
     os.environ[FORKSERVER_PARENT_ENV] = str(os.getpid())
@@ -323,7 +325,7 @@ class TaskSupervisor:
             self.orphaned_by = launcher_pid
             print(f"the launcher (pid {launcher_pid}) is gone: stopping at the step end (killed after "
                   f"{ORPHAN_GRACE_S:.0f} s)", file=sys.stderr, flush=True)
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)     # wakes it in a wait too
+            signal.pthread_kill(cast(int, threading.main_thread().ident), signal.SIGTERM)     # wakes it in a wait too
             time.sleep(ORPHAN_GRACE_S)
             children = self.children
             if children is not None:

@@ -62,6 +62,7 @@ class Launcher(ABC):
     """One backend. Instances are made after the run directory exists; check() runs before anything is written."""
     schema: ClassVar[type]                  # its config dataclass (slurm_router.config.schema); schema.kind names it
     synchronous: ClassVar[bool] = False     # submit_stage returns only once the stage's tasks have ended
+    new_snapshot: bool                      # set by resume= before submitting (launch/slurm/common.py reads it)
 
     def __init__(self, cfg, manifest):
         self.cfg, self.manifest = cfg, manifest

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.errors import UserError
 from slurm_router.launch.base import cached_base
 from slurm_router.rundir.layout import checkpoint_step
-from slurm_router.rundir.spec import Stage, TaskSpec
 from slurm_router.rundir.manifest import Manifest
+from slurm_router.rundir.spec import Stage, TaskSpec
 
 
-def _load_run(arg: str) -> tuple[Manifest, object]:
+def _load_run(arg: str) -> tuple[Manifest, DictConfig]:
     """The run's validated manifest (NotARunDir: one line) and its own config.yaml, read once this process holds
     the run's lock (runlock.RunInUse, one line naming the holder, if another one does): a plan is made from
     the current state, and two resumes never both run or submit the same tasks."""
@@ -27,7 +28,7 @@ def _load_run(arg: str) -> tuple[Manifest, object]:
     manifest = Manifest.load(Path(arg).expanduser().resolve())     # a run dir, before run.lock is made in it
     own_run(manifest)                                               # its manifest write reads the file again
     try:
-        cfg = OmegaConf.load(manifest.layout.config)
+        cfg = cast(DictConfig, OmegaConf.load(manifest.layout.config))
     except Exception:                           # missing, unreadable or not YAML: same advice
         raise UserError(f"resume={arg}: config.yaml is missing or damaged") from None
     return manifest, cfg
@@ -44,7 +45,7 @@ def _task(manifest: Manifest, name: str) -> TaskSpec:
     return spec
 
 
-def plan_resume(arg: str) -> tuple[Manifest, object, list[Stage]]:
+def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
     """(manifest, config, stages holding only the unfinished tasks). Raises UserError (one line) for a run dir
     that is not one, or a task whose checkpoints are all damaged."""
     from slurm_router.worker.checkpoint import CheckpointError, latest_valid_checkpoint
@@ -78,8 +79,8 @@ def plan_resume(arg: str) -> tuple[Manifest, object, list[Stage]]:
 def renew_timeout_budget(specs: list[TaskSpec]) -> None:
     """A resume is the user's decision to go on: each task gets launcher.max_requeues time-limit requeues and
     launcher.max_failures retries afresh (its attempt count, requeue and failure history stay)."""
-    from slurm_router.rundir.attempts import reset_timeouts
     from slurm_router.allocation.retry import renew
+    from slurm_router.rundir.attempts import reset_timeouts
     for spec in specs:
         reset_timeouts(spec.task_dir)
         renew(spec.task_dir)
