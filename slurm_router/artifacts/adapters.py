@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any, cast
 
 from slurm_router.fileio import WriteError
 from slurm_router.rundir.layout import HELD_OUT, RunLayout, TaskPaths
@@ -34,7 +35,7 @@ from slurm_router.rundir.layout import HELD_OUT, RunLayout, TaskPaths
 # ---- a folder written whole or not at all -----------------------------------------------------------------
 def _os_error(e: BaseException) -> OSError | None:
     """The OSError behind a failed write; safetensors' own error only names it: '... (os error 28)'."""
-    seen = e
+    seen: BaseException | None = e
     while seen is not None:
         if isinstance(seen, OSError):
             return seen
@@ -108,7 +109,7 @@ def write_folder(path: str | os.PathLike, write, replace: bool = True) -> bool:
 def init_key(cfg) -> str:
     """What shapes a seed-built base: the model (not its LoRA) and the seed."""
     from omegaconf import OmegaConf
-    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model = cast(dict, OmegaConf.to_container(cfg.model, resolve=True))
     model.pop("lora", None)
     return hashlib.sha256(json.dumps({"model": model, "seed": cfg.seed}, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -120,10 +121,11 @@ def save_init_base(run_dir: str, cfg, tokenizer) -> Path:
     if (folder / "config.json").is_file():
         return folder
     import torch
+
     from slurm_router.train.byte_tokenizer import to_transformers
     from slurm_router.train.model import build_model
     with torch.random.fork_rng(devices=[]):         # the training's RNG streams are not disturbed
-        model = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)     # transformers quieted
+        model: Any = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)     # transformers quieted
     hf_tok = to_transformers(tokenizer, cfg.model.get("n_positions"))
     write_folder(folder, lambda tmp: (model.save_pretrained(tmp), hf_tok.save_pretrained(tmp)), replace=False)
     return folder

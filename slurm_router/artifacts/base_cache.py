@@ -28,12 +28,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurm_router.fileio import WriteError, atomic_write_text, file_sha256, sidecar_path, verify_file
 from slurm_router.config.checks import check_writable_dir, nearest_existing
 from slurm_router.errors import UserError
+from slurm_router.fileio import WriteError, atomic_write_text, file_sha256, sidecar_path, verify_file
 from slurm_router.rundir.layout import BASE_META, BASE_WEIGHTS
 
 ABSENT = "absent"           # check(): nothing cached yet (a first run), not damage
@@ -60,9 +61,9 @@ def cache_root(cfg: DictConfig) -> Path:
 
 def base_hash(cfg: DictConfig) -> str:
     """Everything that shapes the base model: model shape, data, base schedule, seed (not LoRA, not router)."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model = cast(dict, OmegaConf.to_container(cfg.model, resolve=True))
     model.pop("lora", None)
-    base = OmegaConf.to_container(cfg.base, resolve=True)
+    base = cast(dict, OmegaConf.to_container(cfg.base, resolve=True))
     base.pop("cache_dir", None)
     base.pop("enabled", None)
     key = {"model": model, "data": OmegaConf.to_container(cfg.data, resolve=True), "base": base,
@@ -164,8 +165,8 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
     sidecar and meta.json last, and is renamed into place. WriteError if the disk refuses (one line; nothing
     half-written stays)."""
     from slurm_router.artifacts.adapters import write_folder
-    from slurm_router.train.model import quiet_transformers
     from slurm_router.train.byte_tokenizer import transformers_byte_tokenizer
+    from slurm_router.train.model import quiet_transformers
     folder = Path(folder)
     meta_path(folder).unlink(missing_ok=True)
     try:

@@ -15,7 +15,7 @@ import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from omegaconf import OmegaConf
 
@@ -158,9 +158,9 @@ def _reuse_cached(stage: Stage, manifest) -> bool:
     cannot be used now (damaged, or deleted since the plan or since the run's first attempt): the stage then
     holds the tasks to train again, and submit_stages runs it like any other stage."""
     tasks = [t for t in stage.tasks or _finished_tasks(stage, manifest) if t.save_weights]
-    rebuild = [t for t in tasks if base_cache.check(t.save_weights) is not None]
+    rebuild = [t for t in tasks if base_cache.check(cast(str, t.save_weights)) is not None]
     for t in rebuild:
-        base_cache.say_unusable(t.save_weights, base_cache.check(t.save_weights))
+        base_cache.say_unusable(cast(str, t.save_weights), cast(str, base_cache.check(cast(str, t.save_weights))))
         base_cache.check_room(OmegaConf.create(t.config))       # UserError before anything changes
     for t in tasks:
         result = RunLayout(t.run_dir).task(t.name).result
@@ -168,7 +168,7 @@ def _reuse_cached(stage: Stage, manifest) -> bool:
             result.unlink(missing_ok=True)          # it stood for weights that are gone
             manifest.set_task(t.name, state=TaskState.PENDING.value)
         elif not result.is_file():
-            shutil.copy(base_cache.meta_path(t.save_weights), result)
+            shutil.copy(base_cache.meta_path(cast(str, t.save_weights)), result)
             manifest.set_task(t.name, state=TaskState.CACHED.value)
             print(f"base stage: reusing the cached base model {t.save_weights}")
     if rebuild:

@@ -22,18 +22,19 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
+from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
 from slurm_router.config.schema import LocalLauncherConfig
 from slurm_router.errors import UserError
-from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
 from slurm_router.launch.progress import Progress
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState, raise_if_stop_dropped
-from slurm_router.rundir.spec import Stage, TaskSpec
 from slurm_router.rundir.lock import LOCK_FD_ENV
 from slurm_router.rundir.lock import held as held_lock
-from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
+from slurm_router.rundir.spec import Stage, TaskSpec
+from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
 
 def detect_gpus() -> list[str]:
@@ -81,13 +82,14 @@ def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
     """How many tasks' predicted peaks fit in one GPU's budget (the router's memory model, seeded from the
     model's sizes, which are counted on the meta device: nothing is allocated)."""
     import torch
+
     from slurm_router.router import MemoryModel
     from slurm_router.train.model import build_model, memory_shape
     with torch.device("meta"):
         model = build_model(cfg.model, cfg.model.vocab_size, cfg.seed, lora=True)
     # the worker's own seed on a GPU (worker.py): the weights' real bytes, bf16 activations under autocast
     mem = MemoryModel.from_model_bytes(**memory_shape(model, cfg, torch.device("cuda")),
-                                       vocab_size=model.config.vocab_size)
+                                       vocab_size=cast(Any, model).config.vocab_size)
     per_device = -(-cfg.train.global_batch_size // cfg.resources.devices_per_task)
     need = mem.predict(per_device * cfg.data.max_len, per_device, cfg.data.max_len)
     return max(1, min(limit, int(cfg.router.memory_headroom * gpu_bytes // max(1, need))))
@@ -122,7 +124,7 @@ class LocalLauncher(Launcher):
 
     def report_job(self, after: str | None) -> str | None:
         pause_for_tests("report")           # before the imports: a signal during them may land in importlib's
-        from slurm_router.analysis.report import print_table, write_report      # lock callbacks, which drop it
+        from slurm_router.analysis.report import print_table, write_report  # lock callbacks, which drop it
         raise_if_stop_dropped()             # (one dropped there, or earlier: now)
         try:
             print_table(write_report(self.layout.root))
@@ -182,6 +184,7 @@ def check_devices(cfg) -> None:
 def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: RunLayout, manifest,
                threads: int) -> dict[str, TaskState]:
     """Start tasks while free devices exist; record each as it starts and ends; returns the final states."""
+    running: list[Any]
     waiting, running, started, states = list(tasks), [], [], {}
     free = list(pool)
     progress = Progress(tasks)

@@ -11,13 +11,14 @@ the config's `seed`, so every replicate starts from the same base and is evaluat
 """
 from __future__ import annotations
 
+from typing import cast
+
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.artifacts import base_cache
 from slurm_router.config.variants import training_seeds
 from slurm_router.errors import UserError
 from slurm_router.rundir.spec import Stage, TaskSpec, task_name
-
 
 # model keys that shape the base's weights (lora and dtype do not: every variant can fine-tune the same base)
 SHAPE_KEYS = ("kind", "name_or_path", "n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
@@ -43,7 +44,7 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
         base_weights = str(base_cache.weights_path(cfg))
         base_task = TaskSpec(run_id=run_id, run_dir=run_dir, experiment=cfg.experiment, name="base", stage="base",
                              variant="base", index=0, devices=cfg.resources.devices_per_task,
-                             config=OmegaConf.to_container(cfg, resolve=True), steps=cfg.base.steps,
+                             config=cast(dict, OmegaConf.to_container(cfg, resolve=True)), steps=cfg.base.steps,
                              lr=cfg.base.lr, global_batch_size=cfg.base.global_batch_size, lora=False,
                              save_weights=base_weights, seed=cfg.seed)
         # reused only when whole (meta.json, and model.pt matching its sha256 sidecar); else trained again, and
@@ -52,9 +53,9 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
         if not cached:
             base_cache.check_room(cfg)
         stages.append(Stage("base", [base_task], cached=cached))
-    tasks = []
+    tasks: list[TaskSpec] = []
     for name, vcfg in variants.items():
-        config, seeds = OmegaConf.to_container(vcfg, resolve=True), training_seeds(vcfg)
+        config, seeds = cast(dict, OmegaConf.to_container(vcfg, resolve=True)), training_seeds(vcfg)
         for seed in seeds:
             tasks.append(TaskSpec(run_id=run_id, run_dir=run_dir, experiment=cfg.experiment,
                                   name=task_name(name, seed, len(seeds)), stage="variants", variant=name,

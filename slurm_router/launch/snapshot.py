@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 import slurm_router
-from slurm_router.fileio import WriteError, atomic_write_text
 from slurm_router.errors import UserError
+from slurm_router.fileio import WriteError, atomic_write_text
 from slurm_router.rundir.layout import RunLayout
 
 GIT_TIMEOUT_S = 30
@@ -78,6 +78,8 @@ def _ls_files(root: Path, *args: str) -> list[str]:
 def _source_files(root: Path) -> tuple[list[str], list[str]]:
     """(tracked files, untracked files that are not ignored) of the checkout, as they exist now."""
     tracked = _ls_files(root)
+    untracked: list[str]
+    too_big: list[str]
     untracked, too_big = [], []
     for f in _ls_files(root, "--others", "--exclude-standard"):
         (too_big if (root / f).lstat().st_size > UNTRACKED_MAX_BYTES else untracked).append(f)
@@ -217,6 +219,7 @@ def ensure(manifest, enabled: bool, new: bool = False) -> str | None:
     if have or not enabled:
         if have and resumed:
             record = current_record(manifest.data)
+            assert record is not None
             print(f"snapshot: the jobs run the code recorded at resume {record['resume']} ({record['code']})"
                   if record.get("resume") else
                   f"snapshot: the jobs run the code submitted with this run ({record.get('code')})")

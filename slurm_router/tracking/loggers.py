@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from slurm_router.tracking.trackers import Target
@@ -84,7 +84,7 @@ class MlflowLogger:
         """The experiment's id, made once: every task of a run starts at about the same time, so a file store's
         get-or-create runs under a lock (a server refuses the second create instead)."""
         import contextlib
-        lock = contextlib.nullcontext()
+        lock: contextlib.AbstractContextManager = contextlib.nullcontext()
         if uri.startswith("file:"):
             from urllib.parse import urlparse
             from urllib.request import url2pathname
@@ -130,12 +130,12 @@ class WandbLogger:
         run_id = record["id"] if record else new_wandb_id()
         project = record["project"] if record else target.wandb_project
         entity = record.get("entity") if record else target.wandb_entity
-        settings = {"console": "off", "silent": True}
+        settings: dict[str, Any] = {"console": "off", "silent": True}
         if "x_transaction_log_flush_interval" in getattr(wandb.Settings, "model_fields", {}):
             # the offline log is flushed every 15 s by default: a worker killed before that loses those rows
             settings["x_transaction_log_flush_interval"] = 1.0
         self.run = wandb.init(id=run_id, resume="allow", project=project, entity=entity, name=target.name,
-                              group=target.run_id, dir=str(self.dir), mode=target.wandb_mode,
+                              group=target.run_id, dir=str(self.dir), mode=cast(Any, target.wandb_mode),
                               config=flat_config(target.config), tags=[target.task],
                               settings=wandb.Settings(**settings))
         self.record = {"id": run_id, "project": project, "entity": entity, "dir": str(self.dir)}

@@ -27,7 +27,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
+from typing import Any, cast
 
+from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV
 from slurm_router.config.checks import MAIL_TYPES
 from slurm_router.config.schema import SlurmLauncherConfig
 from slurm_router.launch.container import ContainerSpec, outside_exports
@@ -35,7 +37,6 @@ from slurm_router.launch.setup_lines import guarded
 from slurm_router.launch.slurm.common import afterok
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
-from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV
 
 TEMPLATE_NAME = "array.sbatch"
 
@@ -114,6 +115,7 @@ def _validate(spec: SbatchSpec) -> None:
     if not Path(spec.run_dir).is_absolute():
         raise ValueError(f"run_dir {spec.run_dir!r} must be an absolute path")
     _check_sbatch_value("run_dir", spec.run_dir)
+    value: Any
     for name, value, low in (
         ("array_size", spec.array_size, 1),
         ("gpus_per_task", spec.gpus_per_task, 0),
@@ -233,7 +235,7 @@ def _in_container(spec: SbatchSpec) -> str:
     its own array task when the task asks with the request file (requeue.request_requeue_outside)."""
     request = shlex.quote(str(RunLayout(spec.run_dir).requeue_request(""))) + '"$SLURM_JOB_ID"'
     return "\n".join([
-        f"# ---- the task runs in {spec.container.runtime}'s image; this shell stays outside it "
+        f"# ---- the task runs in {cast(ContainerSpec, spec.container).runtime}'s image; this shell stays outside it "
         "(launcher.container) ----",
         "# Images seldom carry Slurm's client, so the task never runs scontrol in there: when its verdict is a",
         f"# requeue it writes ${REQUEUE_REQUEST_ENV} and exits {EXIT_REQUEUE}, and this shell requeues its own array "

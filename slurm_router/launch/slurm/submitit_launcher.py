@@ -20,8 +20,16 @@ from slurm_router.config.schema import SubmititLauncherConfig, launcher_setting
 from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import ContainerSpec, container_spec, outside_exports, task_python
 from slurm_router.launch.setup_lines import guarded
-from slurm_router.launch.slurm.common import (REPORT_TIMEOUT_MIN, SlurmLauncher, afterok, sbatch_error,
-                                              mail_options, srun_layout, stage_devices, tasks_per_pack)
+from slurm_router.launch.slurm.common import (
+    REPORT_TIMEOUT_MIN,
+    SlurmLauncher,
+    afterok,
+    mail_options,
+    sbatch_error,
+    srun_layout,
+    stage_devices,
+    tasks_per_pack,
+)
 from slurm_router.rundir.spec import Stage
 
 # slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.allocation.requeue: the same rule for both
@@ -128,6 +136,7 @@ class SubmititLauncher(SlurmLauncher):
                                               self.pythonpath))
         per_pack, wrapped = tasks_per_pack(self.cfg), task_runner_python(self.cfg, run_dir)
         files = [str(self.layout.task(t.name).task_file) for t in stage.tasks]
+        failure: Exception | None
         with _captured_stderr() as err:
             try:
                 if per_pack > 1 or wrapped:     # K tasks share one array task's GPUs; or 1 task in a container
