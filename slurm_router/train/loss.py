@@ -8,6 +8,8 @@ The sum is the same as the plain loss up to float reduction order.
 """
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 def _lm(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers causal LM under a peft wrapper (LoRA layers are inside it either way)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    return cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -45,7 +47,7 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.T
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets, ignore_index=-100,
                                reduction="sum")
         return loss, n_targets
-    lm = _lm(model)
+    lm: Any = _lm(model)
     hidden = lm.base_model(input_ids=inputs, **extra).last_hidden_state
     weight = lm.get_output_embeddings().weight
     if target_index is None:                       # padding positions never reach the vocabulary projection

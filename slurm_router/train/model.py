@@ -9,6 +9,7 @@ import os
 import warnings
 import zipfile
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -52,6 +53,7 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
     dtype = frozen_dtype(model_cfg, device) if adapt else torch.float32
     torch.manual_seed(seed)
     folder = base_weights or None
+    model: Any
     if folder or model_cfg.kind == "hf":
         model = AutoModelForCausalLM.from_pretrained(folder or os.path.expanduser(model_cfg.name_or_path),
                                                      local_files_only=True, dtype=dtype)
@@ -90,7 +92,7 @@ def lora_targets(model_cfg, model: torch.nn.Module) -> str | list[str] | None:
         return names
     if model_cfg.lora.target_modules == "auto":
         from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
-        return None if model.config.model_type in PEFT_DEFAULTS else "all-linear"
+        return None if cast(Any, model).config.model_type in PEFT_DEFAULTS else "all-linear"
     return "all-linear"
 
 
@@ -208,7 +210,7 @@ def _weights_problem(path: Path) -> str | None:
 
 def compile_backbone(model: torch.nn.Module) -> None:
     """torch.compile the transformer stack in place (the loss and the LM head stay eager: they may be chunked)."""
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm: Any = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
     lm.base_model.compile()
 
 
@@ -235,7 +237,7 @@ def parameter_bytes(model: torch.nn.Module) -> tuple[int, int]:
 def adapter_input_features(model: torch.nn.Module) -> int:
     """Per token, the input features of every LoRA-adapted layer (the memory model's adapter activations)."""
     return sum(a.in_features for m in model.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
-               for a in m.lora_A.values())
+               for a in cast(Any, m).lora_A.values())
 
 
 def memory_shape(model, cfg, device: torch.device) -> dict:

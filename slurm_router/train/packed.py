@@ -13,6 +13,7 @@ So a packed micro-batch computes the same token losses as the padded one, up to 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ def register() -> None:
 def why_not_packable(model: torch.nn.Module) -> str | None:
     """None when the model's attention goes through transformers' AttentionInterface (it can take packed rows),
     else the reason it cannot, for the one line that says the task trains padded."""
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm: Any = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(lm, "_supports_attention_backend", False):
         return f"{type(lm).__name__} does not route its attention through transformers' AttentionInterface"
     config = lm.config
@@ -80,7 +81,7 @@ def why_not_packable(model: torch.nn.Module) -> str | None:
 def enable(model: torch.nn.Module) -> None:
     """Route the model's attention through packed_attention (plain SDPA where no spans are given)."""
     register()
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm: Any = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
     lm.set_attn_implementation(ATTENTION)
 
 

@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from slurm_router.errors import UserError
 from slurm_router.train.chat import ROLES
@@ -133,6 +133,7 @@ def jsonl_rows(path: str, fields: Fields) -> Iterator[tuple[str, str, dict]]:
     if not p.is_file():
         raise UserError(f"data.path={path!r} is not a file: give a .jsonl file with one JSON object a line")
     raw = read_bytes(p)
+    line: Any
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -9,6 +9,7 @@ from pathlib import Path
 from slurm_router.fileio import save_verified, verify_file
 from slurm_router.rundir.layout import CHECKPOINT_GLOB, SIDECAR_GLOB, checkpoint_file, checkpoint_step
 
+
 class CheckpointError(Exception):
     """Checkpoints exist but none can be loaded: one line saying which and what to do."""
 
@@ -66,7 +67,7 @@ def latest_valid_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path | None, l
         return None, []
     # a data file without a sidecar counts as a (damaged) candidate
     steps = {s for s, _ in _sidecars(ckpt_dir) + _steps(ckpt_dir, CHECKPOINT_GLOB)}
-    warnings = []
+    warnings: list[str] = []
     for step in sorted(steps, reverse=True):
         path = checkpoint_path(ckpt_dir, step)
         problem = verify_checkpoint(path)

@@ -14,13 +14,16 @@ from __future__ import annotations
 import random
 import signal
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from slurm_router.rundir.lifecycle import EXIT_STOPPED  # noqa: F401  (a worker's exit code after a stop signal)
-from slurm_router.rundir.lifecycle import STOP_SIGNALS
+from slurm_router.rundir.lifecycle import (
+    EXIT_STOPPED,  # noqa: F401  (a worker's exit code after a stop signal)
+    STOP_SIGNALS,
+)
 
 FORMAT = 1
 
@@ -69,7 +72,7 @@ def request_stop(signum: int) -> None:
 
 def _rng_state(device: torch.device) -> dict:
     # Plain bytes, no tensors: all_gather_object pickles it, and torch.load(weights_only=True) reads bytes.
-    np_state = np.random.get_state()
+    np_state = cast(tuple, np.random.get_state())
     state = {"torch": torch.get_rng_state().numpy().tobytes(), "python": random.getstate(),
              "numpy": (np_state[0], np_state[1].tobytes(), *np_state[2:])}
     if device.type == "cuda":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, cast
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ class StepStats:
         fields = dataclasses.fields(cls)
         if len(row) != len(fields):
             raise ValueError(f"a StepStats row has {len(fields)} values, got {len(row)}")
-        return cls(**{f.name: (int(v) if f.type in ("int", int) else float(v)) for f, v in zip(fields, row)})
+        return cls(**cast("dict[str, Any]", {f.name: (int(v) if f.type in ("int", int) else float(v))
+                                              for f, v in zip(fields, row)}))
 
     @classmethod
     def width(cls) -> int:
