@@ -15,7 +15,7 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 
@@ -226,7 +226,7 @@ def jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
     """(line number, text) of a JSON Lines file of texts in `field` (records.jsonl_rows says what loads)."""
     fields = Fields("text", ("text_field",), (field,))
     for name, _, text in checked_records(jsonl_rows(path, fields), fields):
-        yield name, text
+        yield name, cast(str, text)
 
 
 def _pieces(tokens: np.ndarray, max_len: int, start: int) -> Iterator[np.ndarray]:
@@ -280,6 +280,8 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
         raise UserError(f"data.path is required with data={data_cfg.kind}: add data.path=/your/path")
     if fields.format == "chat":
         _check_chat(tokenizer, data_cfg)
+    sides: dict[bool, list]
+    record: Any
     max_len, sides, n_docs = data_cfg.max_len, {False: [], True: []}, 0
     n_truncated = n_dropped = n_without_targets = 0
     for name, where, record in _documents(data_cfg, fields):
@@ -323,7 +325,7 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
         if not train:
             raise UserError(f"the corpus at {where!r} is too small: it needs at least two text samples")
     label = {"text": "", "prompt_completion": " (prompt/completion)", "chat": " (chat)"}[fields.format]
-    return Corpus(*(Split.build([t for t, _ in s], [m for _, m in s]) for s in (train, val)), n_docs,
+    return Corpus(*cast("tuple[Split, Split]", (Split.build([t for t, _ in s], [m for _, m in s]) for s in (train, val))), n_docs,
                   f"{data_cfg.kind}:{where}{label}", max_len, n_truncated, n_dropped, n_without_targets)
 
 
@@ -357,6 +359,7 @@ class GlobalBatchSampler:
         return self._perms[epoch]
 
     def batch(self, step: int) -> list[int]:
+        out: list[int]
         out, pos = [], step * self.batch_size
         while len(out) < self.batch_size:
             epoch, offset = divmod(pos, self.n)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from slurm_router.rundir.events import MicroRow
 from slurm_router.router import MemoryModel, MicroBatch
+from slurm_router.rundir.events import MicroRow
 from slurm_router.train.loss import target_positions, token_loss_sum
 from slurm_router.train.packed import packed_tensors
 
@@ -80,6 +81,7 @@ class Loader:
     _pool = None
 
     def __init__(self, build, prefetch: bool):
+        self.pending: dict[Any, Any]
         self.build, self.pending = build, {}
         if prefetch and Loader._pool is None:
             Loader._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefetch")
@@ -188,7 +190,7 @@ class MicroBatchRunner:
                 if self.mem_sim is not None:
                     self.mem_sim.check(mb)
                 timer = ComputeTimer(self.device)
-                loss, n_tok = loss_sum(self.model, *batch[:4], self.cfg, self.device, model_kwargs=batch[4])
+                loss, n_tok = loss_sum(self.model, *cast("tuple[Any, Any, Any, Any]", batch[:4]), self.cfg, self.device, model_kwargs=batch[4])
                 accumulate(loss, self.params)
                 timer.stop()
             except (torch.cuda.OutOfMemoryError, SimulatedOOM):
@@ -227,7 +229,7 @@ class MicroBatchRunner:
             out.loss_sum += loss
             mb = r.mb
             self.events.write(MicroRow(
-                step=step, micro=micro, sample_ids=mb.sample_ids, n_samples=len(mb.sample_ids),
+                step=step, micro=micro, sample_ids=cast(Any, mb.sample_ids), n_samples=len(mb.sample_ids),
                 n_tokens=mb.n_tokens, n_pad_tokens=mb.n_padded_tokens - mb.n_tokens, cost=mb.cost, t_start=r.t_start,
                 t_data_s=r.t_data_s, t_compute_s=t_compute, mem_peak_bytes=r.peak_bytes,
                 mem_predicted_bytes=mb.predicted_mem_bytes, loss=loss / max(1, r.n_targets), lr=lr,
