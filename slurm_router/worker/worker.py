@@ -18,28 +18,28 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from slurm_router.router import Assignment, MemoryModel, MicroBatch, Router, RouterSettings
 from slurm_router.rundir import events as ev
-from slurm_router.worker.cpu import worker_threads
 from slurm_router.rundir.layout import TaskPaths
-from slurm_router.worker.microbatch import CpuMemorySim, DeviceStep, MicroBatchRunner, batch_tensors, loss_sum
 from slurm_router.rundir.spec import TaskSpec
-from slurm_router.worker.prune import Pruned
-from slurm_router.router import MemoryModel, MicroBatch, Router, RouterSettings
-from slurm_router.worker.step_stats import StepStats
-from slurm_router.worker.telemetry import Telemetry, device_name
 from slurm_router.tracking.trackers import task_sink
 from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, make_tokenizer
-from slurm_router.train.model import (build_model, compile_backbone, count_parameters, memory_shape,
-                                      trainable_parameters)
+from slurm_router.train.model import build_model, compile_backbone, count_parameters, memory_shape, trainable_parameters
 from slurm_router.train.optim import lr_at, make_optimizer
-from slurm_router.worker import state as train_state
 from slurm_router.train.packed import choose_packing
+from slurm_router.worker import state as train_state
+from slurm_router.worker.cpu import worker_threads
+from slurm_router.worker.microbatch import CpuMemorySim, DeviceStep, MicroBatchRunner, batch_tensors, loss_sum
 from slurm_router.worker.profile import profile_step, profiled
+from slurm_router.worker.prune import Pruned
+from slurm_router.worker.step_stats import StepStats
+from slurm_router.worker.telemetry import Telemetry, device_name
 
 # A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
 # dies, so this only bounds a hang nobody else catches (a peer stuck without dying; srun_workers mode).
@@ -58,12 +58,12 @@ def allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None
     for p in params:
         if p.grad is None:          # a device that got no samples this step still joins the sum
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = torch.cat([cast(torch.Tensor, p.grad).reshape(-1) for p in params])
     dist.all_reduce(flat)
     flat.div_(total_tokens)
     offset = 0
     for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        cast(torch.Tensor, p.grad).copy_(flat[offset:offset + p.numel()].view_as(p))
         offset += p.numel()
 
 
@@ -83,7 +83,7 @@ class StepPlan:
     ids: list[int]
     lengths: list[int]
     speeds: list[float]
-    assignment: object
+    assignment: Assignment
     mine: list[MicroBatch]
     target_tokens: int              # what the global loss divides by (data.Split: completions, assistant turns)
 
@@ -156,7 +156,7 @@ class Worker:
             self.router.set_device_memory(d, t)
         slowdowns = list(cfg.router.device_slowdown) or [1.0]
         self.slowdown = float(slowdowns[self.rank % len(slowdowns)])   # testing aid: a slower device
-        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, spec.seed)
+        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cast(int, spec.seed))
         self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
         self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
 
@@ -301,8 +301,8 @@ class Worker:
             for b, ids in enumerate(batches):
                 mine = ids[self.rank::self.world]
                 if mine:
-                    loss, n = loss_sum(self.model, *batch_tensors(self.corpus.val, mine, self.tokenizer.pad_id,
-                                                                  self.device), self.cfg, self.device)
+                    loss, n = loss_sum(self.model, *cast("tuple[Any, Any, Any, Any]", batch_tensors(self.corpus.val, mine, self.tokenizer.pad_id,
+                                                                  self.device)), self.cfg, self.device)
                     sums[2 * b] += loss.double()
                     sums[2 * b + 1] += n
         self.model.train()
@@ -322,6 +322,7 @@ class Worker:
         state = train_state.capture(self.model, self.optimizer, self.router, self.train_losses, next_step,
                                     self.world, self.device, self.ckpt_identity)
         if self.rank == 0:
+            assert state is not None
             meta = save_checkpoint(self.paths.checkpoints, next_step, state, self.cfg.train.keep_checkpoints)
             self.events.write(ev.CheckpointSavedRow(step=next_step, path=meta["path"], bytes=meta["bytes"],
                                                     sha256=meta["sha256"], reason=reason, t_save_s=time.time() - t0))
@@ -340,7 +341,7 @@ class Worker:
                                 to_transformers(self.tokenizer, self.cfg.model.get("n_positions")))
             else:           # the variant's adapter (adapters.py); the result names it
                 saved = self.adapters.final(self.model, self.spec.steps, val_loss)
-        self.events.write(ev.EndRow(exit_state="completed", **(result or {})))
+        self.events.write(ev.EndRow(exit_state="completed", **cast("dict[str, Any]", result or {})))
         self.close()
         return {**result, **saved} if result is not None else None
 
@@ -369,10 +370,11 @@ class Worker:
                                                                                    self.cfg.train.eval_every))
         if not self.gather([1.0 if decision else 0.0])[0][0]:
             return None
-        self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=decision.reason if decision else None))
+        self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=cast(str, decision.reason if decision else None)))
         self.close()
         if self.rank != 0:
             return Pruned(step)
+        assert decision is not None
         print(decision.reason, flush=True)
         return Pruned(step, {"exit_state": "pruned", **decision.as_dict(), "steps": self.spec.steps})
 
