@@ -20,7 +20,7 @@ GPT-2- and Llama-shaped models built on the meta device, frozen weights in fp32 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 _MAX_OOMS = 16
 _OOM_MARGIN = 1.05          # after an OOM, predict this much above the limit that was hit
@@ -156,7 +156,7 @@ class MemoryModel:
         del self._obs[:-self.max_observations]
         self._refit()
 
-    def observe_oom(self, padded_tokens: int, n_samples: int, max_len: int, limit_bytes: int | None = None) -> None:
+    def observe_oom(self, padded_tokens: int, n_samples: int, max_len: int, limit_bytes: float | None = None) -> None:
         """This size did not fit under limit_bytes (total or free memory at the time; None if unknown)."""
         if limit_bytes is None:
             limit_bytes = self.predict(padded_tokens, n_samples, max_len) * _OOM_UNKNOWN_LIMIT
@@ -191,9 +191,9 @@ class MemoryModel:
                 "observations": [list(o) for o in self._obs], "ooms": [list(o) for o in self._ooms]}
 
     def load_state_dict(self, d: dict) -> None:
-        self.prior = tuple(float(x) for x in d["prior"])
+        self.prior = cast("tuple[float, float, float]", tuple(float(x) for x in d["prior"]))
         self.max_observations = int(d.get("max_observations", self.max_observations))
-        self._obs = [tuple(int(x) for x in o) for o in d.get("observations", [])]
+        self._obs = [cast("tuple[int, int, int, int]", tuple(int(x) for x in o)) for o in d.get("observations", [])]
         self._ooms = [(int(o[0]), int(o[1]), int(o[2]), float(o[3])) for o in d.get("ooms", [])]
         self._refit()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from operator import itemgetter
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 from .memory_model import MemoryModel
 from .types import MicroBatch, RouterSettings
@@ -89,7 +89,8 @@ def pack_rows(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequ
     use_mem = memory_model is not None and budget_bytes is not None
 
     def fits(tokens: int, n: int) -> bool:
-        return tokens <= cap and (not use_mem or memory_model.predict(tokens, n, tokens // n) <= budget_bytes)
+        return tokens <= cap and (not use_mem or cast(MemoryModel, memory_model).predict(tokens, n, tokens // n)
+                                  <= cast(int, budget_bytes))
 
     total = sum(map(lengths.__getitem__, order))
     if fits(total, len(order)):
@@ -121,7 +122,7 @@ def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_mo
         if cap is not None:
             k = cap // max_len if max_len > 0 else UNLIMITED
         if use_mem:
-            k = min(k, memory_model.max_samples(max_len, budget_bytes))
+            k = min(k, cast(MemoryModel, memory_model).max_samples(max_len, budget_bytes))
         return k
 
     return k_max

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left
-from typing import Sequence
+from typing import Sequence, cast
 
 _GOOD_ENOUGH = 0.01       # stop improving when max time <= best possible * (1 + this); the target is 1.02
 _SPEED_CLASS_STEP = 0.02  # devices whose speeds differ < 2% share one heap (the pass fixes the residue)
@@ -49,12 +49,12 @@ def partition(items: Sequence[int], costs: Sequence[float], speeds: Sequence[flo
         free = [p for p in order if lengths[p] <= limit_all]
     # Items only some devices can take go first, by linear scan (rare, and they are the longest anyway).
     if restricted:
-        biggest = max(range(n_dev), key=lambda d: (item_fits[d], -d))
+        biggest = max(range(n_dev), key=lambda d: (cast("Sequence[int]", item_fits)[d], -d))
         for p in restricted:
             c = costs[p]
             best, best_t = -1, math.inf
             for d in range(n_dev):
-                if lengths[p] <= item_fits[d]:
+                if cast("Sequence[int]", lengths)[p] <= cast("Sequence[int]", item_fits)[d]:
                     t = (loads[d] + c) / speeds[d]
                     if t < best_t:
                         best, best_t = d, t
@@ -111,10 +111,10 @@ def _lpt(order: list[int], costs: Sequence[float], speeds: Sequence[float], load
             key = ((loads[d] + c) / speeds[d], d)
             if best_key is None or key < best_key:
                 best_h, best_key = h, key
-        d = best_key[1]
+        d = cast("tuple[float, int]", best_key)[1]
         loads[d] += c
         bins[d].append(p)
-        heapq.heapreplace(best_h, (loads[d] / speeds[d], d))
+        heapq.heapreplace(cast("list[tuple[float, int]]", best_h), (loads[d] / speeds[d], d))
 
 
 def _lpt_integer(order: list[int], costs: Sequence[float], loads: list[float], bins: list[list[int]]) -> None:
@@ -185,7 +185,7 @@ def _best_exchange(hi: int, lo: int, hi_items: list[int], bins: list[list[int]],
     best = None   # (new max time, a position in hi, b position in lo or -1)
     for a in hi_items:
         ca = costs[a]
-        if check and lengths[a] > item_fits[lo]:
+        if check and cast("Sequence[int]", lengths)[a] > cast("Sequence[int]", item_fits)[lo]:
             continue
         # plain move of a
         if ca < 2 * target + 1e-12:
@@ -198,7 +198,7 @@ def _best_exchange(hi: int, lo: int, hi_items: list[int], bins: list[list[int]],
             if 0 <= j < len(lo_items):
                 b = lo_items[j]
                 delta = ca - costs[b]
-                if delta <= 0 or (check and lengths[b] > item_fits[hi]):
+                if delta <= 0 or (check and cast("Sequence[int]", lengths)[b] > cast("Sequence[int]", item_fits)[hi]):
                     continue
                 t = max((l_hi - delta) / s_hi, (l_lo + delta) / s_lo)
                 if best is None or t < best[0]:

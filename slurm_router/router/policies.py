@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from .memory_model import MemoryModel
 from .packing import UNLIMITED, pack_by_length, pack_in_order, pack_rows, sample_costs
@@ -42,7 +42,7 @@ def _item_fits(devices: Sequence[DeviceState], settings: RouterSettings,
     for d in devices:
         limit = cap if cap is not None else UNLIMITED
         if with_mem and d.mem_budget_bytes is not None:
-            limit = min(limit, memory_model.max_len_alone(d.mem_budget_bytes))
+            limit = min(limit, cast(MemoryModel, memory_model).max_len_alone(d.mem_budget_bytes))
         fits.append(limit)
     return fits
 
@@ -93,6 +93,7 @@ def least_loaded(lengths: Sequence[int], sample_ids: Sequence[int], devices: Seq
     n, n_dev = len(sample_ids), len(devices)
     costs = sample_costs(lengths, settings)
     usable = []
+    d: Any
     for d in devices:
         known = [v for v in (d.mem_free_bytes, d.mem_budget_bytes) if v is not None]
         usable.append(float(min(known)) if known else float(UNLIMITED))
@@ -141,7 +142,7 @@ def affinity(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequenc
     for p in range(n):
         buckets.setdefault(bisect_right(edges, lengths[p]), []).append(p)
     keys = sorted(buckets, reverse=True)                              # longest bucket first
-    ranked = sorted(range(n_dev), key=lambda d: (-(devices[d].mem_budget_bytes if devices[d].mem_budget_bytes
+    ranked = sorted(range(n_dev), key=lambda d: (-cast(int, devices[d].mem_budget_bytes if devices[d].mem_budget_bytes
                                                     is not None else UNLIMITED), -devices[d].speed, d))
     groups_items = [buckets[k] for k in keys]
     group_cost = [sum(costs[p] for p in g) for g in groups_items]
@@ -207,3 +208,5 @@ POLICIES: dict[str, Policy] = {
     "affinity": affinity,
     "balanced": balanced,
 }
+# router.policy's choices, in this order: the one list of them (RouterSettings and the config check read it)
+POLICY_NAMES = tuple(POLICIES)

@@ -11,7 +11,7 @@ without a coordinator. Nothing here reads a device: telemetry arrives through se
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 from .memory_model import MemoryModel
 from .packing import split_for_oom as _split_for_oom
@@ -44,7 +44,8 @@ class Router:
     def device_states(self) -> list[DeviceState]:
         speeds = self.speed_model.speeds()
         h = self.settings.memory_headroom
-        return [DeviceState(d, speeds[d], None if self._total_bytes[d] is None else int(h * self._total_bytes[d]),
+        return [DeviceState(d, speeds[d],
+                            None if self._total_bytes[d] is None else int(h * cast(int, self._total_bytes[d])),
                             self._free_bytes[d]) for d in range(self.n_devices)]
 
     # ---- decisions ---------------------------------------------------------------------------------------
@@ -70,7 +71,8 @@ class Router:
         self.speed_model.observe(device, cost, compute_s)
         if self.memory_model is None or peak_mem_bytes is None or not microbatches:
             return
-        largest = max(microbatches, key=lambda mb: (self.memory_model.predict_mb(mb), mb.n_padded_tokens))
+        largest = max(microbatches, key=lambda mb: (cast(MemoryModel, self.memory_model).predict_mb(mb),
+                                                    mb.n_padded_tokens))
         n = len(largest.sample_ids)
         if n:
             self.memory_model.observe(largest.n_padded_tokens, n, largest.n_padded_tokens // n, peak_mem_bytes)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import cast
 
-SPEED_MODELS = ("robust", "ema", "none")
 _MAD_TO_SD = 1.4826             # standard deviation of a normal = 1.4826 x its median absolute deviation
 _MEDIAN_VAR = math.pi / 2       # variance of a median of n normal draws ~ (pi/2) sigma^2 / n
 
@@ -171,7 +171,7 @@ class RobustSpeedModel:
         residuals: list[float] = []
         for r, m in zip(self._rel, levels):
             if len(r) >= 2:               # the smallest residual is the one degree of freedom the median took
-                residuals += sorted(abs(x - m) for x in r)[1:]
+                residuals += sorted(abs(x - cast(float, m)) for x in r)[1:]
         data = (_MAD_TO_SD * _median(residuals)) ** 2 if residuals else 0.0
         n = max(0, self._n_seen - sum(1 for r in self._rel if r))    # less one per device, for its level
         return (self.prior_weight * self.prior_noise ** 2 + n * data) / (self.prior_weight + n)
@@ -199,14 +199,18 @@ class RobustSpeedModel:
         self._cached = None
 
 
+# router.speed_model's choices, by name: (n_devices, ema weight) -> a model. The one list of them (config reads it).
+SPEED_MODELS = {
+    "robust": lambda n_devices, ema: RobustSpeedModel(n_devices),
+    "ema": lambda n_devices, ema: SpeedModel(n_devices, ema),
+    "none": lambda n_devices, ema: EqualSpeedModel(n_devices),
+}
+
+
 def make_speed_model(kind: str, n_devices: int, ema: float = 0.3):
-    if kind == "robust":
-        return RobustSpeedModel(n_devices)
-    if kind == "ema":
-        return SpeedModel(n_devices, ema)
-    if kind == "none":
-        return EqualSpeedModel(n_devices)
-    raise ValueError(f"router.speed_model={kind!r} is not one of {', '.join(SPEED_MODELS)}")
+    if kind not in SPEED_MODELS:
+        raise ValueError(f"router.speed_model={kind!r} is not valid: choose one of {', '.join(SPEED_MODELS)}")
+    return SPEED_MODELS[kind](n_devices, ema)
 
 
 def _median(xs) -> float:
