@@ -1,0 +1,183 @@
+"""docs/ARCHITECTURE.md is the map, and the map is checked (issue 26, item 6): every module of the package and of the
+report is named on it, every section a code comment cites is one of its headings, every module path it names
+exists, and its import-contract summary is pyproject.toml's. Pure: reads files, imports and runs nothing."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "ARCHITECTURE.md"
+PACKAGE = REPO / "slurm_router"
+ANALYSIS = REPO / "analysis"            # slurm_router/analysis is a symlink to it
+# Where code comments cite the map's sections. Not tests/: this file's own docstrings would count.
+CITING_DIRS = ("slurm_router", "analysis", "benchmarks", "scripts", "conf", "sbatch_templates")
+CITING_FILES = ("README.md", "pyproject.toml")
+CITING_SUFFIXES = {".py", ".sh", ".yaml", ".yml", ".md", ".toml", ".sbatch", ".tmpl", ".txt"}
+
+# A path token: a name ending in .py, not preceded by another path character (so `cli/status.py` does not name the
+# top-level `status.py`, nor `analysis/__main__.py` the package's `__main__.py`).
+PY_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]*\w\.py)(?!\w)")
+DOTTED = re.compile(r"(?<![\w.])slurm_router(?:\.\w+)+")
+# `ARCHITECTURE.md, "Title"` and `ARCHITECTURE.md ("Title")`, once line breaks and comment markers are joined
+CITATION = re.compile(r"ARCHITECTURE\.md(?:\s*,\s*|\s*\(\s*)\"([^\"]+)\"")
+
+
+def doc_text() -> str:
+    return DOC.read_text(encoding="utf-8")
+
+
+def package_modules() -> list[str]:
+    """Every module under slurm_router/ but the analysis symlink and __init__.py files, relative to slurm_router/."""
+    found = []
+    for root, dirs, files in os.walk(PACKAGE):         # os.walk does not descend into the analysis symlink
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (Path(root) / d).is_symlink())
+        for f in sorted(files):
+            if f.endswith(".py") and f != "__init__.py":
+                found.append((Path(root) / f).relative_to(PACKAGE).as_posix())
+    return found
+
+
+def analysis_modules() -> list[str]:
+    return [f"analysis/{p.name}" for p in sorted(ANALYSIS.glob("*.py")) if p.name != "__init__.py"]
+
+
+def named_paths(text: str) -> set[str]:
+    return set(PY_PATH.findall(text))
+
+
+def headings(text: str) -> list[str]:
+    """The markdown headings, outside fenced code blocks."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        m = re.match(r"^#{1,6}\s+(.+?)\s*#*\s*$", line)
+        if m and not fenced:
+            out.append(m.group(1))
+    return out
+
+
+def citations_in(text: str) -> list[str]:
+    """Titles cited in a file's text. A citation may wrap onto the next line of a docstring or of a # comment:
+    line breaks, with the next line's comment markers, become one space."""
+    joined = re.sub(r"[ \t]*\n[ \t]*(?:#+[ \t]*)?", " ", text)
+    return [re.sub(r"\s+", " ", title).strip() for title in CITATION.findall(joined)]
+
+
+def cited_sections() -> dict[str, list[str]]:
+    """Section title -> the files that cite it."""
+    files = [REPO / f for f in CITING_FILES if (REPO / f).is_file()]
+    for d in CITING_DIRS:
+        for root, dirs, names in os.walk(REPO / d):     # analysis is walked once, as the top-level folder
+            dirs[:] = [x for x in dirs if x != "__pycache__" and not (Path(root) / x).is_symlink()]
+            files += [Path(root) / n for n in names if Path(n).suffix in CITING_SUFFIXES]
+    cited: dict[str, list[str]] = {}
+    for f in files:
+        for title in citations_in(f.read_text(encoding="utf-8", errors="replace")):
+            cited.setdefault(title, []).append(f.relative_to(REPO).as_posix())
+    return cited
+
+
+def exists(path: str) -> bool:
+    """A path the map names: relative to slurm_router/ (analysis/ included) or to the repository's root."""
+    return (PACKAGE / path).is_file() or (REPO / path).is_file()
+
+
+def module_exists(dotted: str) -> bool:
+    """A dotted name the map uses: a module or package, where pyproject.toml's package-dir puts it
+    (slurm_router.conf is conf/, slurm_router.sbatch_templates is sbatch_templates/)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    package_dir = config["tool"]["setuptools"].get("package-dir", {})
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):              # the longest mapped package it is in
+        folder = package_dir.get(".".join(parts[:n]))
+        if folder is not None:
+            rel = Path(folder, *parts[n:])
+            break
+    else:
+        rel = Path(*parts)
+    return (REPO / rel).with_suffix(".py").is_file() or (REPO / rel).is_dir()
+
+
+# ---- the parsers themselves -----------------------------------------------------------------------------------------
+def test_a_path_names_only_itself():
+    assert named_paths("`cli/status.py` and `analysis/__main__.py`") == {"cli/status.py", "analysis/__main__.py"}
+    assert "status.py" in named_paths("(`status.py`, `__main__.py`)")
+
+
+def test_citations_are_read_across_lines_and_comment_markers():
+    text = ('"""launcher.container (docs/ARCHITECTURE.md, "How a\njob runs"). More."""\n'
+            '# see docs/ARCHITECTURE.md, "Target\n#   masks": and docs/ARCHITECTURE.md ("The model")\n'
+            '"""docs/ARCHITECTURE.md, "A task\'s lifecycle": `cached`)"""')
+    assert citations_in(text) == ["How a job runs", "Target masks", "The model", "A task's lifecycle"]
+
+
+def test_headings_outside_code_blocks_only():
+    assert headings("## Rooms\n```\n# not a heading\n```\n### Every module ##\n") == ["Rooms", "Every module"]
+
+
+# ---- the map ----------------------------------------------------------------------------------------------------
+def module_lines(text: str) -> list[str]:
+    """The modules listed under 'Every module', one line each: `- `path`: what it is`."""
+    section = text.split("### Every module", 1)[1].split("\n#", 1)[0]
+    return re.findall(r"(?m)^- `([^`]+\.py)`:", section)
+
+
+def test_every_module_is_on_the_map():
+    modules = package_modules() + analysis_modules()
+    assert len(modules) > 50, "the module walk found too few modules: is the package where this test looks?"
+    listed = module_lines(doc_text())
+    missing = [m for m in modules if m not in listed]
+    assert not missing, ("modules docs/ARCHITECTURE.md does not list under 'Every module' (add a line each, "
+                         f"- `path relative to slurm_router/`: what it owns): {missing}")
+    twice = sorted({m for m in listed if listed.count(m) > 1})
+    assert not twice, f"modules listed more than once under 'Every module': {twice}"
+
+
+def test_every_cited_section_exists():
+    cited = cited_sections()
+    assert len(cited) >= 5, f"found too few citations of docs/ARCHITECTURE.md sections: {sorted(cited)}"
+    have = set(headings(doc_text()))
+    missing = {title: files for title, files in sorted(cited.items()) if title not in have}
+    assert not missing, ("sections cited in code comments that docs/ARCHITECTURE.md has no heading for "
+                         f"(title: citing files): {missing}")
+
+
+def test_every_module_path_on_the_map_exists():
+    stale = sorted(p for p in named_paths(doc_text()) if not exists(p))
+    assert not stale, ("docs/ARCHITECTURE.md names these .py paths, which exist neither under slurm_router/ nor "
+                       f"under the repository's root: {stale}")
+    stale_dotted = sorted(d for d in set(DOTTED.findall(doc_text())) if not module_exists(d))
+    assert not stale_dotted, f"docs/ARCHITECTURE.md names modules that do not exist: {stale_dotted}"
+
+
+def test_every_room_is_in_the_rooms_table():
+    text = doc_text()
+    rooms_section = text.split("## Rooms", 1)[1].split("\n## ", 1)[0]
+    rooms = sorted({Path(m).parent.as_posix() + "/" for m in package_modules() if "/" in m} | {"analysis/"})
+    missing = [r for r in rooms if f"`{r}`" not in rooms_section]
+    assert not missing, f"rooms missing from the Rooms table of docs/ARCHITECTURE.md: {missing}"
+
+
+def test_the_import_contracts_are_pyprojects():
+    """The layers block under 'Import contracts' lists pyproject.toml's layers in order, and both ignored imports are
+    named: the map says what lint-imports checks."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    layers_contract = next(c for c in contracts if c["type"] == "layers")
+    expected = [" | ".join(part.strip().removeprefix("slurm_router.") for part in layer.split("|"))
+                for layer in layers_contract["layers"]]
+    text = doc_text()
+    section = text.split("### Import contracts", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```", 2)[1]
+    listed = [re.split(r"\s{2,}", line.strip())[0] for line in block.splitlines() if line.strip()]
+    assert listed == expected, f"docs/ARCHITECTURE.md's layers {listed} are not pyproject.toml's {expected}"
+    flat = re.sub(r"\s+", " ", section)
+    for contract in contracts:
+        for ignored in contract.get("ignore_imports", []):
+            assert ignored in flat, f"the ignored import {ignored!r} is not described under 'Import contracts'"
