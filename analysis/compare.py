@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -28,6 +29,7 @@ def _label(run_dir: Path, summary: dict, taken: set[str]) -> str:
 def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dict], list[str]]:
     taken: set[str] = set()
     labels = [_label(run_dir, summary, taken) for run_dir, summary, _ in runs]
+    first: dict[str, Any]
     rows, first = [], {}
     for label, (run_dir, summary, _) in zip(labels, runs):
         for name, v in summary["variants"].items():

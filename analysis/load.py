@@ -22,6 +22,7 @@ import pandas as pd
 from slurm_router.fileio import WriteError, atomic_write_bytes
 from slurm_router.rundir.events import EVENT, EndRow, EvalRow, MicroRow, Row, StartRow, StepRow, fields_of, scan_events
 from slurm_router.rundir.layout import RunLayout, TaskPaths
+from slurm_router.rundir.manifest import Manifest, NotARunDir
 
 # Fields the report cannot do without, per event kind (anything else is optional); names checked against the
 # schema (slurm_router/rundir/events.py) when this module loads.
@@ -103,16 +104,12 @@ class Task:
 
 
 def load_manifest(run_dir: Path) -> dict:
-    path = RunLayout(run_dir).manifest
-    if not path.is_file():
-        raise ReportError(f"{run_dir} has no manifest.json: give a run directory made by python -m slurm_router")
+    """The run's manifest through the one validated reader (rundir.manifest.Manifest.load); ReportError, its one
+    line, when the folder is not a run directory or the manifest is damaged."""
     try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ReportError(f"{path} is not valid JSON: the run directory is damaged") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("tasks", {}), dict):
-        raise ReportError(f"{path} is not a slurm_router manifest (no 'tasks' mapping)")
-    return manifest
+        return Manifest.load(run_dir).data
+    except NotARunDir as e:
+        raise ReportError(str(e)) from None
 
 
 def read_rows(path: Path, problems: list[str]) -> list[dict]:
@@ -138,6 +135,7 @@ def _lines(numbers: list[int]) -> str:
 def usable_rows(rows: list[dict], path: Path, problems: list[str]) -> list[dict]:
     """The rows the report can use: a row of a kind in REQUIRED needs each of its fields present and numeric
     (NaN and inf are numbers: a diverged loss is kept); others are left out and named in `problems`."""
+    dropped: dict[tuple[str, tuple[str, ...]], list[dict]]
     keep, dropped = [], {}
     for row in rows:
         bad = tuple(f for f in REQUIRED.get(row[EVENT], ()) if not _fits(f, row.get(f)))

@@ -16,6 +16,7 @@ Definitions (they are repeated in the report's own "Definitions" section):
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -59,7 +60,7 @@ def losses(task: Task) -> dict:
 def throughput(task: Task) -> dict:
     w = warm(task.steps)
     seconds = float(w["t_step_s"].sum()) if len(w) else 0.0
-    out = {"warmup_steps": warmup_steps(task.steps), "tokens_per_s": None, "samples_per_s": None}
+    out: dict[str, Any] = {"warmup_steps": warmup_steps(task.steps), "tokens_per_s": None, "samples_per_s": None}
     if seconds > 0:
         out["tokens_per_s"] = float(w["n_tokens"].sum()) / seconds
         if "n_samples" in w:
@@ -85,7 +86,7 @@ def token_slots(task: Task) -> tuple[pd.Series, pd.Series]:
 
 def balance(task: Task) -> dict:
     s = task.steps
-    out = {"balance_ratio": None, "balance_ratio_p95": None, "cost_balance_ratio": None,
+    out: dict[str, Any] = {"balance_ratio": None, "balance_ratio_p95": None, "cost_balance_ratio": None,
            "useful_token_fraction": None}
     if s.empty:
         return out
@@ -137,7 +138,7 @@ def device_table(task: Task) -> pd.DataFrame:
     for d in range(D):
         mine_m = m[m["device"] == d] if len(m) else m
         mine_s = ds[ds["device"] == d]
-        row = {"device": d}
+        row: dict[str, Any] = {"device": d}
         for col in ("n_samples", "n_tokens", "cost"):
             total = float(m[col].sum()) if col in m else 0.0
             row[f"{col.removeprefix('n_')}_share"] = float(mine_m[col].sum()) / total if total else None
@@ -235,7 +236,7 @@ def mfu(task: Task, tokens_per_s: float | None, peak_tflops: float | None = None
     name, peak, how = device_peak(start, peak_tflops)
     if not (n and tokens_per_s and task.n_devices):
         return {"mfu": None, "text": "n/a (no parameter count or throughput)"}
-    flops_per_token = 4 * n + 2 * n_train
+    flops_per_token = 4 * n + 2 * cast(int, n_train)
     if not peak:
         return {"mfu": None, "flops_per_token": flops_per_token, "text": f"n/a ({how}; give --peak-tflops)"}
     value = tokens_per_s * flops_per_token / (task.n_devices * peak)
