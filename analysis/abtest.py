@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -123,10 +124,11 @@ def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = No
     replicates that prune=true stopped (a variant whose every replicate was pruned has n_seeds 0)."""
     out = {}
     stopped = pruned(tasks)
+    reps: list[Any]
     for variant, reps in replicates(tasks).items():
         done = [r for r in reps if r.batches is not None]
-        losses = [r.val_loss for r in done]
-        best = min(done, key=lambda r: r.val_loss) if done else None
+        losses = [cast(float, r.val_loss) for r in done]
+        best = min(done, key=lambda r: cast(float, r.val_loss)) if done else None
         out[variant] = {
             "n_seeds": len(done), "seeds": [r.seed for r in done], "tasks": [r.task for r in reps],
             "val_loss_mean": float(np.mean(losses)) if losses else None,
@@ -249,7 +251,7 @@ def best_adapter(reps: list[Replicate], adapters: dict | None) -> tuple[str | No
     done = [r for r in reps if r.batches is not None]
     if not done:
         return None, ""
-    best = min(done, key=lambda r: r.val_loss)
+    best = min(done, key=lambda r: cast(float, r.val_loss))
     why = f" (seed {best.seed}: the lowest held-out loss of its {len(done)} seeds)" if len(done) > 1 else ""
     return (adapters or {}).get(best.task), why
 
@@ -272,7 +274,7 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
         return None
     val_loss, name = min(scored)
     done = [r for r in groups[name] if r.batches is not None]
-    best = min(done, key=lambda r: r.val_loss)
+    best = min(done, key=lambda r: cast(float, r.val_loss))
     others = [n for _, n in scored if n != name]
     beaten = [r for r in rows if r["b"] != "base" and name in (r["a"], r["b"]) and r.get("significant")
               and (r["a"] if r["diff"] < 0 else r["b"]) == name]

@@ -1,7 +1,7 @@
 """Job facts per task, in the manner of seff / jobstats: state, elapsed vs time limit, requeues, node,
 allocated vs used devices, CPUs and memory; then plain advice where the numbers make it clear.
 
-Slurm runs (the manifest records job ids, and sacct is on PATH): sacct, parsed with slurm_status's parsers.
+Slurm runs (the manifest records job ids, and sacct is on PATH): sacct, parsed with launch/slurm/parse.py.
 Local runs, or no sacct: the manifest (state, elapsed_s, devices) and the events (peaks, utilisation).
 """
 from __future__ import annotations
@@ -10,11 +10,17 @@ import re
 import shutil
 
 from slurm_router.analysis.load import Task, of_kind
+from slurm_router.launch.slurm.parse import (
+    LOCAL_STATES,
+    SACCT_FIELDS,
+    merge_status,
+    normalize_state,
+    parse_duration,
+    parse_sacct,
+)
+from slurm_router.launch.slurm.status import run_command
 from slurm_router.rundir.events import StartRow
 from slurm_router.rundir.progress import setup_failure
-from slurm_router.launch.slurm.parse import (LOCAL_STATES, SACCT_FIELDS, merge_status, normalize_state, parse_duration,
-                                             parse_sacct)
-from slurm_router.launch.slurm.status import run_command
 
 RESOURCE_FIELDS = ("JobID", "Timelimit", "AllocTRES", "NCPUS", "TotalCPU", "MaxRSS", "ReqMem")
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
@@ -93,6 +99,7 @@ def _event_facts(task: Task) -> dict:
 
 def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str, dict]:
     facts = {t.name: {"source": "local", **_event_facts(t)} for t in tasks}
+    f: dict | None
     for t in tasks:
         f, meta = facts[t.name], t.meta
         state = str(meta.get("state", ""))
