@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from slurm_router.analysis import abtest, jobfacts, metrics, plots
-from slurm_router.analysis.load import (ReportError, Task, atomic_write, load_run,  # noqa: F401  (ReportError: API)
-                                        make_dir)
+from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run, make_dir  # noqa: F401  (ReportError: API)
 from slurm_router.analysis.metrics import WARMUP_FRACTION, finite
-from slurm_router.rundir.layout import ADAPTER_FILES, RunLayout
 from slurm_router.analysis.render import fmt, gib, pct, to_html, to_markdown
+from slurm_router.rundir.layout import ADAPTER_FILES, RunLayout
 
 DEFINITIONS = [
     "Losses are token-weighted means in nats per token; 'final' is the last held-out evaluation, 'best' the lowest.",
@@ -67,7 +67,7 @@ def _wall_s(task: Task, facts: dict) -> float | None:
 
 def summarize_task(task: Task, facts: dict, peak_tflops: float | None = None) -> dict:
     policy = task.events["policy"].dropna() if "policy" in task.events else pd.Series(dtype=object)
-    s = {"steps": int(len(task.steps)), "devices": task.n_devices, "policy": policy.iloc[0] if len(policy) else None,
+    s: dict[str, Any] = {"steps": int(len(task.steps)), "devices": task.n_devices, "policy": policy.iloc[0] if len(policy) else None,
          "state": task.meta.get("state"), "expected_steps": task.expected_steps, "attempts": task.attempts}
     s.update(metrics.losses(task))
     if task.diverged:           # no trained model to judge: its last losses are not a result
@@ -107,7 +107,7 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     if state == "CACHED" or task.diverged or task.pruned:   # listed with the verdict, not as missing
         return []
     never = (facts.get("reason") or "").partition("DependencyNeverSatisfied: ")[2]
-    if never and not task.has_events:           # cancelled by Slurm: the stage it waited on failed (status_parse)
+    if never and not task.has_events:           # cancelled by Slurm: the stage it waited on failed (launch/slurm/parse.py)
         return [f"{task.name}: never ran: {never}"]
     log = f"; see {task.meta['log_path']}" if task.meta.get("log_path") else ""
     if facts.get("setup_failed") and state in ("FAILED", "PENDING"):     # PENDING: the manifest's, without sacct
@@ -142,7 +142,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, tasks = load_run(run_dir)
     facts = jobfacts.job_facts(manifest, tasks, runner)
-    summary = {"experiment": manifest.get("experiment"), "run_dir": str(run_dir), "run_id": manifest.get("run_id"),
+    summary: dict[str, Any] = {"experiment": manifest.get("experiment"), "run_dir": str(run_dir), "run_id": manifest.get("run_id"),
                "launcher": manifest.get("launcher"), "state": manifest.get("state"),
                "base": {"val_loss": None}, "variants": {}}
     per_task = {t.name: summarize_task(t, facts[t.name], peak_tflops) for t in tasks}
@@ -380,7 +380,7 @@ def print_table(summary: dict) -> None:
         console.print(line, highlight=False)
     for line in summary.get("missing", []):
         console.print(f"missing: {line}", highlight=False)
-    from slurm_router.tracking.trackers import tracker_lines     # tracker=...: where to look, and the `wandb sync` line
+    from slurm_router.tracking.trackers import tracker_lines  # tracker=...: where to look, and the `wandb sync` line
     for line in tracker_lines(summary["run_dir"]):
         print(line, flush=True)
 

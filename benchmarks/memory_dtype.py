@@ -46,6 +46,7 @@ def lora_model(dtype: torch.dtype, device: str):
 
 def predicted(dtype: torch.dtype, batch: int, seq: int) -> dict:
     from omegaconf import OmegaConf
+
     from slurm_router.router import MemoryModel
     from slurm_router.train.model import memory_shape
     model = lora_model(dtype, "meta")

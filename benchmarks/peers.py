@@ -84,6 +84,7 @@ def job(corpus: str, pc_path: Path, steps: int, packing: str, tmp: Path) -> dict
 def _samples(corpus: str, pc_path: Path):
     """The job's own training split (the same corpus code and settings), as (tokens, target mask) pairs."""
     from omegaconf import OmegaConf
+
     from slurm_router.config.schema import DataConfig
     from slurm_router.train.data import ByteTokenizer, build_corpus
     cfg = (DataConfig(kind="stdlib") if corpus == "stdlib" else
@@ -132,6 +133,7 @@ def peer(name: str, corpus: str, pc_path: Path, steps: int) -> dict:
     if name == "trl padding_free":
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
+
         from slurm_router.train.byte_tokenizer import to_transformers
         data = Dataset.from_list([{"input_ids": s, "completion_mask": [int(m) for m in mask]} for s, mask in samples])
         trainer = SFTTrainer(model=model, args=SFTConfig(padding_free=True, max_length=None,

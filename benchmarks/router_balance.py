@@ -4,8 +4,16 @@
 """
 from __future__ import annotations
 
-from router_common import (POLICIES, fleet, gpt2_small_memory, mean, microbatches_per_device, pools,
-                           sample_batches, useful_fraction)
+from router_common import (
+    POLICIES,
+    fleet,
+    gpt2_small_memory,
+    mean,
+    microbatches_per_device,
+    pools,
+    sample_batches,
+    useful_fraction,
+)
 
 from slurm_router.router import Router, RouterSettings
 from slurm_router.router.partition import lower_bound

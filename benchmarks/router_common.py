@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from slurm_router.router import Assignment, DeviceState, MemoryModel  # noqa: E402
 from workloads import lognormal_lengths, sample_batches, stdlib_lengths  # noqa: E402
+
+from slurm_router.router import Assignment, DeviceState, MemoryModel  # noqa: E402
 
 POLICIES = ("round_robin", "least_loaded", "affinity", "balanced")
 GIB = 1 << 30

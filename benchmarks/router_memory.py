@@ -67,9 +67,9 @@ def _measure_config(spec: dict, shapes) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from slurm_router.config.schema import ModelConfig, TrainConfig
-    from slurm_router.worker.microbatch import accumulate, loss_sum
     from slurm_router.train.model import build_model, memory_shape, parameter_bytes
     from slurm_router.train.optim import make_optimizer
+    from slurm_router.worker.microbatch import accumulate, loss_sum
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model_cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), spec["model"])

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from provenance import header  # noqa: E402
+
 from slurm_router.launch.slurm.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "slurm_submit.md"

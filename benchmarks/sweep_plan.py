@@ -41,24 +41,25 @@ def grid_args(n_r: int, n_lr: int) -> list[str]:
 def phases(args: list[str], run_root: str, held: bool = False) -> dict[str, float]:
     """The steps of __main__.run, each timed (the launcher's check, the model check and the corpus included).
     held: submitted for real, held back by --begin, then cancelled."""
-    from slurm_router.__main__ import _check_models, _tokenizer, compose_grid
+    from slurm_router.__main__ import compose_grid
+    from slurm_router.cli.checks import check_models, tokenizer
     from slurm_router.config.variants import validate
     from slurm_router.launch.base import launch
-    from slurm_router.launch.registry import launcher_class
     from slurm_router.launch.plan import make_plan
-    from slurm_router.rundir.manifest import create_run_dir, new_run_dir
+    from slurm_router.launch.registry import launcher_class
     from slurm_router.rundir.lock import own_run, release_all
+    from slurm_router.rundir.manifest import create_run_dir, new_run_dir
     from slurm_router.train.data import build_corpus
     t = {"start": time.perf_counter()}
     cfg = compose_grid([*args, *COMMON, *(HELD if held else []), f"run_root={run_root}"], multirun=True)
     t["compose + grid"] = time.perf_counter()
     variants = validate(cfg)
     run_id, run_dir = new_run_dir(cfg)
-    _check_models(cfg, variants)
+    check_models(cfg, variants)
     launcher = launcher_class(cfg.launcher.kind)
     launcher.check(cfg)
     t["validate"] = time.perf_counter()
-    build_corpus(cfg.data, _tokenizer(cfg))
+    build_corpus(cfg.data, tokenizer(cfg))
     t["corpus (data=synthetic)"] = time.perf_counter()
     stages = make_plan(cfg, variants, run_id, str(run_dir))
     t["plan"] = time.perf_counter()

@@ -31,6 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from provenance import header  # noqa: E402
+
 from slurm_router.worker.profile import PROFILE_OUT_ENV, PROFILE_STEP_ENV, top_operators  # noqa: E402
 
 

@@ -19,7 +19,7 @@ if __name__ == "__main__":      # a Ctrl-C while the imports below load: one lin
 
     def _interrupted_early(signum, frame):        # os._exit: nothing to clean up yet, and an exception raised
         print("\ninterrupted: nothing was written", file=sys.stderr, flush=True)  # in importlib's lock
-        import os                                   # callbacks would be dropped ("Exception ignored")
+        import os  # callbacks would be dropped ("Exception ignored")
         os._exit(130)
     signal.signal(signal.SIGINT, _interrupted_early)
     signal.signal(signal.SIGTERM, _interrupted_early)
@@ -60,7 +60,7 @@ def _hydra_compose(overrides: list[str]):
 
 
 def _free_form_overrides(overrides: list[str]) -> list[str]:
-    """The free-form mappings (config.FREE_FORM_KEYS) take new keys as Hydra users write them, without '+':
+    """The free-form mappings (config.schema.FREE_FORM_KEYS) take new keys as Hydra users write them, without '+':
     `launcher.additional_parameters={nice: 10}`, `...additional_parameters.nice=10`. A variant's own overrides
     (`variants.r8.train.lr=1e-3`) need no '+' either, but only for a variant the experiment has: a typo must not
     add a variant; a new one is added on purpose with `+variants.NAME...`. The merged variant is still checked
@@ -160,7 +160,7 @@ def run(overrides: list[str], multirun: bool = False) -> int:
     stages = make_plan(cfg, variants, run_id, str(run_dir))
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
     from slurm_router.rundir.lock import own_run
-    own_run(manifest)                                  # the one writer of this run dir from here (runlock.py)
+    own_run(manifest)                                  # the one writer of this run dir from here (rundir/lock.py)
     return launch(launcher(cfg, manifest), stages)
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli, run_dir_of
 from tiny_checkpoints import make_checkpoint, prompt_completion_rows, write_jsonl
 
@@ -56,9 +55,9 @@ def _task_cfg(run_dir: Path, variant: str):
 
 def held_out_loss(model, run_dir: Path, variant: str) -> float:
     """The token-weighted loss of `model` on the held-out batches the worker evaluated (same seed, same data)."""
-    from slurm_router.worker.microbatch import batch_tensors
     from slurm_router.train.data import build_corpus, eval_batches, make_tokenizer
     from slurm_router.train.loss import token_loss_sum
+    from slurm_router.worker.microbatch import batch_tensors
     cfg = _task_cfg(run_dir, variant)
     tok = make_tokenizer(cfg.model)
     corpus = build_corpus(cfg.data, tok)

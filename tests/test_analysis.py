@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_dir_of
+
 from slurm_router.analysis.__main__ import main as analysis_main
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import run_cli, run_dir_of
 
 FAST = ["train.steps=1", "base.steps=1"]

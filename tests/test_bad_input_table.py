@@ -420,6 +420,7 @@ def _tiny_fs(path: Path):
 def _tiny_llama(path: Path, chat_template: bool = True):
     """A tiny Llama-architecture checkpoint with its tokenizer (tests/tiny_checkpoints.py)."""
     import io
+
     from tiny_checkpoints import make_checkpoint
     with contextlib.redirect_stderr(io.StringIO()):        # save_pretrained's progress bar
         folder = make_checkpoint(path, "llama", chat_template=chat_template)

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_dir_of
+
 from slurm_router.artifacts import base_cache
 from slurm_router.errors import UserError
 
@@ -58,6 +58,7 @@ def test_the_cache_is_a_checkpoint_transformers_loads_with_the_byte_tokenizer(tm
     the byte tokenizer the base was trained with does."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from slurm_router.train.data import ByteTokenizer
     model, folder = _model(), tmp_path / "abc"
     base_cache.save(model, folder, {"val_loss": 1.5})

@@ -9,9 +9,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from slurm_router.worker.checkpoint import CheckpointError, checkpoint_path, latest_valid_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
+from slurm_router.worker.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    latest_valid_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
 
 
 def _state(step: int) -> dict:
@@ -243,6 +250,7 @@ def test_a_job_process_spawned_with_stop_signals_blocked_never_dies_of_an_early_
     supervisor does for its children (the local launcher should too: without it that TERM kills the process)."""
     import subprocess
     import sys
+
     from slurm_router.allocation.supervisor import stop_signals_blocked
     spec = _spec(tmp_path)
     paths = TaskPaths(spec.task_dir)

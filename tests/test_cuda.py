@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli, run_dir_of
 from test_requeue_local import _rows, last_attempt_losses
 

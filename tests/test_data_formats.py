@@ -14,16 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
-
 from conftest import run_cli, run_dir_of
+from omegaconf import OmegaConf
+from tiny_checkpoints import chat_rows, make_checkpoint, prompt_completion_rows, write_jsonl
+
 from slurm_router.config.schema import DataConfig, ModelConfig
 from slurm_router.errors import UserError
 from slurm_router.rundir.events import MicroRow, StepRow, read_events
-from slurm_router.worker.microbatch import batch_tensors
 from slurm_router.train.data import ByteTokenizer, build_corpus, make_tokenizer
 from slurm_router.train.loss import target_positions, token_loss_sum
-from tiny_checkpoints import chat_rows, make_checkpoint, prompt_completion_rows, write_jsonl
+from slurm_router.worker.microbatch import batch_tensors
 
 PC = {"prompt_field": "prompt", "completion_field": "completion"}
 CHAT = {"messages_field": "messages"}

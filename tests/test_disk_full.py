@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli, run_dir_of
+
 from slurm_router.artifacts import base_cache
 from slurm_router.fileio import WriteError, atomic_write_text
 from slurm_router.worker.checkpoint import save_checkpoint

@@ -4,7 +4,6 @@ import json
 import time
 
 import pytest
-
 from conftest import run_cli, run_dir_of
 
 SHORT = ["base.steps=60", "train.steps=20"]

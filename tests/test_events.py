@@ -11,8 +11,19 @@ import re
 import pytest
 
 from slurm_router.rundir import events
-from slurm_router.rundir.events import (IDENTITY, OMIT, ROWS, CheckpointSavedRow, EndRow, EventWriter, MicroRow, StepRow,
-                                 fields_of, parse_row, read_events)
+from slurm_router.rundir.events import (
+    IDENTITY,
+    OMIT,
+    ROWS,
+    CheckpointSavedRow,
+    EndRow,
+    EventWriter,
+    MicroRow,
+    StepRow,
+    fields_of,
+    parse_row,
+    read_events,
+)
 
 ID = dict(run_id="run", task="r8", variant="r8", stage="variants", attempt=1, device=0, policy="balanced")
 

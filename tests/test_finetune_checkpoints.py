@@ -4,7 +4,6 @@ the real command. Each run must train on the target tokens only, compare its var
 import json
 
 import pytest
-
 from conftest import run_cli, run_dir_of
 from tiny_checkpoints import ARCHITECTURES, chat_rows, make_checkpoint, prompt_completion_rows, write_jsonl
 

@@ -8,17 +8,24 @@ import json
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from conftest import run_cli, run_dir_of, step_losses
+from omegaconf import OmegaConf
+from tiny_checkpoints import make_checkpoint
+
 from slurm_router.config.checks import gpt2_lora_layers
 from slurm_router.config.schema import ModelConfig
 from slurm_router.config.variants import validate
 from slurm_router.errors import UserError
 from slurm_router.router import MemoryModel
-from slurm_router.train.model import (build_model, check_architecture, frozen_dtype, lora_layers, lora_targets,
-                                      parameter_bytes, trainable_parameters)
-from tiny_checkpoints import make_checkpoint
+from slurm_router.train.model import (
+    build_model,
+    check_architecture,
+    frozen_dtype,
+    lora_layers,
+    lora_targets,
+    parameter_bytes,
+    trainable_parameters,
+)
 
 VOCAB = 512         # tiny_checkpoints' tokenizer size
 

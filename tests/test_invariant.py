@@ -4,8 +4,8 @@ The loss curve of 1 device with round_robin equals that of several devices with 
 speeds and micro-batch splitting, up to float reduction order. Real multi-process workers (gloo).
 """
 import pytest
-
 from conftest import run_cli, run_dir_of, step_losses
+
 from slurm_router.rundir.events import MicroRow, read_events
 
 COMMON = ["base.enabled=false", "train.steps=6", "train.global_batch_size=12", "train.warmup_steps=0",

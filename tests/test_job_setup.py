@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_dir_of, wait_until
+
 from slurm_router.__main__ import compose
 from slurm_router.launch.slurm.sbatch_launcher import report_script, sbatch_spec
 from slurm_router.launch.slurm.sbatch_render import SbatchSpec, render_sbatch

@@ -48,7 +48,8 @@ def test_loss_with_host_positions_equals_loss_found_on_device():
 def test_gradient_accumulation_is_all_or_nothing():
     """An out-of-memory error halfway through a backward must leave the accumulated gradients as they were:
     the micro-batch is halved and retried, and a partial gradient would then be counted twice."""
-    from slurm_router.worker.microbatch import SimulatedOOM, accumulate as _accumulate
+    from slurm_router.worker.microbatch import SimulatedOOM
+    from slurm_router.worker.microbatch import accumulate as _accumulate
     torch.manual_seed(0)
     first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
     params = [*first.parameters(), *second.parameters()]

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_dir_of, wait_until
 
 from slurm_router.allocation.srun_worker import wait_for_master
@@ -270,3 +269,34 @@ def test_unreachable_meeting_point_is_one_line_naming_address_and_port():
     assert time.monotonic() - t0 < 30
     msg = str(e.value)
     assert msg.startswith("main: rank 1: cannot reach rank 0 at 127.0.0.1:1 within 1 s") and "\n" not in msg, msg
+
+
+def test_rendezvous_timeout_is_set_through_the_environment(tmp_path):
+    """SLURM_ROUTER_RENDEZVOUS_TIMEOUT_S (read when the worker module is imported): rank 1 of an srun_workers task,
+    started as the batch script's srun line starts it, gives up on a meeting point nobody listens at after that
+    many seconds (the default is 120), with one line naming the address, the port and the time-out."""
+    import shlex
+    import socket
+    import sys
+    proc = run_cli("base.enabled=false", "launcher=sbatch", "launcher.dry_run=true", "launcher.srun_workers=true",
+                   "resources.devices_per_task=2", f"run_root={tmp_path}", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_dir = run_dir_of(proc)
+    srun = next(l for l in (run_dir / "submit.sbatch").read_text().splitlines() if l.startswith("srun "))
+    argv = shlex.split(srun)
+    command = argv[next(i for i, a in enumerate(argv) if i > 0 and not a.startswith("-")):]     # after srun's options
+    assert command[0] == sys.executable and "--run-dir" in command, command
+    with socket.socket() as s:             # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rank1 = {**os.environ, "PYTHONPATH": str(run_dir / "code"), "SLURM_JOB_ID": "1", "SLURM_ARRAY_TASK_ID": "0",
+             "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "SLURM_ROUTER_RENDEZVOUS_TIMEOUT_S": "4"}
+    t0 = time.monotonic()
+    worker = subprocess.run(command, cwd=run_dir, env=rank1, capture_output=True, text=True, timeout=100)
+    took = time.monotonic() - t0
+    assert worker.returncode == 1, worker.stdout[-2000:] + worker.stderr[-2000:]
+    errors = [l for l in worker.stderr.splitlines() if l.strip()]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: main: rank 1: cannot reach rank 0 at 127.0.0.1:{port} within 4 s"), worker.stderr
+    assert 4 <= took < 60, f"gave up after {took:.1f} s"       # 4 s of trying (and start-up), not 120

@@ -15,17 +15,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from conftest import run_cli, run_dir_of, step_losses
+from omegaconf import OmegaConf
+from tiny_checkpoints import chat_rows, make_checkpoint, prompt_completion_rows, write_jsonl
+
 from slurm_router.config.schema import DataConfig, ModelConfig
-from slurm_router.worker.microbatch import batch_tensors
 from slurm_router.router import MemoryModel, RouterSettings
 from slurm_router.router.packing import pack_rows, split_for_oom
 from slurm_router.train.data import ByteTokenizer, build_corpus, make_tokenizer
 from slurm_router.train.loss import token_loss_sum
 from slurm_router.train.packed import enable, packed_tensors, why_not_packable
-from tiny_checkpoints import chat_rows, make_checkpoint, prompt_completion_rows, write_jsonl
+from slurm_router.worker.microbatch import batch_tensors
 
 CPU = torch.device("cpu")
 
@@ -214,6 +214,7 @@ def test_the_job_packed_trains_the_padded_loss_curve(tmp_path, devices, policy):
 def test_a_model_packed_rows_would_change_trains_padded_and_says_why(capsys):
     """Sliding-window attention: per-sample causal SDPA would attend past the window, so the task trains padded."""
     from transformers import MistralConfig, MistralForCausalLM
+
     from slurm_router.train.packed import choose_packing
     model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, num_key_value_heads=1, sliding_window=16))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 from conftest import run_cli, run_dir_of, step_losses
-from slurm_router.worker import prune
 from verdict_calibration import band, prune_rates, simulate
+
+from slurm_router.worker import prune
 
 
 def groups(rng, effects, n_seeds=3, names=("a", "b", "c")) -> dict:

@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import event_rows, read_json, run_cli, run_dir_of, start_cli, wait_until
 
 SLURM = pytest.mark.skipif(shutil.which("sbatch") is None,

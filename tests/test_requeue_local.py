@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_dir_of
 
 pytestmark = pytest.mark.integration

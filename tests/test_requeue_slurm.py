@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_dir_of
 
 pytestmark = [pytest.mark.slurm,

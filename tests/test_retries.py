@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import event_rows, run_cli, run_dir_of
+
 from slurm_router.allocation import retry
 from slurm_router.config.schema import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.rundir.spec import TaskSpec
@@ -127,8 +127,8 @@ def test_a_signal_death_is_retried_within_the_budget_and_its_own_error_never(spe
 def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, tmp_path):
     """Inside a container (no scontrol there) the task writes the request file its batch script acts on and
     ends with exit 76; the node is not excluded then."""
-    from slurm_router.rundir.lifecycle import EXIT_REQUEUE
     from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV
+    from slurm_router.rundir.lifecycle import EXIT_REQUEUE
     monkeypatch.setenv(REQUEUE_REQUEST_ENV, str(tmp_path / "requeue.json"))
     slurm = FakeSlurm()
     retried = retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, slurm)

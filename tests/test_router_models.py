@@ -3,9 +3,9 @@ import json
 import pathlib
 
 import pytest
+from workloads import lognormal_lengths
 
 from slurm_router.router import DeviceState, MemoryModel, MicroBatch, Router, RouterSettings, SpeedModel, split_for_oom
-from workloads import lognormal_lengths
 
 
 def test_speed_model_converges_and_fills_unseen():

@@ -2,12 +2,20 @@
 import random
 
 import pytest
-
-from slurm_router.router import (POLICY_NAMES, Assignment, DeviceState, MemoryModel, Router, RouterSettings,
-                                 balanced, round_robin)
-from slurm_router.router.partition import lower_bound
 from conftest import BENCHMARKS
 from workloads import lognormal_lengths, sample_batches, stdlib_lengths
+
+from slurm_router.router import (
+    POLICY_NAMES,
+    Assignment,
+    DeviceState,
+    MemoryModel,
+    Router,
+    RouterSettings,
+    balanced,
+    round_robin,
+)
+from slurm_router.router.partition import lower_bound
 
 
 def all_ids(a: Assignment) -> list[int]:

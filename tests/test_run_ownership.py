@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import event_rows, pid_alive, read_json, run_cli, run_dir_of, start_cli, wait_until
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import event_rows, read_json, run_cli, start_cli, wait_until
 
 pytestmark = pytest.mark.integration

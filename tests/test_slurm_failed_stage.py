@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_dir_of
+
 from slurm_router.launch.slurm.submitit_launcher import submitit_params
 
 needs_slurm = pytest.mark.skipif(shutil.which("sbatch") is None,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_router.launch.slurm import status as st
 from slurm_router.cli import status as cli_status
+from slurm_router.launch.slurm import status as st
 
 OUT = Path(__file__).parent / "golden" / "slurm_outputs"
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli, run_dir_of, wait_until
+
 from slurm_router.launch import snapshot
 
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.org", "-c", "init.defaultBranch=main"]

@@ -5,10 +5,10 @@ import math
 import random
 
 import pytest
+from workloads import lognormal_lengths, sample_batches
 
 from slurm_router.router import Router, RouterSettings
 from slurm_router.router.speed_model import RobustSpeedModel, make_speed_model
-from workloads import lognormal_lengths, sample_batches
 
 POOL = lognormal_lengths(20_000, seed=1, sigma=1.0)       # heavy-tailed lengths, like the corpus
 

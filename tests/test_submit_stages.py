@@ -12,8 +12,8 @@ from slurm_router.artifacts import base_cache
 from slurm_router.config.schema import LocalLauncherConfig, SubmititLauncherConfig
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs, TaskJob, submit_stages
 from slurm_router.rundir.lifecycle import TaskState
-from slurm_router.rundir.spec import Stage, TaskSpec
 from slurm_router.rundir.manifest import Manifest, create_run_dir
+from slurm_router.rundir.spec import Stage, TaskSpec
 
 
 class FakeSlurm(Launcher):
@@ -169,10 +169,10 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
                                                                            report_state):
     """launcher.wait=true: the run's tasks, then the report job; the report it wrote is printed, not written
     again (one writer of report/); if it failed, say so and write it here."""
-    from slurm_router.launch.slurm import status as slurm_status
     from slurm_router.analysis import report
-    from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
+    from slurm_router.launch.slurm import status as slurm_status
     from slurm_router.launch.slurm.parse import TaskStatus
+    from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
     cfg, manifest, _ = _run(tmp_path)
     cfg.launcher.wait = True
     order, written = [], []

@@ -8,14 +8,14 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import run_cli, run_dir_of, step_losses
+
 from slurm_router.__main__ import compose_grid, main
 from slurm_router.config.schema import NAME_RE
+from slurm_router.config.sweep import fit_name, format_value, short_keys
 from slurm_router.config.variants import validate
 from slurm_router.launch.plan import make_plan
 from slurm_router.rundir.spec import TaskSpec
-from slurm_router.config.sweep import fit_name, format_value, short_keys
 
 
 def grid(*args: str) -> dict:

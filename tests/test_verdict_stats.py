@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats as sps
-
 from conftest import run_cli, run_dir_of
+from scipy import stats as sps
+from verdict_calibration import REGIMES, Noise, band, holm_fwer, old_rejects, rate, simulate
+
 from slurm_router.analysis import abtest, stats
 from slurm_router.analysis.load import Task, load_run
 from slurm_router.analysis.report import write_report
-from verdict_calibration import REGIMES, Noise, band, holm_fwer, old_rejects, rate, simulate
 
 B = 32
 

@@ -44,9 +44,10 @@ from pathlib import Path
 
 from submitit.helpers import Checkpointable
 
-from slurm_router.rundir.layout import RESULT_FILE, TaskPaths          # noqa: F401  (RESULT_FILE: imported from here)
-from slurm_router.rundir.lifecycle import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TaskOutcome
 from slurm_router.allocation.supervisor import Supervised, TaskFailed, TaskStopped, TaskSupervisor
+from slurm_router.rundir.layout import RESULT_FILE, TaskPaths  # noqa: F401  (RESULT_FILE: imported from here)
+from slurm_router.rundir.lifecycle import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TaskOutcome
+
 
 def _newest_checkpoint(spec, quiet: bool = False) -> str | None:
     """The newest valid checkpoint of this task, or None for a fresh start. Loud (warnings about damaged newer
@@ -83,10 +84,10 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     """Train one task to the end, resuming from its newest valid checkpoint; returns its result (held-out
     loss, ...). Raises TaskStopped after a stop signal (checkpoint saved), TaskFailed if a worker died,
     CheckpointError if checkpoints exist and none is valid."""
-    from slurm_router.rundir.spec import TaskSpec
     from slurm_router.allocation.requeue import note_slurm_restart, task_event
-    from slurm_router.rundir.attempts import next_attempt
     from slurm_router.allocation.srun_worker import run_srun_worker, srun_rank
+    from slurm_router.rundir.attempts import next_attempt
+    from slurm_router.rundir.spec import TaskSpec
     supervisor = supervisor or TaskSupervisor()
     spec = TaskSpec.load(task_file)
     paths = TaskPaths(spec.task_dir)
@@ -143,8 +144,8 @@ class TaskRunner(Supervised, Checkpointable):
             sys.exit(e.exit_code)
 
     def checkpoint(self, task_file: str):
-        from slurm_router.rundir.spec import TaskSpec
         from slurm_router.allocation.requeue import after_stop
+        from slurm_router.rundir.spec import TaskSpec
         spec = TaskSpec.load(task_file)
         from slurm_router.config.schema import launcher_setting
         delay = int(launcher_setting(spec.config.get("launcher"), "signal_delay_s"))
@@ -206,9 +207,9 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
 
 
 def _run(task_file: str, supervisor: TaskSupervisor) -> int:
+    from slurm_router.allocation.retry import TaskRetried
     from slurm_router.fileio import WriteError
     from slurm_router.worker.checkpoint import CheckpointError
-    from slurm_router.allocation.retry import TaskRetried
     try:
         result = run_task(task_file, supervisor)
     except CheckpointError as e:
@@ -227,7 +228,7 @@ def _run(task_file: str, supervisor: TaskSupervisor) -> int:
 
 
 def _hold_run_dir(task_file: str) -> None:
-    """A local job holds its run's lock: the launcher's, inherited (runlock.LOCK_FD_ENV), or taken here when the
+    """A local job holds its run's lock: the launcher's, inherited (rundir.lock.LOCK_FD_ENV), or taken here when the
     job was started by hand (UserError naming the holder if the run is in use). Under Slurm, Slurm owns it."""
     from slurm_router.rundir.lock import LOCK_FD_ENV, acquire
     if os.environ.get(LOCK_FD_ENV) or os.environ.get("SLURM_JOB_ID"):
@@ -240,8 +241,8 @@ def _record_own_end(task_file: str, code: int, launcher_pid: int) -> None:
     """The launcher is gone, so nobody else will record how this task ended: the manifest gets it from here
     (read-modify-write: the other tasks of the run may be doing the same)."""
     from slurm_router.errors import UserError
-    from slurm_router.rundir.spec import TaskSpec
     from slurm_router.rundir.manifest import Manifest
+    from slurm_router.rundir.spec import TaskSpec
     spec = TaskSpec.load(task_file)
     note = f"interrupted: launcher pid {launcher_pid} gone"
 
@@ -259,9 +260,9 @@ def _after_stop(task_file: str, stopped: TaskStopped) -> int:
     """Checkpointed after a signal: requeue.after_stop decides (the pack runner requeues a packed task's
     allocation, once; this process does otherwise)."""
     from slurm_router.allocation.pack import PACKED_ENV
-    from slurm_router.rundir.spec import TaskSpec
     from slurm_router.allocation.requeue import after_stop
     from slurm_router.allocation.srun_worker import srun_rank
+    from slurm_router.rundir.spec import TaskSpec
     if (srun_rank() or 0) != 0:
         return EXIT_OK              # srun_workers: rank 0 speaks for the task; exit 0 so srun does not kill it
     requeue_by = "pack" if os.environ.get(PACKED_ENV) else "scontrol"

@@ -299,7 +299,7 @@ class Workers:
 class TaskSupervisor:
     """One job process's (or pack runner's) supervision: the first stop signal and the children it goes to.
 
-    Children are anything with forward(signum): Workers, or launch.pack.Pack."""
+    Children are anything with forward(signum): Workers, or allocation.pack.Pack."""
 
     def __init__(self):
         self.signum = 0
@@ -371,7 +371,7 @@ class TaskSupervisor:
 
 
 class Supervised:
-    """Mixin for the callables submitit runs (job.TaskRunner, launch.pack.PackRunner): a TaskSupervisor on the
+    """Mixin for the callables submitit runs (job.TaskRunner, allocation.pack.PackRunner): a TaskSupervisor on the
     instance, made on first use and never pickled (submitit pickles the callable again to requeue it)."""
 
     def __getstate__(self) -> dict:

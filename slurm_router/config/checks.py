@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import math
 import os
 import re
 import tempfile
@@ -16,7 +15,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from slurm_router.config.schema import CHOICES, LAUNCHER_SCHEMAS, RANGES, launcher_schema, valid_keys
 from slurm_router.errors import UserError
-
+from slurm_router.router.types import RouterSettings, not_a_choice, out_of_range
 
 # Layers of transformers' GPT-2 that peft LoRA can adapt (embeddings, Conv1D projections, the LM head), by their
 # dotted names: model=gpt2_* is checked without building it (no torch here); tests/test_hf_models.py checks
@@ -147,21 +146,20 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         value = _get(cfg, key)
         if value in ("True", "False") and value.lower() in allowed:   # a str key given true/false on the command line
             continue
-        if value not in allowed:
-            raise UserError(f"{where}{key}={value!r} is not valid: choose one of {', '.join(allowed)}")
-    for key, (low, high, low_inclusive) in RANGES.items():
+        problem = not_a_choice(key, value, allowed)
+        if problem:
+            raise UserError(f"{where}{problem}")
+    for key, limits in RANGES.items():
         value = _get(cfg, key)
-        if value is None:
-            continue
-        lo = f">= {low}" if low_inclusive else f"> {low}"
-        hi = f" and <= {high}" if high is not None else ""
-        if isinstance(value, float) and math.isnan(value):      # nan passes every comparison below
-            raise UserError(f"{where}{key}=nan is not a number: it must be {lo}{hi}")
-        too_low = value < low if low_inclusive else value <= low
-        if too_low or (high is not None and value > high):
-            raise UserError(f"{where}{key}={value!r} is out of range: it must be {lo}{hi}")
+        problem = None if value is None else out_of_range(key, value, *limits)
+        if problem:
+            raise UserError(f"{where}{problem}")
+    try:                                # the router's own settings: their one check is RouterSettings'
+        RouterSettings.from_config(cfg.router)
+    except ValueError as e:
+        raise UserError(f"{where}{e}") from None
     names = target_module_names(cfg.model.lora.target_modules, where) if cfg.model.lora.enabled else None
-    if names and cfg.model.kind == "gpt2":      # model=hf: checked on its architecture (__main__._check_models)
+    if names and cfg.model.kind == "gpt2":      # model=hf: checked on its architecture (cli.checks.check_models)
         check_target_modules(names, gpt2_lora_layers(cfg.model.n_layer), "GPT2LMHeadModel", where)
     if cfg.model.n_embd % cfg.model.n_head:
         raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")

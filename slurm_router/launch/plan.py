@@ -4,7 +4,7 @@ The base stage (a model built from a config has learned nothing yet) is trained 
 of everything that shapes it (slurm_router.artifacts.base_cache), so later runs and every variant reuse it while the
 cache is whole. Variants fine-tune from it.
 
-Replicates: each variant runs once per training seed (`seeds`, config.training_seeds), all in the one variants
+Replicates: each variant runs once per training seed (`seeds`, config.variants.training_seeds), all in the one variants
 stage (one array job). With one seed a task is named as its variant (r8); with several, `<variant>-s<seed>`
 (r8-s0, r8-s1). A task's `seed` picks its LoRA init and data order; the base and the held-out eval batches keep
 the config's `seed`, so every replicate starts from the same base and is evaluated on the same batches.

@@ -22,7 +22,7 @@ from slurm_router.rundir.spec import Stage, TaskSpec
 
 def _load_run(arg: str) -> tuple[Manifest, DictConfig]:
     """The run's validated manifest (NotARunDir: one line) and its own config.yaml, read once this process holds
-    the run's lock (runlock.RunInUse, one line naming the holder, if another one does): a plan is made from
+    the run's lock (rundir.lock.RunInUse, one line naming the holder, if another one does): a plan is made from
     the current state, and two resumes never both run or submit the same tasks."""
     from slurm_router.rundir.lock import own_run
     manifest = Manifest.load(Path(arg).expanduser().resolve())     # a run dir, before run.lock is made in it

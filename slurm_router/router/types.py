@@ -6,15 +6,40 @@ state and must reach the same decision without talking to the others.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from .speed_model import SPEED_MODELS
 
-POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
-COST_NAMES = ("tokens", "tokens_attention")
+COST_NAMES = ("tokens", "tokens_attention")      # router/packing.py sample_costs computes each
 # Above 1 the router plans more than the device holds: a testing aid that forces real out-of-memory errors.
 MAX_HEADROOM = 4.0
+# RouterSettings' numeric ranges, (low, high, low_inclusive), high None = unbounded: the one range check of the
+# router's settings (the config check asks RouterSettings, and reads its messages)
+ROUTER_RANGES = {
+    "attention_weight": (0, None, True), "attention_ref_len": (1, None, True),
+    "memory_headroom": (0, MAX_HEADROOM, False), "max_tokens_per_microbatch": (1, None, True),
+    "speed_ema": (0, 1, False), "microbatch_overhead_tokens": (0, None, True),
+}
+
+
+def out_of_range(key: str, value: Any, low: float, high: float | None, low_inclusive: bool) -> str | None:
+    """Why `key=value` is outside [low, high] (or (low, high]), in one line; None when it is inside. The message
+    every range check of the config uses."""
+    lo = f">= {low}" if low_inclusive else f"> {low}"
+    hi = f" and <= {high}" if high is not None else ""
+    if isinstance(value, float) and math.isnan(value):      # nan passes every comparison below
+        return f"{key}=nan is not a number: it must be {lo}{hi}"
+    too_low = value < low if low_inclusive else value <= low
+    if too_low or (high is not None and value > high):
+        return f"{key}={value!r} is out of range: it must be {lo}{hi}"
+    return None
+
+
+def not_a_choice(key: str, value: Any, allowed) -> str | None:
+    """Why `key=value` is not one of `allowed`, in one line; None when it is."""
+    return None if value in allowed else f"{key}={value!r} is not valid: choose one of {', '.join(allowed)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +116,7 @@ def _max_over_mean(values: list[float]) -> float:
 
 @dataclass
 class RouterSettings:
-    """Router knobs. Field names match config.RouterConfig so `RouterSettings.from_config(cfg.router)` works."""
+    """Router knobs. Field names match config.schema.RouterConfig so `RouterSettings.from_config(cfg.router)` works."""
 
     policy: str = "balanced"                # round_robin | least_loaded | affinity | balanced
     cost: str = "tokens"                    # tokens | tokens_attention
@@ -116,24 +141,18 @@ class RouterSettings:
     packed: bool = False
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"router.policy={self.policy!r} is not one of {', '.join(POLICY_NAMES)}")
-        if self.cost not in COST_NAMES:
-            raise ValueError(f"router.cost={self.cost!r} is not one of {', '.join(COST_NAMES)}")
-        if self.attention_weight < 0:
-            raise ValueError(f"router.attention_weight={self.attention_weight} must be >= 0")
-        if self.attention_ref_len <= 0:
-            raise ValueError(f"router.attention_ref_len={self.attention_ref_len} must be > 0")
-        if not 0 < self.memory_headroom <= MAX_HEADROOM:
-            raise ValueError(f"router.memory_headroom={self.memory_headroom} must be in (0, {MAX_HEADROOM}]")
-        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
-            raise ValueError(f"router.max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be >= 1 or null")
-        if self.speed_model not in SPEED_MODELS:
-            raise ValueError(f"router.speed_model={self.speed_model!r} is not one of {', '.join(SPEED_MODELS)}")
-        if not 0 < self.speed_ema <= 1:
-            raise ValueError(f"router.speed_ema={self.speed_ema} must be in (0, 1]")
-        if self.microbatch_overhead_tokens < 0:
-            raise ValueError(f"router.microbatch_overhead_tokens={self.microbatch_overhead_tokens} must be >= 0")
+        """The one check of the router's settings: ValueError, one line naming router.KEY (config.checks turns it
+        into the user's error)."""
+        from .policies import POLICY_NAMES
+        for key, allowed in (("policy", POLICY_NAMES), ("cost", COST_NAMES), ("speed_model", SPEED_MODELS)):
+            problem = not_a_choice(f"router.{key}", getattr(self, key), allowed)
+            if problem:
+                raise ValueError(problem)
+        for key, limits in ROUTER_RANGES.items():
+            value = getattr(self, key)
+            problem = None if value is None else out_of_range(f"router.{key}", value, *limits)
+            if problem:
+                raise ValueError(problem)
         edges = tuple(int(e) for e in self.affinity_boundaries)
         if any(b <= a for a, b in zip(edges, edges[1:])) or any(e <= 0 for e in edges):
             raise ValueError(f"router.affinity_boundaries={list(edges)} must be positive and strictly increasing")

@@ -2,7 +2,7 @@
 
     runs/<experiment>/<timestamp>/        RunLayout(run_dir)
       config.yaml  manifest.json          the resolved config; tasks, states, job ids, versions
-      run.lock  manifest.lock             who writes this run now (runlock.py); the manifest's own short lock
+      run.lock  manifest.lock             who writes this run now (rundir/lock.py); the manifest's own short lock
       submit*.sbatch                      launcher=sbatch's rendered scripts
       code/  code.diff  pip-freeze.txt    launcher.snapshot: the submitted source, its uncommitted diff, pip freeze
       code-resume<N>/ ...                 the same, taken by resume=RUN_DIR new_snapshot=true (the N-th resume)

@@ -63,7 +63,7 @@ def new_run_dir(cfg: DictConfig) -> tuple[str, Path]:
 
 class Manifest:
     """A run's manifest.json. Every write is a read-modify-write under its own short lock (layout's manifest.lock,
-    runlock.short_lock): the file is read again, this change applied to it, and the file replaced atomically, so
+    rundir.lock.short_lock): the file is read again, this change applied to it, and the file replaced atomically, so
     a local job process recording its own end and the launcher recording its states never overwrite each
     other's fields. `data` is the file as of this object's last read or write."""
 

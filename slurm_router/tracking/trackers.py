@@ -1,6 +1,6 @@
 """Experiment trackers (TensorBoard, MLflow, Weights & Biases) fed from the rows rank 0 writes to its events file:
 the EventWriter hands each row it has written to a TrackerSink (events.py), so a tracker holds what the report
-reads, from one writer (docs/ARCHITECTURE.md). The libraries' own calls are in tracker_loggers.py.
+reads, from one writer (docs/ARCHITECTURE.md). The libraries' own calls are in tracking/loggers.py.
 
     python -m slurm_router +experiment=lora_ab tracker=tensorboard
     python -m slurm_router +experiment=lora_ab tracker=[mlflow,wandb]     # W&B offline: `wandb sync ...` at the end
@@ -129,7 +129,7 @@ class Target:
 
     @classmethod
     def of(cls, spec, kinds: list[str] | None = None, run_dir: str | os.PathLike | None = None) -> "Target":
-        """spec: a plan.TaskSpec (its config is the task's resolved config); kinds: the config's, unless given;
+        """spec: a rundir.spec.TaskSpec (its config is the task's resolved config); kinds: the config's, unless given;
         run_dir: where the run is now (a replay of a run dir that was moved), else where it was made."""
         tracker = dict(spec.config.get("tracker") or {})
         d = Path(os.path.expanduser(tracker.get("dir") or Path(run_dir or spec.run_dir) / TRACKERS_DIR)).absolute()
@@ -297,8 +297,8 @@ def replay(run_dir: str | os.PathLike, kind: str) -> list[str]:
     """`python -m slurm_router.analysis RUN_DIR --to KIND`: each task's rank-0 events, in the order written, into
     a new tracker run per task, through the sink the workers use. Returns the lines to print. UserError (one line)
     for a missing package, or a task whose tracker.json already has a run of that tracker."""
-    from slurm_router.rundir.spec import TaskSpec
     from slurm_router.rundir.manifest import Manifest
+    from slurm_router.rundir.spec import TaskSpec
     error = missing_package(kind)
     if error:
         raise error

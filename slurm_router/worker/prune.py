@@ -111,7 +111,7 @@ def decide(groups: dict[str, dict[int, dict]], variant: str, step: int, n_looks:
     or None to go on. single_seed_ok: also on eval-sample noise alone (only benchmarks/ use it, to show why not)."""
     if variant not in groups or len(groups) < 2:
         return None
-    from slurm_router.analysis import stats     # scipy: imported when a prune decision is made, not by every worker
+    from slurm_router.analysis import stats  # scipy: imported when a prune decision is made, not by every worker
     best = min(groups, key=lambda v: mean_loss(groups[v]))
     if best == variant:
         return None

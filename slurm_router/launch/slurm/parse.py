@@ -63,7 +63,7 @@ class TaskStatus(SlurmRow):
     err_path: str | None = None
     out_tail: list[str] = field(default_factory=list)
     err_tail: list[str] = field(default_factory=list)
-    progress: Progress = field(default_factory=Progress)   # from the task's own files (slurm_status.attach_progress)
+    progress: Progress = field(default_factory=Progress)   # from the task's own files (launch.slurm.status.attach_progress)
 
     @property
     def terminal(self) -> bool:

@@ -12,12 +12,27 @@ from slurm_router.config.schema import SbatchLauncherConfig, launcher_setting
 from slurm_router.errors import UserError
 from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import container_spec, resolve_container, task_python
-from slurm_router.launch.slurm.sbatch_render import SbatchSpec, safe_job_name, sbatch_directives, submit_sbatch
-from slurm_router.launch.slurm.sbatch_render import submit_wrapped, write_sbatch
 from slurm_router.launch.setup_lines import guarded
-from slurm_router.launch.slurm.common import (REPORT_TIMEOUT_MIN, SlurmLauncher, check_nodes, check_packing,
-                                              check_slurm, mail_options, sbatch_error, srun_layout, stage_devices,
-                                              tasks_per_pack)
+from slurm_router.launch.slurm.common import (
+    REPORT_TIMEOUT_MIN,
+    SlurmLauncher,
+    check_nodes,
+    check_packing,
+    check_slurm,
+    mail_options,
+    sbatch_error,
+    srun_layout,
+    stage_devices,
+    tasks_per_pack,
+)
+from slurm_router.launch.slurm.sbatch_render import (
+    SbatchSpec,
+    safe_job_name,
+    sbatch_directives,
+    submit_sbatch,
+    submit_wrapped,
+    write_sbatch,
+)
 from slurm_router.rundir.spec import Stage
 
 

@@ -2,7 +2,7 @@
 
 The command that prints them: slurm_router.cli.status (python -m slurm_router.status RUN_DIR).
 
-A task's state comes from squeue, else sacct, else its own files in the run dir (status_parse says why); its
+A task's state comes from squeue, else sacct, else its own files in the run dir (launch/slurm/parse.py says why); its
 progress (step/total, losses, tokens/s, ETA, retries) from its own files (slurm_router.rundir.progress).
 Parsing is pure, in slurm_router.launch.slurm.parse; this module queries, waits and cancels.
 """
@@ -16,15 +16,32 @@ from typing import Callable
 
 from slurm_router.config.schema import LAUNCHER_SCHEMAS, SlurmLauncherConfig
 from slurm_router.errors import UserError
+from slurm_router.launch.slurm.parse import (
+    FAILED_STATES,
+    LOCAL_STATES,
+    SACCT_FIELDS,
+    SQUEUE_FIELDS,
+    SUCCESS_STATES,
+    TERMINAL_STATES,
+    Runner,
+    SlurmRow,
+    TaskStatus,
+    expand_array_indices,
+    format_duration,
+    local_status,
+    local_word,
+    merge_status,
+    never_runs,
+    normalize_state,
+    parse_duration,
+    parse_sacct,
+    parse_squeue,
+    task_job_id,
+)
 from slurm_router.rundir.events import EVENT, EndRow
-from slurm_router.rundir.progress import setup_failure
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.manifest import Manifest
-from slurm_router.launch.slurm.parse import (FAILED_STATES, LOCAL_STATES, SACCT_FIELDS, SQUEUE_FIELDS, SUCCESS_STATES,
-                                       TERMINAL_STATES, Runner, SlurmRow, TaskStatus, expand_array_indices,
-                                       format_duration, local_status, local_word, merge_status, never_runs,
-                                       normalize_state, parse_duration, parse_sacct, parse_squeue, task_job_id)
-from slurm_router.rundir.progress import read_progress
+from slurm_router.rundir.progress import read_progress, setup_failure
 
 __all__ = ["FAILED_STATES", "LOCAL_STATES", "SACCT_FIELDS", "SQUEUE_FIELDS", "SUCCESS_STATES", "TERMINAL_STATES",
            "SlurmRow", "TaskStatus", "expand_array_indices", "format_duration", "local_status", "local_word",
@@ -98,7 +115,7 @@ def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskSta
 
 
 def attach_progress(manifest: dict, tasks: list[TaskStatus]) -> None:
-    """Each task's progress from its folder (task_progress: the newest rows, read from the end of its events);
+    """Each task's progress from its folder (rundir.progress: the newest rows, read from the end of its events);
     requeues counted from its starts too (attempts.json: a requeue Slurm forgot, a resume); a retry
     (launcher.max_failures) said in its reason."""
     infos = manifest.get("tasks") or {}
@@ -115,7 +132,7 @@ def attach_progress(manifest: dict, tasks: list[TaskStatus]) -> None:
 
 def local_tasks(manifest: dict) -> list[TaskStatus]:
     """A local run's tasks as its manifest records them now (read again: a --wait sees them move). Only a
-    running launcher moves them: if it is gone (its pid and start time: runlock.owner_alive), or the run has
+    running launcher moves them: if it is gone (its pid and start time: rundir.lock.owner_alive), or the run has
     ended (interrupted, failed), an unfinished task cannot progress and is shown so (terminal: --wait
     returns); resume= continues it."""
     from slurm_router.rundir.lock import owner_alive

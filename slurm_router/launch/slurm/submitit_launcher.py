@@ -1,5 +1,5 @@
 """launcher=slurm: each stage is one submitit map_array (one sbatch call); the callables are job.TaskRunner,
-or launch.pack.PackRunner for K packed tasks, and analysis.report.write_report_job for the report (slurm_common).
+or allocation.pack.PackRunner for K packed tasks, and analysis.report.write_report_job for the report (launch/slurm/common.py).
 
 How the job's command is formed, as Hydra's submitit launcher does it: launcher.setup is submitit's `setup`
 (shell lines before srun, as written), then the snapshot first on PYTHONPATH, with PYTHONSAFEPATH=1 so that
