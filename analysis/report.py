@@ -67,7 +67,8 @@ def _wall_s(task: Task, facts: dict) -> float | None:
 
 def summarize_task(task: Task, facts: dict, peak_tflops: float | None = None) -> dict:
     policy = task.events["policy"].dropna() if "policy" in task.events else pd.Series(dtype=object)
-    s: dict[str, Any] = {"steps": int(len(task.steps)), "devices": task.n_devices, "policy": policy.iloc[0] if len(policy) else None,
+    s: dict[str, Any] = {
+         "steps": int(len(task.steps)), "devices": task.n_devices, "policy": policy.iloc[0] if len(policy) else None,
          "state": task.meta.get("state"), "expected_steps": task.expected_steps, "attempts": task.attempts}
     s.update(metrics.losses(task))
     if task.diverged:           # no trained model to judge: its last losses are not a result
@@ -142,7 +143,8 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, tasks = load_run(run_dir)
     facts = jobfacts.job_facts(manifest, tasks, runner)
-    summary: dict[str, Any] = {"experiment": manifest.get("experiment"), "run_dir": str(run_dir), "run_id": manifest.get("run_id"),
+    summary: dict[str, Any] = {
+               "experiment": manifest.get("experiment"), "run_dir": str(run_dir), "run_id": manifest.get("run_id"),
                "launcher": manifest.get("launcher"), "state": manifest.get("state"),
                "base": {"val_loss": None}, "variants": {}}
     per_task = {t.name: summarize_task(t, facts[t.name], peak_tflops) for t in tasks}
