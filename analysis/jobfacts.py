@@ -18,7 +18,7 @@ from slurm_router.launch.slurm.parse import (
     parse_duration,
     parse_sacct,
 )
-from slurm_router.launch.slurm.status import run_command
+from slurm_router.launch.slurm.status import in_slurm, job_ids, run_command
 from slurm_router.rundir.events import StartRow
 from slurm_router.rundir.progress import setup_failure
 
@@ -113,8 +113,8 @@ def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str
         f["setup_failed"] = setup_failure(manifest.get("run_dir"), meta.get("job_id"))  # launcher.setup stopped it
         if f["state"] == "CACHED":
             f["source"] = "cache (an earlier run's result)"
-    ids = [str(j["job_id"]) for j in manifest.get("jobs", []) if j.get("job_id")]
-    if not ids or manifest.get("launcher") == "local" or (runner is run_command and not shutil.which("sacct")):
+    ids = job_ids(manifest)
+    if not ids or not in_slurm(manifest) or (runner is run_command and not shutil.which("sacct")):
         return facts
     fmt = "--format=" + ",".join(SACCT_FIELDS)
     states = merge_status(manifest, {}, parse_sacct(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j",

@@ -179,7 +179,7 @@ def test_resume_after_an_edit_runs_the_submitted_code(tmp_path):
 
     logs = {p.name: p.read_text() for p in (run_dir / "logs").glob("*.out")}
     for job_id in (first, again):
-        assert f"{MARK}{run_dir / 'code' / 'slurm_router' / 'job.py'}" in logs[f"{job_id}.out"], logs
+        assert f"{MARK}{run_dir / 'code' / 'slurm_router' / 'allocation' / 'job.py'}" in logs[f"{job_id}.out"], logs
     assert not any("EDITED AFTER SUBMIT" in text for text in logs.values()), "a job ran the edited checkout"
     assert "EDITED" not in (run_dir / "code" / "slurm_router" / "allocation" / "job.py").read_text()
     assert len(_steps(run_dir)) == 10

@@ -186,7 +186,7 @@ class EndRow(Row):
     KIND: ClassVar[str] = "end"
     exit_state: str = _req("completed | interrupted | failed | diverged | pruned")
     error: str = _opt()
-    detail: str = _opt("pruned (rank 0): why, in one sentence (prune.py)")
+    detail: str | None = _opt("pruned (rank 0): why, in one sentence (prune.py)")
     step: int | None = _opt("diverged: the step whose loss was not finite; pruned: the evaluation it stopped at")
     val_loss: float = _opt("rank 0 of a completed task")
     train_loss: float = _opt("rank 0 of a completed task")

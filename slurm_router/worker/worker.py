@@ -370,7 +370,7 @@ class Worker:
                                                                                    self.cfg.train.eval_every))
         if not self.gather([1.0 if decision else 0.0])[0][0]:
             return None
-        self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=cast(str, decision.reason if decision else None)))
+        self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=decision.reason if decision else None))
         self.close()
         if self.rank != 0:
             return Pruned(step)
