@@ -4,10 +4,10 @@ No torch here (policies are pure functions over lengths and device state); see d
 """
 from .memory_model import MemoryModel
 from .packing import sample_costs, split_for_oom
-from .policies import POLICIES, POLICY_NAMES, affinity, balanced, least_loaded, round_robin
+from .policies import POLICIES, affinity, balanced, least_loaded, round_robin
 from .router import Router
 from .speed_model import SpeedModel
-from .types import Assignment, DeviceState, MicroBatch, RouterSettings
+from .types import POLICY_NAMES, Assignment, DeviceState, MicroBatch, RouterSettings
 
 __all__ = [
     "Assignment", "DeviceState", "MemoryModel", "MicroBatch", "POLICIES", "POLICY_NAMES", "Router",

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence, cast
 from .memory_model import MemoryModel
 from .packing import UNLIMITED, pack_by_length, pack_in_order, pack_rows, sample_costs
 from .partition import partition
-from .types import Assignment, DeviceState, RouterSettings
+from .types import POLICY_NAMES, Assignment, DeviceState, RouterSettings
 
 # Default affinity buckets: powers of two, so bucket edges never depend on the batch (no quantiles).
 DEFAULT_AFFINITY_BOUNDARIES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -202,11 +202,5 @@ def _busiest(weights: list[float], total: int) -> float:
     return max(w / s for w, s in zip(weights, _apportion(weights, total)))
 
 
-POLICIES: dict[str, Policy] = {
-    "round_robin": round_robin,
-    "least_loaded": least_loaded,
-    "affinity": affinity,
-    "balanced": balanced,
-}
-# router.policy's choices, in this order: the one list of them (RouterSettings and the config check read it)
-POLICY_NAMES = tuple(POLICIES)
+# router.policy's choices: each name in types.POLICY_NAMES (the one list, in order) is the function of that name here
+POLICIES: dict[str, Policy] = {name: globals()[name] for name in POLICY_NAMES}

@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 from .speed_model import SPEED_MODELS
 
+# router.policy's choices, in order: each is the function of that name in policies.py (POLICIES is built from this)
+POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
 COST_NAMES = ("tokens", "tokens_attention")      # router/packing.py sample_costs computes each
 # Above 1 the router plans more than the device holds: a testing aid that forces real out-of-memory errors.
 MAX_HEADROOM = 4.0
@@ -143,7 +145,6 @@ class RouterSettings:
     def __post_init__(self) -> None:
         """The one check of the router's settings: ValueError, one line naming router.KEY (config.checks turns it
         into the user's error)."""
-        from .policies import POLICY_NAMES
         for key, allowed in (("policy", POLICY_NAMES), ("cost", COST_NAMES), ("speed_model", SPEED_MODELS)):
             problem = not_a_choice(f"router.{key}", getattr(self, key), allowed)
             if problem:
