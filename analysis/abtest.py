@@ -20,6 +20,7 @@ paired_bootstrap() is the verdict before seeds (one training run per variant; re
 the baseline of benchmarks/verdict_calibration.py, which shows how often it claims a difference between
 identical variants once training noise exists.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,10 +34,10 @@ from slurm_router.analysis.load import Task
 from slurm_router.rundir.layout import FULL_MODEL
 
 N_BOOT = 2000
-SEED = 0            # fixed: the same run gives the same report, every time it is regenerated
+SEED = 0  # fixed: the same run gives the same report, every time it is regenerated
 LEVEL = 0.95
 # Below this a difference is float reduction order (routing changes it, never the math), not an effect.
-NEGLIGIBLE = 1e-4   # nats per token
+NEGLIGIBLE = 1e-4  # nats per token
 
 
 def eval_batches(task: Task, step: int | None = None) -> dict | None:
@@ -50,8 +51,11 @@ def eval_batches(task: Task, step: int | None = None) -> dict | None:
     if ev.empty:
         return None
     row = ev.iloc[-1]
-    return {"loss_sums": np.asarray(row["batch_loss_sums"], float), "tokens": np.asarray(row["batch_tokens"], float),
-            "step": int(row["step"])}
+    return {
+        "loss_sums": np.asarray(row["batch_loss_sums"], float),
+        "tokens": np.asarray(row["batch_tokens"], float),
+        "step": int(row["step"]),
+    }
 
 
 def paired_bootstrap(a: dict, b: dict, n_boot: int = N_BOOT, seed: int = SEED) -> dict:
@@ -61,11 +65,16 @@ def paired_bootstrap(a: dict, b: dict, n_boot: int = N_BOOT, seed: int = SEED) -
         raise ValueError(f"different eval batches ({n} vs {len(b['loss_sums'])}): the losses cannot be paired")
     diff = a["loss_sums"].sum() / a["tokens"].sum() - b["loss_sums"].sum() / b["tokens"].sum()
     idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    boot = (a["loss_sums"][idx].sum(1) / a["tokens"][idx].sum(1)
-            - b["loss_sums"][idx].sum(1) / b["tokens"][idx].sum(1))
+    boot = a["loss_sums"][idx].sum(1) / a["tokens"][idx].sum(1) - b["loss_sums"][idx].sum(1) / b["tokens"][idx].sum(1)
     lo, hi = np.percentile(boot, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
-    return {"diff": float(diff), "se": float(boot.std(ddof=1)), "ci_low": float(lo), "ci_high": float(hi),
-            "n_batches": n, "same_tokens": bool(np.array_equal(a["tokens"], b["tokens"]))}
+    return {
+        "diff": float(diff),
+        "se": float(boot.std(ddof=1)),
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        "n_batches": n,
+        "same_tokens": bool(np.array_equal(a["tokens"], b["tokens"])),
+    }
 
 
 def base_batches(tasks: list[Task]) -> tuple[dict | None, str]:
@@ -83,12 +92,13 @@ def base_batches(tasks: list[Task]) -> tuple[dict | None, str]:
 @dataclass
 class Replicate:
     """One training seed of one variant (a task) and its last held-out evaluation."""
+
     task: str
     seed: int | None
-    batches: dict | None            # eval_batches() of its last eval after training; None: not trained yet
+    batches: dict | None  # eval_batches() of its last eval after training; None: not trained yet
 
     @property
-    def key(self):                  # pairs with the same seed of another variant
+    def key(self):  # pairs with the same seed of another variant
         return self.seed if self.seed is not None else self.task
 
     @property
@@ -130,20 +140,42 @@ def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = No
         losses = [cast(float, r.val_loss) for r in done]
         best = min(done, key=lambda r: cast(float, r.val_loss)) if done else None
         out[variant] = {
-            "n_seeds": len(done), "seeds": [r.seed for r in done], "tasks": [r.task for r in reps],
+            "n_seeds": len(done),
+            "seeds": [r.seed for r in done],
+            "tasks": [r.task for r in reps],
             "val_loss_mean": float(np.mean(losses)) if losses else None,
             "val_loss_std": float(np.std(losses, ddof=1)) if len(losses) > 1 else None,
             "val_loss_per_seed": losses,
-            "best_seed": best.seed if best else None, "best_task": best.task if best else None,
-            "replicates": [{"task": r.task, "seed": r.seed, "val_loss": r.val_loss,
-                            "step": r.batches["step"] if r.batches else None,
-                            "adapter": (adapters or {}).get(r.task)} for r in reps],
-            "pruned": stopped.get(variant, [])}
+            "best_seed": best.seed if best else None,
+            "best_task": best.task if best else None,
+            "replicates": [
+                {
+                    "task": r.task,
+                    "seed": r.seed,
+                    "val_loss": r.val_loss,
+                    "step": r.batches["step"] if r.batches else None,
+                    "adapter": (adapters or {}).get(r.task),
+                }
+                for r in reps
+            ],
+            "pruned": stopped.get(variant, []),
+        }
     for variant, reps in stopped.items():
-        out.setdefault(variant, {
-            "n_seeds": 0, "seeds": [], "tasks": [r["task"] for r in reps], "val_loss_mean": None,
-            "val_loss_std": None, "val_loss_per_seed": [], "best_seed": None, "best_task": None, "replicates": [],
-            "pruned": reps})
+        out.setdefault(
+            variant,
+            {
+                "n_seeds": 0,
+                "seeds": [],
+                "tasks": [r["task"] for r in reps],
+                "val_loss_mean": None,
+                "val_loss_std": None,
+                "val_loss_per_seed": [],
+                "best_seed": None,
+                "best_task": None,
+                "replicates": [],
+                "pruned": reps,
+            },
+        )
     return out
 
 
@@ -175,8 +207,13 @@ def compare_all(tasks: list[Task], adapters: dict[str, str | None] | None = None
         steps = {n: sorted({b["step"] for b in side.values()}) for n, side in ((na, side_a), (nb, side_b))}
         row.update(step_a=steps[na][-1], step_b=steps[nb][-1])
         if nb != "base" and len(set(steps[na] + steps[nb])) > 1:
-            row["note"] = "[not final for both: " + ", ".join(
-                f"{n} at step{'s' if len(st) > 1 else ''} {', '.join(map(str, st))}" for n, st in steps.items()) + "]"
+            row["note"] = (
+                "[not final for both: "
+                + ", ".join(
+                    f"{n} at step{'s' if len(st) > 1 else ''} {', '.join(map(str, st))}" for n, st in steps.items()
+                )
+                + "]"
+            )
         rows.append(row)
     _decide(rows, groups, adapters)
     return rows
@@ -207,22 +244,28 @@ def _decide(rows: list[dict], groups: dict[str, list[Replicate]], adapters: dict
 
 def sentence(name_a: str, name_b: str, r: dict) -> str:
     """The row's plain sentence (A's loss minus B's is r['diff']; lower held-out loss is better)."""
-    nd = 3 if max(abs(r["ci_low"]), abs(r["ci_high"])) >= 0.01 else 4      # keep small effects readable
+    nd = 3 if max(abs(r["ci_low"]), abs(r["ci_high"])) >= 0.01 else 4  # keep small effects readable
     how = _how(name_a, name_b, r)
-    if abs(r["diff"]) < NEGLIGIBLE and r["se"] < NEGLIGIBLE:      # the same computation, up to reduction order
-        return (f"{name_a} vs {name_b}: no difference detectable: {r['diff']:+.2g} nats per token, below "
-                f"{NEGLIGIBLE:g} (float rounding, not an effect; {how})")
+    if abs(r["diff"]) < NEGLIGIBLE and r["se"] < NEGLIGIBLE:  # the same computation, up to reduction order
+        return (
+            f"{name_a} vs {name_b}: no difference detectable: {r['diff']:+.2g} nats per token, below "
+            f"{NEGLIGIBLE:g} (float rounding, not an effect; {how})"
+        )
     p = _p(r["p"]) + (f", Holm-adjusted for {r['holm_m']} comparisons {_p(r['p_holm'])}" if "p_holm" in r else "")
     if not r["significant"]:
         covers = r["ci_low"] <= 0 <= r["ci_high"]
         after = "" if covers else f" after Holm's correction for {r['holm_m']} comparisons"
-        return (f"{name_a} vs {name_b}: no difference detectable{after}: {r['diff']:+.{nd}f} +/- {r['se']:.{nd}f} "
-                f"nats per token (95% CI {r['ci_low']:+.{nd}f} to {r['ci_high']:+.{nd}f}"
-                f"{' includes 0' if covers else ''}; {p}; {how})")
+        return (
+            f"{name_a} vs {name_b}: no difference detectable{after}: {r['diff']:+.{nd}f} +/- {r['se']:.{nd}f} "
+            f"nats per token (95% CI {r['ci_low']:+.{nd}f} to {r['ci_high']:+.{nd}f}"
+            f"{' includes 0' if covers else ''}; {p}; {how})"
+        )
     winner, loser = (name_a, name_b) if r["diff"] < 0 else (name_b, name_a)
     lo, hi = sorted((abs(r["ci_low"]), abs(r["ci_high"])))
-    return (f"{winner} beats {loser} by {abs(r['diff']):.{nd}f} +/- {r['se']:.{nd}f} nats per token "
-            f"(95% CI {lo:.{nd}f} to {hi:.{nd}f}, {p}; {how})")
+    return (
+        f"{winner} beats {loser} by {abs(r['diff']):.{nd}f} +/- {r['se']:.{nd}f} nats per token "
+        f"(95% CI {lo:.{nd}f} to {hi:.{nd}f}, {p}; {how})"
+    )
 
 
 def _how(name_a: str, name_b: str, r: dict) -> str:
@@ -234,12 +277,16 @@ def _how(name_a: str, name_b: str, r: dict) -> str:
         pairing = "paired by eval batch" if name_b == "base" else "paired by seed and eval batch"
         return f"{seeds} seeds x {B} eval batches, {pairing}{rough}"
     if r["method"] == "welch":
-        return (f"{name_a} {r['n_seeds_a']} seeds, {name_b} {r['n_seeds_b']} seeds (not the same ones) x {B} eval "
-                f"batches, paired by eval batch{rough}")
+        return (
+            f"{name_a} {r['n_seeds_a']} seeds, {name_b} {r['n_seeds_b']} seeds (not the same ones) x {B} eval "
+            f"batches, paired by eval batch{rough}"
+        )
     one = [n for n, k in ((name_a, r["n_seeds_a"]), (name_b, r["n_seeds_b"])) if k == 1 and n != "base"]
     whose = "of 1 seed" if len(one) != 1 or name_b == "base" else f"({one[0]} has 1 seed)"
-    return (f"paired t-test over {B} eval batches {whose}{rough}: it covers eval-sample noise only, not training "
-            "noise (LoRA init, data order); seeds=3 includes it")
+    return (
+        f"paired t-test over {B} eval batches {whose}{rough}: it covers eval-sample noise only, not training "
+        "noise (LoRA init, data order); seeds=3 includes it"
+    )
 
 
 def _p(p: float) -> str:
@@ -268,16 +315,25 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
     val_loss, n_seeds, decided (it beats every other variant: significant, after Holm's correction), adapter
     (of its best seed), seed, task, sentence}."""
     groups = replicates(tasks)
-    scored = [(float(np.mean([r.val_loss for r in reps if r.batches is not None])), name)
-              for name, reps in groups.items() if any(r.batches is not None for r in reps)]
+    scored = [
+        (float(np.mean([r.val_loss for r in reps if r.batches is not None])), name)
+        for name, reps in groups.items()
+        if any(r.batches is not None for r in reps)
+    ]
     if not scored:
         return None
     val_loss, name = min(scored)
     done = [r for r in groups[name] if r.batches is not None]
     best = min(done, key=lambda r: cast(float, r.val_loss))
     others = [n for _, n in scored if n != name]
-    beaten = [r for r in rows if r["b"] != "base" and name in (r["a"], r["b"]) and r.get("significant")
-              and (r["a"] if r["diff"] < 0 else r["b"]) == name]
+    beaten = [
+        r
+        for r in rows
+        if r["b"] != "base"
+        and name in (r["a"], r["b"])
+        and r.get("significant")
+        and (r["a"] if r["diff"] < 0 else r["b"]) == name
+    ]
     # a variant every replicate of which was pruned lost to the best one at that evaluation (prune.py)
     lost = [n for n in pruned(tasks) if n not in groups]
     decided = bool(others or lost) and len(beaten) == len(others)
@@ -289,7 +345,17 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
         beats = others + [f"{n} (pruned)" for n in lost]
         what = f"winner: {name} ({loss}; beats {', '.join(beats)})"
     else:
-        what = (f"lowest held-out loss: {name} ({loss}), not a detectable win over "
-                f"{', '.join(n for n in others if not any(n in (r['a'], r['b']) for r in beaten))}")
-    return {"variant": name, "val_loss": val_loss, "n_seeds": len(done), "decided": decided, "adapter": adapter,
-            "seed": best.seed, "task": best.task, "sentence": f"{what}; {_weights_text(adapter, why)}"}
+        what = (
+            f"lowest held-out loss: {name} ({loss}), not a detectable win over "
+            f"{', '.join(n for n in others if not any(n in (r['a'], r['b']) for r in beaten))}"
+        )
+    return {
+        "variant": name,
+        "val_loss": val_loss,
+        "n_seeds": len(done),
+        "decided": decided,
+        "adapter": adapter,
+        "seed": best.seed,
+        "task": best.task,
+        "sentence": f"{what}; {_weights_text(adapter, why)}",
+    }

@@ -3,6 +3,7 @@ speed-up against the first run, and, for a variant present in several runs, its 
 first run's by the verdict's statistics (abtest.py, stats.compare: over its seeds and eval batches, paired by
 seed and eval batch when both runs ran the same seeds). Routing must not change the math, so 'no difference
 detectable' (float rounding) is expected between policies; another lr or data order is a real difference."""
+
 from __future__ import annotations
 
 import json
@@ -35,13 +36,25 @@ def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dic
         for name, v in summary["variants"].items():
             tps = v.get("tokens_per_s")
             first.setdefault(name, tps)
-            rows.append({"run": label, "run_dir": str(run_dir), "variant": name, "policy": v.get("policy"),
-                         "devices": v.get("devices"), "steps": v.get("steps"), "val_loss": v.get("val_loss"),
-                         "tokens_per_s": tps, "speedup": tps / first[name] if tps and first[name] else None,
-                         "balance_ratio": v.get("balance_ratio"), "cost_balance_ratio": v.get("cost_balance_ratio"),
-                         "useful_token_fraction": v.get("useful_token_fraction"),
-                         "step_time_p50_s": (v.get("step_time_s") or {}).get("p50"),
-                         "oom_retries": v.get("oom_retries"), "device_hours": v.get("device_hours")})
+            rows.append(
+                {
+                    "run": label,
+                    "run_dir": str(run_dir),
+                    "variant": name,
+                    "policy": v.get("policy"),
+                    "devices": v.get("devices"),
+                    "steps": v.get("steps"),
+                    "val_loss": v.get("val_loss"),
+                    "tokens_per_s": tps,
+                    "speedup": tps / first[name] if tps and first[name] else None,
+                    "balance_ratio": v.get("balance_ratio"),
+                    "cost_balance_ratio": v.get("cost_balance_ratio"),
+                    "useful_token_fraction": v.get("useful_token_fraction"),
+                    "step_time_p50_s": (v.get("step_time_s") or {}).get("p50"),
+                    "oom_retries": v.get("oom_retries"),
+                    "device_hours": v.get("device_hours"),
+                }
+            )
     return rows, across_runs(labels, [tasks for _, _, tasks in runs])
 
 
@@ -70,21 +83,39 @@ def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd
     rows, sentences = comparison_rows(runs)
     df = pd.DataFrame(rows)
     atomic_write(out / "comparison.csv", df.to_csv(index=False))
-    atomic_write(out / "comparison.json", json.dumps(finite({"runs": [str(r[0]) for r in runs], "rows": rows,
-                                                             "verdicts": sentences}), indent=1))
-    shown = pd.DataFrame([{
-        "run": r["run"], "variant": r["variant"], "devices": r["devices"], "steps": r["steps"],
-        "final held-out": fmt(r["val_loss"], ".4f"), "tokens/s": fmt(r["tokens_per_s"], ",.0f"),
-        "speed-up": fmt(r["speedup"], ".2f", "x"), "balance ratio": fmt(r["balance_ratio"]),
-        "cost balance": fmt(r["cost_balance_ratio"]), "useful tokens": pct(r["useful_token_fraction"]),
-        "step p50": fmt(r["step_time_p50_s"], ".3f", " s"), "OOM retries": r["oom_retries"],
-        "device-hours": fmt(r["device_hours"], ".4f")} for r in rows])
-    blocks: list[tuple] = [("h", 1, "Comparison of runs"), ("ul", [f"{r['run']}: {r['run_dir']}" for r in
-                                                                  {r["run"]: r for r in rows}.values()]),
-                           ("h", 2, "Side by side"), ("table", shown),
-                           ("p", "Speed-up: tokens/s (after warm-up) against the same variant in the first run."),
-                           ("h", 2, "Held-out loss across runs"),
-                           ("ul", sentences or ["no variant with per-batch eval sums in two runs"])]
+    atomic_write(
+        out / "comparison.json",
+        json.dumps(finite({"runs": [str(r[0]) for r in runs], "rows": rows, "verdicts": sentences}), indent=1),
+    )
+    shown = pd.DataFrame(
+        [
+            {
+                "run": r["run"],
+                "variant": r["variant"],
+                "devices": r["devices"],
+                "steps": r["steps"],
+                "final held-out": fmt(r["val_loss"], ".4f"),
+                "tokens/s": fmt(r["tokens_per_s"], ",.0f"),
+                "speed-up": fmt(r["speedup"], ".2f", "x"),
+                "balance ratio": fmt(r["balance_ratio"]),
+                "cost balance": fmt(r["cost_balance_ratio"]),
+                "useful tokens": pct(r["useful_token_fraction"]),
+                "step p50": fmt(r["step_time_p50_s"], ".3f", " s"),
+                "OOM retries": r["oom_retries"],
+                "device-hours": fmt(r["device_hours"], ".4f"),
+            }
+            for r in rows
+        ]
+    )
+    blocks: list[tuple] = [
+        ("h", 1, "Comparison of runs"),
+        ("ul", [f"{r['run']}: {r['run_dir']}" for r in {r["run"]: r for r in rows}.values()]),
+        ("h", 2, "Side by side"),
+        ("table", shown),
+        ("p", "Speed-up: tokens/s (after warm-up) against the same variant in the first run."),
+        ("h", 2, "Held-out loss across runs"),
+        ("ul", sentences or ["no variant with per-batch eval sums in two runs"]),
+    ]
     plot = plots.comparison_plot(rows, out)
     if plot:
         blocks.append(("img", plot, "tokens/s and held-out loss per variant and run"))

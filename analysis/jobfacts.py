@@ -4,6 +4,7 @@ allocated vs used devices, CPUs and memory; then plain advice where the numbers 
 Slurm runs (the manifest records job ids, and sacct is on PATH): sacct, parsed with launch/slurm/parse.py.
 Local runs, or no sacct: the manifest (state, elapsed_s, devices) and the events (peaks, utilisation).
 """
+
 from __future__ import annotations
 
 import re
@@ -51,7 +52,7 @@ def parse_tres(text: str) -> dict:
             out["mem_bytes"] = parse_size(value)
         elif key == "gres/gpu" and value.isdigit():
             out["gpu"] = int(value)
-        elif key.startswith("gres/gpu:") and value.isdigit():     # typed: gres/gpu:h100=2 (beside gres/gpu=2)
+        elif key.startswith("gres/gpu:") and value.isdigit():  # typed: gres/gpu:h100=2 (beside gres/gpu=2)
             out["gpu_type"] = key.split(":", 1)[1]
             typed += int(value)
     if "gpu" not in out and typed:
@@ -67,12 +68,17 @@ def parse_sacct_resources(text: str) -> dict[str, dict]:
         cols = line.split("|")
         if len(cols) < len(RESOURCE_FIELDS):
             continue
-        job, limit, tres, ncpus, total_cpu, max_rss, req_mem = (c.strip() for c in cols[:len(RESOURCE_FIELDS)])
+        job, limit, tres, ncpus, total_cpu, max_rss, req_mem = (c.strip() for c in cols[: len(RESOURCE_FIELDS)])
         key, _, step = job.partition(".")
         row = out.setdefault(key, {})
         if not step:
-            row.update(time_limit_s=parse_duration(limit), alloc=parse_tres(tres), req_mem_bytes=parse_size(req_mem),
-                       ncpus=int(ncpus) if ncpus.isdigit() else None, total_cpu_s=parse_cpu_time(total_cpu))
+            row.update(
+                time_limit_s=parse_duration(limit),
+                alloc=parse_tres(tres),
+                req_mem_bytes=parse_size(req_mem),
+                ncpus=int(ncpus) if ncpus.isdigit() else None,
+                total_cpu_s=parse_cpu_time(total_cpu),
+            )
         rss = parse_size(max_rss) if max_rss else None
         if rss is not None:
             row["max_rss_bytes"] = max(rss, row.get("max_rss_bytes") or 0)
@@ -82,8 +88,11 @@ def parse_sacct_resources(text: str) -> dict[str, dict]:
 def _event_facts(task: Task) -> dict:
     """What the events tell about a task's devices: type, host, used devices, memory peak vs total, util."""
     ev, ds = task.events, task.dev_steps
-    out: dict = {"device_type": (task.start or {}).get("device_type"), "node": (task.start or {}).get("host"),
-                 "requeues": max(0, task.attempts - 1)}
+    out: dict = {
+        "device_type": (task.start or {}).get("device_type"),
+        "node": (task.start or {}).get("host"),
+        "requeues": max(0, task.attempts - 1),
+    }
     if not task.micro.empty:
         used = task.micro.groupby("device")["n_samples"].sum() if "n_samples" in task.micro else None
         out["devices_used"] = int((used > 0).sum()) if used is not None else None
@@ -117,17 +126,26 @@ def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str
     if not ids or not in_slurm(manifest) or (runner is run_command and not shutil.which("sacct")):
         return facts
     fmt = "--format=" + ",".join(SACCT_FIELDS)
-    states = merge_status(manifest, {}, parse_sacct(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j",
-                                                             ",".join(ids), fmt])))
-    resources = parse_sacct_resources(runner(["sacct", "-n", "--parsable2", "-j", ",".join(ids),
-                                              "--format=" + ",".join(RESOURCE_FIELDS)]))
+    states = merge_status(
+        manifest, {}, parse_sacct(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j", ",".join(ids), fmt]))
+    )
+    resources = parse_sacct_resources(
+        runner(["sacct", "-n", "--parsable2", "-j", ",".join(ids), "--format=" + ",".join(RESOURCE_FIELDS)])
+    )
     for st in states:
         f = facts.get(st.variant)
-        if f is None or st.state == "CACHED":        # a cached task was never submitted: nothing in sacct
+        if f is None or st.state == "CACHED":  # a cached task was never submitted: nothing in sacct
             continue
-        f.update(source="sacct", job_id=st.job_id, state=st.state, elapsed_s=st.elapsed_s, exit_code=st.exit_code,
-                 reason=st.reason or None,
-                 requeues=max(st.requeues, f.get("requeues") or 0), node=st.node or f.get("node"))
+        f.update(
+            source="sacct",
+            job_id=st.job_id,
+            state=st.state,
+            elapsed_s=st.elapsed_s,
+            exit_code=st.exit_code,
+            reason=st.reason or None,
+            requeues=max(st.requeues, f.get("requeues") or 0),
+            node=st.node or f.get("node"),
+        )
         res = resources.get(st.job_id, {})
         alloc = res.get("alloc", {})
         f["time_limit_s"] = res.get("time_limit_s")
@@ -149,8 +167,10 @@ def advice(f: dict, s: dict) -> list[str]:
     if on_gpu and peak and total and peak / total < 0.5:
         out.append(f"GPU memory peak {peak / total:.0%} of the allocation: pack variants or ask for a smaller GPU")
     if on_gpu and f.get("util_mean") is not None and f["util_mean"] < 50:
-        out.append(f"GPU utilisation {f['util_mean']:.0f}% on average: the steps are data-, sync- or "
-                   "launch-bound; a larger global batch per device keeps the GPU busier")
+        out.append(
+            f"GPU utilisation {f['util_mean']:.0f}% on average: the steps are data-, sync- or "
+            "launch-bound; a larger global batch per device keeps the GPU busier"
+        )
     alloc, used = f.get("devices_allocated"), f.get("devices_used")
     if alloc and used is not None and used < alloc:
         out.append(f"{alloc - used} of {alloc} allocated devices computed no sample: ask for fewer")
@@ -158,8 +178,10 @@ def advice(f: dict, s: dict) -> list[str]:
     if f.get("state") == "TIMEOUT" or (limit and elapsed and elapsed >= 0.95 * limit):
         out.append("the task hit its time limit: raise launcher.timeout_min (a requeue resumes from checkpoints)")
     elif limit and elapsed is not None and limit >= 600 and elapsed < 0.25 * limit:
-        out.append(f"used {elapsed / limit:.0%} of the {limit // 60} min time limit: a shorter limit "
-                   "(launcher.timeout_min) usually starts sooner")
+        out.append(
+            f"used {elapsed / limit:.0%} of the {limit // 60} min time limit: a shorter limit "
+            "(launcher.timeout_min) usually starts sooner"
+        )
     if f.get("cpu_efficiency") is not None and f["cpu_efficiency"] < 0.5 and (f.get("cpus_allocated") or 0) > 1:
         out.append(f"CPU efficiency {f['cpu_efficiency']:.0%} of {f['cpus_allocated']} CPUs: ask for fewer")
     rss, mem = f.get("mem_max_rss_bytes"), f.get("mem_allocated_bytes")
@@ -172,12 +194,17 @@ def advice(f: dict, s: dict) -> list[str]:
         out.append(f"devices wait for the slowest (balance ratio {s['balance_ratio']:.2f}): {hint}")
     sync = (s.get("time_split") or {}).get("sync")
     if sync is not None and sync > 0.3 and (s.get("devices") or 1) > 1:
-        out.append(f"{sync:.0%} of device time waits at the gradient sync: fewer devices or a larger "
-                   "global batch per step")
+        out.append(
+            f"{sync:.0%} of device time waits at the gradient sync: fewer devices or a larger global batch per step"
+        )
     if s.get("oom_retries"):
-        out.append(f"{s['oom_retries']} out-of-memory retries: the memory model under-predicted; each retry "
-                   "costs a forward pass (a lower router.memory_headroom avoids them)")
+        out.append(
+            f"{s['oom_retries']} out-of-memory retries: the memory model under-predicted; each retry "
+            "costs a forward pass (a lower router.memory_headroom avoids them)"
+        )
     if s.get("useful_token_fraction") is not None and s["useful_token_fraction"] < 0.7:
-        out.append(f"only {s['useful_token_fraction']:.0%} of the token slots paid for held real tokens "
-                   "(padding and imbalance): router=affinity or balanced groups similar lengths")
+        out.append(
+            f"only {s['useful_token_fraction']:.0%} of the token slots paid for held real tokens "
+            "(padding and imbalance): router=affinity or balanced groups similar lengths"
+        )
     return out

@@ -11,6 +11,7 @@ Cleaning rules (the report's figures depend on them):
   the rest of the run is still reported and nothing asks the user to delete data. Only a run dir without a
   readable manifest is a ReportError (one line).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,19 +41,20 @@ class ReportError(Exception):
 @dataclass
 class Task:
     """One task of a run (one variant, or the base stage), with its events cleaned."""
+
     name: str
-    meta: dict                      # the manifest's entry for this task
+    meta: dict  # the manifest's entry for this task
     files: list[Path] = field(default_factory=list)
-    events: pd.DataFrame = field(default_factory=pd.DataFrame)   # every row, as written
-    steps: pd.DataFrame = field(default_factory=pd.DataFrame)    # rank 0, one row per step, last attempt
+    events: pd.DataFrame = field(default_factory=pd.DataFrame)  # every row, as written
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # rank 0, one row per step, last attempt
     dev_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (step, device), last attempt
-    micro: pd.DataFrame = field(default_factory=pd.DataFrame)    # micro rows of the kept attempts
-    evals: pd.DataFrame = field(default_factory=pd.DataFrame)    # rank 0, one row per eval step
-    start: dict | None = None       # rank 0's start row of the last attempt
-    end: dict | None = None         # rank 0's last `end` row of the last attempt
-    ended: bool = False             # an `end` row of the last attempt exists
-    problems: list[str] = field(default_factory=list)   # damage left out of the report, in words
-    seed: int | None = None         # the training seed of this replicate (manifest, task.json, or the run's seed)
+    micro: pd.DataFrame = field(default_factory=pd.DataFrame)  # micro rows of the kept attempts
+    evals: pd.DataFrame = field(default_factory=pd.DataFrame)  # rank 0, one row per eval step
+    start: dict | None = None  # rank 0's start row of the last attempt
+    end: dict | None = None  # rank 0's last `end` row of the last attempt
+    ended: bool = False  # an `end` row of the last attempt exists
+    problems: list[str] = field(default_factory=list)  # damage left out of the report, in words
+    seed: int | None = None  # the training seed of this replicate (manifest, task.json, or the run's seed)
 
     @property
     def stage(self) -> str:
@@ -90,8 +92,11 @@ class Task:
         if not self.end or self.end.get("exit_state") != "diverged":
             return None
         step = self.end.get("step")
-        return {"step": None if step is None else int(step), "lr": (self.start or {}).get("lr"),
-                "detail": self.end.get("detail")}
+        return {
+            "step": None if step is None else int(step),
+            "lr": (self.start or {}).get("lr"),
+            "detail": self.end.get("detail"),
+        }
 
     @property
     def pruned(self) -> dict | None:
@@ -99,8 +104,10 @@ class Task:
         if not self.end or self.end.get("exit_state") != "pruned":
             return None
         step = self.end.get("step")
-        return {"step": None if step is None else int(step),
-                "detail": self.end.get("detail") or f"{self.name}: pruned at step {step}"}
+        return {
+            "step": None if step is None else int(step),
+            "detail": self.end.get("detail") or f"{self.name}: pruned at step {step}",
+        }
 
 
 def load_manifest(run_dir: Path) -> dict:
@@ -144,8 +151,10 @@ def usable_rows(rows: list[dict], path: Path, problems: list[str]) -> list[dict]
         else:
             keep.append(row)
     for (kind, bad), left_out in dropped.items():
-        problems.append(f"{path}: {len(left_out)} '{kind}' row(s) without a numeric {', '.join(bad)} (damaged, or "
-                        "not written by slurm_router): left out")
+        problems.append(
+            f"{path}: {len(left_out)} '{kind}' row(s) without a numeric {', '.join(bad)} (damaged, or "
+            "not written by slurm_router): left out"
+        )
     return keep
 
 
@@ -214,8 +223,10 @@ def load_task(run_dir: Path, name: str, meta: dict, run_seed: int | None = None)
 def load_run(run_dir: Path) -> tuple[dict, list[Task]]:
     manifest = load_manifest(run_dir)
     seed = run_seed(run_dir)
-    return manifest, [load_task(run_dir, name, meta if isinstance(meta, dict) else {"state": meta}, seed)
-                      for name, meta in manifest.get("tasks", {}).items()]
+    return manifest, [
+        load_task(run_dir, name, meta if isinstance(meta, dict) else {"state": meta}, seed)
+        for name, meta in manifest.get("tasks", {}).items()
+    ]
 
 
 def task_seed(meta: dict, task_file: Path, run_seed: int | None) -> int | None:
@@ -233,6 +244,7 @@ def task_seed(meta: dict, task_file: Path, run_seed: int | None) -> int | None:
 def run_seed(run_dir: Path) -> int | None:
     """The run's `seed` from its config.yaml (None when it is unreadable: the report goes on without it)."""
     import yaml
+
     try:
         seed = (yaml.safe_load(RunLayout(run_dir).config.read_text()) or {}).get("seed")
     except (OSError, yaml.YAMLError, AttributeError):

@@ -13,6 +13,7 @@ Definitions (they are repeated in the report's own "Definitions" section):
   through the activations + 2N' for the weight gradients of the N' trainable parameters: 6N for full
   training, about 4N for LoRA. Attention FLOPs are left out (small at these sequence lengths).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,17 @@ WARMUP_FRACTION = 0.1
 # Dense bf16 peak FLOP/s from the vendors' data sheets (SXM parts); matched as substrings of the device name.
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets. Matched in this order against the device
 # name the worker records (torch.cuda.get_device_name), so the more specific names come first.
-PEAK_FLOPS = {"H200": 989e12, "H100 PCIE": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
-              "L40S": 362e12, "A10G": 70e12, "L4": 121e12, "V100": 125e12}
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100 PCIE": 756e12,
+    "H100 NVL": 835e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "V100": 125e12,
+}
 GIB = 2**30
 
 
@@ -52,7 +62,7 @@ def losses(task: Task) -> dict:
         if int(task.evals["step"].iloc[0]) == 0:
             out["val_loss_start"] = float(task.evals["val_loss"].iloc[0])
     if len(task.steps):
-        tail = task.steps["loss"].iloc[-max(1, len(task.steps) // 10):]
+        tail = task.steps["loss"].iloc[-max(1, len(task.steps) // 10) :]
         out["train_loss"] = float(tail.mean())
     return out
 
@@ -78,16 +88,30 @@ def token_slots(task: Task) -> tuple[pd.Series, pd.Series]:
     m = task.micro
     if m.empty or task.steps.empty:
         return pd.Series(dtype=float), pd.Series(dtype=float)
-    per_dev = pd.DataFrame({"real": m["n_tokens"], "padded": m["n_tokens"] + m["n_pad_tokens"],
-                            "step": m["step"], "device": m["device"]}).groupby(["step", "device"]).sum()
+    per_dev = (
+        pd.DataFrame(
+            {
+                "real": m["n_tokens"],
+                "padded": m["n_tokens"] + m["n_pad_tokens"],
+                "step": m["step"],
+                "device": m["device"],
+            }
+        )
+        .groupby(["step", "device"])
+        .sum()
+    )
     real = per_dev["real"].groupby(level="step").sum()
     return real, per_dev["padded"].groupby(level="step").max() * task.n_devices
 
 
 def balance(task: Task) -> dict:
     s = task.steps
-    out: dict[str, Any] = {"balance_ratio": None, "balance_ratio_p95": None, "cost_balance_ratio": None,
-           "useful_token_fraction": None}
+    out: dict[str, Any] = {
+        "balance_ratio": None,
+        "balance_ratio_p95": None,
+        "cost_balance_ratio": None,
+        "useful_token_fraction": None,
+    }
     if s.empty:
         return out
     ratios = s["busy_s_all"].map(step_balance)
@@ -106,9 +130,17 @@ def per_step_table(task: Task) -> pd.DataFrame:
     s = task.steps
     if s.empty:
         return pd.DataFrame()
-    out = pd.DataFrame({"task": task.name, "step": s["step"].astype(int), "attempt": s["attempt"],
-                        "loss": s["loss"], "n_tokens": s["n_tokens"], "t_step_s": s["t_step_s"],
-                        "balance_ratio": s["busy_s_all"].map(step_balance)})
+    out = pd.DataFrame(
+        {
+            "task": task.name,
+            "step": s["step"].astype(int),
+            "attempt": s["attempt"],
+            "loss": s["loss"],
+            "n_tokens": s["n_tokens"],
+            "t_step_s": s["t_step_s"],
+            "balance_ratio": s["busy_s_all"].map(step_balance),
+        }
+    )
     for col in ("n_samples", "t_sync_wait_s", "cost_balance_ratio", "oom_retries", "lr"):
         if col in s:
             out[col] = s[col].to_numpy()
@@ -148,8 +180,9 @@ def device_table(task: Task) -> pd.DataFrame:
             own = float(mine_s["t_step_s"].sum())
             row["sync_wait_pct"] = 100 * row["sync_wait_s"] / own if own else None
         if "n_micro" in s:
-            row["micro_per_step"] = float(np.mean([nm[d] for nm in s["n_micro"] if isinstance(nm, list)
-                                                   and d < len(nm)] or [np.nan]))
+            row["micro_per_step"] = float(
+                np.mean([nm[d] for nm in s["n_micro"] if isinstance(nm, list) and d < len(nm)] or [np.nan])
+            )
         row["oom_retries"] = int(mine_s["oom_retries"].fillna(0).sum()) if "oom_retries" in mine_s else 0
         for col in ("mem_peak_bytes", "mem_predicted_bytes"):
             row[col] = float(mine_m[col].max()) if col in mine_m and mine_m[col].notna().any() else None
@@ -185,8 +218,12 @@ def time_split(task: Task) -> dict:
     data = float(m["t_data_s"].sum()) if "t_data_s" in m else 0.0
     compute = float(m["t_compute_s"].sum()) if "t_compute_s" in m else 0.0
     sync = float(ds["t_sync_wait_s"].sum()) if "t_sync_wait_s" in ds else 0.0
-    return {"data": data / total, "compute": compute / total, "sync": sync / total,
-            "other": max(0.0, 1 - (data + compute + sync) / total)}
+    return {
+        "data": data / total,
+        "compute": compute / total,
+        "sync": sync / total,
+        "other": max(0.0, 1 - (data + compute + sync) / total),
+    }
 
 
 def memory(task: Task) -> dict:
@@ -199,12 +236,14 @@ def memory(task: Task) -> dict:
         return {}
     ratio = both["mem_peak_bytes"] / both["mem_predicted_bytes"]
     on_cpu = (task.start or {}).get("device_type") == "cpu"
-    return {"observed_over_predicted_p50": float(ratio.median()),
-            "observed_over_predicted_max": float(ratio.max()),
-            "under_predicted_share": float((ratio > 1).mean()),
-            "peak_bytes": float(both["mem_peak_bytes"].max()),
-            "predicted_bytes_max": float(both["mem_predicted_bytes"].max()),
-            "observed_is": "process RSS (CPU worker)" if on_cpu else "torch peak allocated"}
+    return {
+        "observed_over_predicted_p50": float(ratio.median()),
+        "observed_over_predicted_max": float(ratio.max()),
+        "under_predicted_share": float((ratio > 1).mean()),
+        "peak_bytes": float(both["mem_peak_bytes"].max()),
+        "predicted_bytes_max": float(both["mem_predicted_bytes"].max()),
+        "observed_is": "process RSS (CPU worker)" if on_cpu else "torch peak allocated",
+    }
 
 
 def device_peak(start: dict, peak_tflops: float | None = None) -> tuple[str | None, float | None, str]:
@@ -241,8 +280,13 @@ def mfu(task: Task, tokens_per_s: float | None, peak_tflops: float | None = None
         return {"mfu": None, "flops_per_token": flops_per_token, "text": f"n/a ({how}; give --peak-tflops)"}
     value = tokens_per_s * flops_per_token / (task.n_devices * peak)
     kind = "full training, 6N" if n_train == n else "LoRA, 4N + 2N_trainable"
-    return {"mfu": value, "flops_per_token": flops_per_token, "device": name, "peak_flops": peak,
-            "text": f"{100 * value:.1f}% of {name} bf16 peak ({kind}; {how})"}
+    return {
+        "mfu": value,
+        "flops_per_token": flops_per_token,
+        "device": name,
+        "peak_flops": peak,
+        "text": f"{100 * value:.1f}% of {name} bf16 peak ({kind}; {how})",
+    }
 
 
 def finite(x):

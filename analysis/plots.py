@@ -1,5 +1,6 @@
 """The report's plots (matplotlib, Agg: no display needed). Each writes one PNG into the report folder and
 returns its file name, or None when there is nothing to draw (a task with no events yet)."""
+
 from __future__ import annotations
 
 import io
@@ -42,6 +43,7 @@ def _save(fig, out: Path, name: str, fit_text: bool = False) -> str:
 def smooth(y, window: int):
     """A centred rolling mean over `window` points (fewer at the ends)."""
     import pandas as pd
+
     return pd.Series(np.asarray(y, float)).rolling(window, center=True, min_periods=1).mean().to_numpy()
 
 
@@ -64,22 +66,23 @@ def loss_curves(tasks: list[Task], base_val_loss: float | None, out: Path) -> st
             return None
         labelled.add((id(ax), v))
         return f"{v} ({n_seeds[v]} seeds)" if n_seeds[v] > 1 else v
+
     for t in variants:
         c = colour[t.variant]
         if len(t.steps):
             train_ax.plot(t.steps["step"], t.steps["loss"], color=c, lw=0.7, alpha=0.3)
-            train_ax.plot(t.steps["step"], smooth(t.steps["loss"], window), color=c, lw=1.5,
-                          label=label(train_ax, t.variant))
+            train_ax.plot(
+                t.steps["step"], smooth(t.steps["loss"], window), color=c, lw=1.5, label=label(train_ax, t.variant)
+            )
         if len(t.evals):
-            val_ax.plot(t.evals["step"], t.evals["val_loss"], color=c, marker="o", ms=3, lw=1.2,
-                        label=label(val_ax, t.variant))
+            val_ax.plot(
+                t.evals["step"], t.evals["val_loss"], color=c, marker="o", ms=3, lw=1.2, label=label(val_ax, t.variant)
+            )
     if base_val_loss is not None:
         val_ax.axhline(base_val_loss, color="grey", ls="--", lw=1, label="base")
     smoothed = f"bold: rolling mean over {window} steps" if window > 1 else "too few steps to smooth"
-    train_ax.set(title=f"training loss per seed (faint: raw; {smoothed})", xlabel="step",
-                 ylabel="loss (nats/token)")
-    val_ax.set(title="held-out loss at each evaluation (train.eval_every)", xlabel="step",
-               ylabel="loss (nats/token)")
+    train_ax.set(title=f"training loss per seed (faint: raw; {smoothed})", xlabel="step", ylabel="loss (nats/token)")
+    val_ax.set(title="held-out loss at each evaluation (train.eval_every)", xlabel="step", ylabel="loss (nats/token)")
     for ax in (train_ax, val_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -98,7 +101,7 @@ def forest(summary: dict, out: Path) -> str | None:
         if "diff" not in r or best not in (r["a"], r["b"]):
             continue
         other = r["b"] if r["a"] == best else r["a"]
-        sign = 1 if r["a"] == other else -1         # other minus best
+        sign = 1 if r["a"] == other else -1  # other minus best
         lo, hi = sorted((sign * r["ci_low"], sign * r["ci_high"]))
         rows.append((other, sign * r["diff"], lo, hi, bool(r.get("significant")), r.get("p_holm", r.get("p"))))
     if any(r[0] != "base" for r in rows):
@@ -110,17 +113,32 @@ def forest(summary: dict, out: Path) -> str | None:
     y = np.arange(len(rows), 0, -1)
     ax.scatter([0], [len(rows) + 1], color="black", marker="D", zorder=3)
     for yi, (name, diff, lo, hi, sig, p) in zip(y, rows):
-        ax.errorbar(diff, yi, xerr=[[diff - lo], [hi - diff]], fmt="o", color="black" if sig else "grey",
-                    mfc="black" if sig else "white", capsize=3, zorder=3)
-        ax.annotate(f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (f"  p={p:.2g}" if p is not None else ""),
-                    (1.01, yi), xycoords=("axes fraction", "data"), va="center", fontsize=8)
+        ax.errorbar(
+            diff,
+            yi,
+            xerr=[[diff - lo], [hi - diff]],
+            fmt="o",
+            color="black" if sig else "grey",
+            mfc="black" if sig else "white",
+            capsize=3,
+            zorder=3,
+        )
+        ax.annotate(
+            f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (f"  p={p:.2g}" if p is not None else ""),
+            (1.01, yi),
+            xycoords=("axes fraction", "data"),
+            va="center",
+            fontsize=8,
+        )
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks([len(rows) + 1, *y], [f"{best} (best)", *[r[0] for r in rows]])
     seeds = (summary.get("winner") or {}).get("n_seeds") or 1
     rests = f"{seeds} seeds per variant" if seeds > 1 else "1 seed: eval-sample noise only"
-    ax.set(xlabel=f"held-out loss minus {best}'s (nats/token), 95% interval",
-           title=f"difference to the best variant ({rests})\nfilled: a difference the verdict calls; hollow: none "
-                 "detectable")
+    ax.set(
+        xlabel=f"held-out loss minus {best}'s (nats/token), 95% interval",
+        title=f"difference to the best variant ({rests})\nfilled: a difference the verdict calls; hollow: none "
+        "detectable",
+    )
     ax.grid(alpha=0.3, axis="x")
     ax.set_ylim(0.4, len(rows) + 1.6)
     return _save(fig, out, "forest.png", fit_text=True)
@@ -136,8 +154,11 @@ def device_load(tasks: list[Task], out: Path) -> str | None:
         busy = np.array(t.steps["busy_s_all"].tolist(), dtype=float)
         for d in range(busy.shape[1]):
             ax.plot(t.steps["step"], busy[:, d], lw=1.1, label=f"device {d}")
-        ax.set(title=f"{t.name} ({t.events['policy'].dropna().iloc[0] if 'policy' in t.events else '?'})",
-               xlabel="step", ylabel="busy (s)")
+        ax.set(
+            title=f"{t.name} ({t.events['policy'].dropna().iloc[0] if 'policy' in t.events else '?'})",
+            xlabel="step",
+            ylabel="busy (s)",
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=min(4, busy.shape[1]))
     return _save(fig, out, "device_load.png")
@@ -174,7 +195,7 @@ def memory_timeline(tasks: list[Task], out: Path) -> str | None:
         budgets = (t.start or {}).get("mem_budget_bytes") or []
         for d, rows in t.micro.groupby("device"):
             x = (rows["t_start"] if "t_start" in rows else rows["time"]) - t0
-            line, = ax.plot(x, rows["mem_peak_bytes"] / GIB, lw=1, marker=".", ms=3, label=f"device {d}")
+            (line,) = ax.plot(x, rows["mem_peak_bytes"] / GIB, lw=1, marker=".", ms=3, label=f"device {d}")
             if int(d) < len(budgets):
                 ax.axhline(budgets[int(d)] / GIB, color=line.get_color(), ls="--", lw=1)
         unit = "RSS" if (t.start or {}).get("device_type") == "cpu" else "allocated"
@@ -186,8 +207,13 @@ def memory_timeline(tasks: list[Task], out: Path) -> str | None:
 
 
 def all_plots(tasks: list[Task], base_val_loss: float | None, out: Path, summary: dict | None = None) -> list[str]:
-    names = [loss_curves(tasks, base_val_loss, out), forest(summary or {}, out), device_load(tasks, out),
-             step_timeline(tasks, out), memory_timeline(tasks, out)]
+    names = [
+        loss_curves(tasks, base_val_loss, out),
+        forest(summary or {}, out),
+        device_load(tasks, out),
+        step_timeline(tasks, out),
+        memory_timeline(tasks, out),
+    ]
     return [n for n in names if n]
 
 

@@ -2,6 +2,7 @@
 embedded as base64 PNG, no external resource), from the same list of blocks:
   ("h", level, text) | ("p", text) | ("ul", [text, ...]) | ("table", DataFrame) | ("img", file_name, caption)
 """
+
 from __future__ import annotations
 
 import base64
@@ -59,8 +60,10 @@ def to_markdown(blocks: list[tuple]) -> str:
             out.append("\n".join(f"- {item}" for item in b[1]))
         elif kind == "table":
             df: pd.DataFrame = b[1]
-            lines = ["| " + " | ".join(_md_cell(c) for c in df.columns) + " |",
-                     "|" + "|".join("---:" if _numeric(df[c]) else "---" for c in df.columns) + "|"]
+            lines = [
+                "| " + " | ".join(_md_cell(c) for c in df.columns) + " |",
+                "|" + "|".join("---:" if _numeric(df[c]) else "---" for c in df.columns) + "|",
+            ]
             lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
             out.append("\n".join(lines))
         elif kind == "img":
@@ -83,7 +86,11 @@ def to_html(blocks: list[tuple], title: str, img_dir: Path) -> str:
             body.append(b[1].to_html(index=False, border=0, escape=True))
         elif kind == "img":
             data = base64.b64encode((img_dir / b[1]).read_bytes()).decode("ascii")
-            body.append(f'<figure><img alt="{html.escape(b[2])}" src="data:image/png;base64,{data}">'
-                        f"<figcaption>{html.escape(b[2])}</figcaption></figure>")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+            body.append(
+                f'<figure><img alt="{html.escape(b[2])}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{html.escape(b[2])}</figcaption></figure>"
+            )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

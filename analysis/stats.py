@@ -31,6 +31,7 @@ difference of the seed means: conservative, the interaction is counted twice). W
 training noise cannot be estimated: the test is a paired t-test over eval batches, and its interval covers
 eval-sample noise only (`training_noise` False; the verdict says so).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -44,18 +45,19 @@ LEVEL = 0.95
 @dataclass
 class Difference:
     """A minus B in held-out loss (nats per token; negative: A is better), over seeds and eval batches."""
-    diff: float                 # mean over A's seeds of A's held-out loss minus the same for B
-    se: float                   # standard error of diff
+
+    diff: float  # mean over A's seeds of A's held-out loss minus the same for B
+    se: float  # standard error of diff
     ci_low: float
     ci_high: float
-    p: float                    # two-sided, H0: no difference
-    df: float                   # Satterthwaite's df of the whole (for reading; the interval uses each part's)
+    p: float  # two-sided, H0: no difference
+    df: float  # Satterthwaite's df of the whole (for reading; the interval uses each part's)
     n_seeds_a: int
     n_seeds_b: int
-    n_seeds_paired: int         # seeds both sides ran (0: not paired by seed)
+    n_seeds_paired: int  # seeds both sides ran (0: not paired by seed)
     n_batches: int
-    training_noise: bool        # the interval includes training noise (at least 2 seeds)
-    method: str                 # "crossed" | "welch" | "batches"
+    training_noise: bool  # the interval includes training noise (at least 2 seeds)
+    method: str  # "crossed" | "welch" | "batches"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -82,26 +84,30 @@ def compare(a: dict, b: dict, b_fixed: bool = False, level: float = LEVEL) -> Di
     if xa.shape[1] != xb.shape[1]:
         raise ValueError(f"different eval batches ({xa.shape[1]} vs {xb.shape[1]}): the losses cannot be paired")
     tokens = {tuple(np.asarray(r["tokens"], float)) for r in (*a.values(), *b.values())}
-    if len(tokens) > 1:             # the same batches have the same target tokens, whatever the model
-        raise ValueError("different eval batches (their token counts differ: another seed, or other data "
-                         "settings, chose them): the losses cannot be paired")
+    if len(tokens) > 1:  # the same batches have the same target tokens, whatever the model
+        raise ValueError(
+            "different eval batches (their token counts differ: another seed, or other data "
+            "settings, chose them): the losses cannot be paired"
+        )
     n_a, n_b, B = len(seeds_a), len(seeds_b), xa.shape[1]
     if b_fixed:
         seeds_b, xb = seeds_a, np.repeat(xb.mean(0, keepdims=True), n_a, axis=0)
     common = [s for s in seeds_a if s in seeds_b]
-    if len(common) >= 2:                    # paired by seed and by eval batch
+    if len(common) >= 2:  # paired by seed and by eval batch
         D = xa[[seeds_a.index(s) for s in common]] - xb[[seeds_b.index(s) for s in common]]
         return _finish(float(D.mean()), crossed_parts(D), level, n_a, n_b, len(common), B, "crossed")
     diff = float(xa.mean() - xb.mean())
-    d = xa.mean(0) - xb.mean(0)             # the seed means' difference per eval batch
+    d = xa.mean(0) - xb.mean(0)  # the seed means' difference per eval batch
     batches = [(float(d.var(ddof=1)) / B, B - 1)] if B > 1 else []
-    if n_a >= 2 and n_b >= 2:               # seeds not shared: each side's seed spread, paired by eval batch
+    if n_a >= 2 and n_b >= 2:  # seeds not shared: each side's seed spread, paired by eval batch
         seeds = [(float(x.mean(1).var(ddof=1)) / len(x), len(x) - 1) for x in (xa, xb)]
         return _finish(diff, seeds + batches, level, n_a, n_b, 0, B, "welch")
-    if not batches:                         # one seed and one eval batch: no spread to measure noise by
-        raise ValueError("1 eval batch of 1 seed: nothing to estimate the noise from; raise train.eval_batches "
-                         "(or data.val_fraction, for more held-out samples), or run seeds=3")
-    return _finish(diff, batches, level, n_a, n_b, len(common), B, "batches")     # one seed: over eval batches
+    if not batches:  # one seed and one eval batch: no spread to measure noise by
+        raise ValueError(
+            "1 eval batch of 1 seed: nothing to estimate the noise from; raise train.eval_batches "
+            "(or data.val_fraction, for more held-out samples), or run seeds=3"
+        )
+    return _finish(diff, batches, level, n_a, n_b, len(common), B, "batches")  # one seed: over eval batches
 
 
 def crossed_parts(D: np.ndarray) -> list[tuple[float, float]]:
@@ -125,8 +131,8 @@ def crossed_parts(D: np.ndarray) -> list[tuple[float, float]]:
 def satterthwaite(terms: list[tuple[float, float]]) -> float:
     """Degrees of freedom of a sum of signed mean squares, each with its df."""
     total = sum(v for v, _ in terms)
-    denom = sum(v ** 2 / df for v, df in terms if df > 0)
-    return float(total ** 2 / denom) if denom > 0 else float("inf")
+    denom = sum(v**2 / df for v, df in terms if df > 0)
+    return float(total**2 / denom) if denom > 0 else float("inf")
 
 
 def half_width(parts: list[tuple[float, float]], alpha: float) -> float:
@@ -142,8 +148,9 @@ def p_value(diff: float, parts: list[tuple[float, float]]) -> float:
         return 1e-15
     if abs(diff) <= half_width(parts, 1.0 - 1e-12):
         return 1.0
-    return float(optimize.brentq(lambda a: half_width(parts, a) - abs(diff), 1e-15, 1.0 - 1e-12, xtol=1e-17,
-                                 rtol=1e-10))
+    return float(
+        optimize.brentq(lambda a: half_width(parts, a) - abs(diff), 1e-15, 1.0 - 1e-12, xtol=1e-17, rtol=1e-10)
+    )
 
 
 def _finish(diff, parts, level, n_a, n_b, n_paired, B, method) -> Difference:
@@ -151,12 +158,23 @@ def _finish(diff, parts, level, n_a, n_b, n_paired, B, method) -> Difference:
     se = float(np.sqrt(sum(v for v, _ in parts)))
     if se > 0:
         half, p = half_width(parts, 1 - level), p_value(diff, parts)
-    else:                                   # no spread at all (identical tasks): the difference is exact
+    else:  # no spread at all (identical tasks): the difference is exact
         half, p = 0.0, 1.0 if diff == 0 else 0.0
     df = satterthwaite(parts) if parts else float("inf")
-    return Difference(diff=diff, se=se, ci_low=diff - half, ci_high=diff + half, p=p, df=df,
-                      n_seeds_a=n_a, n_seeds_b=n_b, n_seeds_paired=n_paired, n_batches=B,
-                      training_noise=method != "batches", method=method)
+    return Difference(
+        diff=diff,
+        se=se,
+        ci_low=diff - half,
+        ci_high=diff + half,
+        p=p,
+        df=df,
+        n_seeds_a=n_a,
+        n_seeds_b=n_b,
+        n_seeds_paired=n_paired,
+        n_batches=B,
+        training_noise=method != "batches",
+        method=method,
+    )
 
 
 def holm(p_values: list[float]) -> list[float]:

@@ -8,6 +8,7 @@ Writes benchmarks/results/ctrl_c_stress.md (pass counts per point, the first lin
 every run (a stopped run leaves the counts so far). The races this found, and their fixes: docs/ARCHITECTURE.md,
 "Ctrl-C races".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     points = [x for x in args.points.split(",") if x]
     command = f"python benchmarks/ctrl_c_stress.py --repeats {args.repeats}" + (
-        f" --points {','.join(points)}" if points != list(CTRL_C_POINTS) else "")
+        f" --points {','.join(points)}" if points != list(CTRL_C_POINTS) else ""
+    )
     head = header(command)
     load = os.getloadavg()
     results: dict[str, list[str | None]] = {pt: [] for pt in points}
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     ctrl_c_at(pt, run_tmp, ref.losses)
                     results[pt].append(None)
-                except BaseException as e:         # noqa: BLE001  (a failed check is a result)
+                except BaseException as e:  # noqa: BLE001  (a failed check is a result)
                     if isinstance(e, KeyboardInterrupt):
                         raise
                     results[pt].append(_first_line(e))
@@ -70,13 +72,20 @@ def main(argv: list[str] | None = None) -> int:
 def _write(out: str, head: list[str], load: tuple, results: dict, repeats: int, elapsed: float) -> None:
     done = sum(len(rs) for rs in results.values()) == repeats * len(results)
     la = os.getloadavg()
-    lines = ["# Ctrl-C stress (benchmarks/ctrl_c_stress.py)", "", *head, "",
-             f"{'Finished' if done else 'Still running (the counts so far)'} after {elapsed / 60:.1f} min; "
-             f"{repeats} repeats asked per point; load average (1 min) {load[0]:.2f} at the start, {la[0]:.2f} now. "
-             "Each run: SIGINT to `python -m slurm_router` at the point, "
-             "then the full check of tests/test_requeue_local.py::ctrl_c_at (exit 130, interrupted manifest, "
-             "the task's exit code 75, signal checkpoint or none, resume= bitwise equal).", "",
-             "| point | passed | runs | failures |", "|---|---|---|---|"]
+    lines = [
+        "# Ctrl-C stress (benchmarks/ctrl_c_stress.py)",
+        "",
+        *head,
+        "",
+        f"{'Finished' if done else 'Still running (the counts so far)'} after {elapsed / 60:.1f} min; "
+        f"{repeats} repeats asked per point; load average (1 min) {load[0]:.2f} at the start, {la[0]:.2f} now. "
+        "Each run: SIGINT to `python -m slurm_router` at the point, "
+        "then the full check of tests/test_requeue_local.py::ctrl_c_at (exit 130, interrupted manifest, "
+        "the task's exit code 75, signal checkpoint or none, resume= bitwise equal).",
+        "",
+        "| point | passed | runs | failures |",
+        "|---|---|---|---|",
+    ]
     for pt, rs in results.items():
         fails = sorted({r for r in rs if r is not None})
         lines.append(f"| {pt} | {sum(r is None for r in rs)} | {len(rs)} | {'; '.join(fails) or '-'} |")

@@ -4,6 +4,7 @@ after `warmup` / wall time from the end of step warmup-1 to the end of the last 
     from jobrun import run_job
     r = run_job(["base.enabled=false", "train.steps=40"], tmp, warmup=5)   # {"tokens_per_s": ..., ...}
 """
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,11 @@ import sys
 from pathlib import Path
 
 
-def run_job(overrides: list[str], tmp: Path, warmup: int, threads: int | None = None, env: dict | None = None
-            ) -> dict:
+def run_job(overrides: list[str], tmp: Path, warmup: int, threads: int | None = None, env: dict | None = None) -> dict:
     """Run `python -m slurm_router OVERRIDES run_root=tmp` (one CPU slot); tokens/s over the timed window, the
     useful-token fraction, micro-batches per step (median) and the largest memory peak a step row reported."""
     from slurm_router.worker.cpu import THREADS_ENV
+
     full_env = {**os.environ, **(env or {})}
     if threads:
         full_env[THREADS_ENV] = str(threads)
@@ -33,7 +34,10 @@ def run_job(overrides: list[str], tmp: Path, warmup: int, threads: int | None = 
     real = sum(r["n_tokens"] for r in timed)
     pad = sum(r["n_pad_tokens"] for r in timed)
     peaks = [r["mem_peak_bytes"] for r in timed if r.get("mem_peak_bytes")]
-    return {"tokens_per_s": real / (timed[-1]["time"] - st[warmup - 1]["time"]),
-            "useful_fraction": real / (real + pad),
-            "micro_batches_per_step": statistics.median(sum(r["n_micro"]) for r in timed),
-            "peak_mem_bytes": max(peaks) if peaks else None, "run_dir": str(run_dir)}
+    return {
+        "tokens_per_s": real / (timed[-1]["time"] - st[warmup - 1]["time"]),
+        "useful_fraction": real / (real + pad),
+        "micro_batches_per_step": statistics.median(sum(r["n_micro"]) for r in timed),
+        "peak_mem_bytes": max(peaks) if peaks else None,
+        "run_dir": str(run_dir),
+    }

@@ -8,6 +8,7 @@ The corpus is synthetic with a long tail (lognormal, mean 96 tokens, sigma 1.0, 
 sorts each device's share by length into micro-batches, the packed one lays it end to end in one row.
 Writes benchmarks/results/packed_rows-<device>.md and .json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,15 @@ from jobrun import run_job  # noqa: E402
 from provenance import REPO, header  # noqa: E402
 
 WARMUP = 5
-LONG_TAIL = ["data=synthetic", "data.length_dist=lognormal", "data.mean_len=96", "data.sigma=1.0", "data.min_len=8",
-             "data.max_len=1024", "data.n_samples=4096"]
+LONG_TAIL = [
+    "data=synthetic",
+    "data.length_dist=lognormal",
+    "data.mean_len=96",
+    "data.sigma=1.0",
+    "data.min_len=8",
+    "data.max_len=1024",
+    "data.n_samples=4096",
+]
 
 
 def main() -> None:
@@ -38,37 +46,56 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = ["model=gpt2_small", "model.n_positions=1024"] if device == "cuda" else ["model.n_positions=1024"]
-    common = ["base.enabled=false", *model, *LONG_TAIL, f"train.steps={args.steps + WARMUP}",
-              f"train.global_batch_size={args.batch}", "train.eval_every=0", "train.eval_batches=1",
-              "train.eval_batch_size=4"]
+    common = [
+        "base.enabled=false",
+        *model,
+        *LONG_TAIL,
+        f"train.steps={args.steps + WARMUP}",
+        f"train.global_batch_size={args.batch}",
+        "train.eval_every=0",
+        "train.eval_batches=1",
+        "train.eval_batch_size=4",
+    ]
     tmp = Path(tempfile.mkdtemp(prefix="packed-rows-"))
     runs: dict[str, list[dict]] = {"packed": [], "padded": []}
     for _ in range(args.repeats):
         for mode, flag in (("packed", "true"), ("padded", "false")):
-            runs[mode].append(run_job([*common, f"train.packing={flag}"], tmp, WARMUP,
-                                      threads=None if device == "cuda" else 2))
+            runs[mode].append(
+                run_job([*common, f"train.packing={flag}"], tmp, WARMUP, threads=None if device == "cuda" else 2)
+            )
             print(mode, runs[mode][-1], flush=True)
     med = {m: statistics.median(r["tokens_per_s"] for r in rs) for m, rs in runs.items()}
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     command = f"python benchmarks/packed_rows.py --repeats {args.repeats} --steps {args.steps} --batch {args.batch}"
-    lines = [f"# Packed rows vs padded micro-batches ({gpu or device})", "", *header(command), "",
-             f"{'GPT-2 small, bf16 autocast' if device == 'cuda' else 'gpt2_tiny, fp32, 2 threads'}, LoRA (the "
-             f"model's defaults), batch {args.batch}, long-tailed synthetic lengths ({' '.join(LONG_TAIL[1:])}), "
-             f"{args.steps} timed steps after {WARMUP}; {args.repeats} interleaved runs, median (min-max).", "",
-             "| micro-batches | tokens/s | useful tokens | micro-batches per step | peak memory MiB |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# Packed rows vs padded micro-batches ({gpu or device})",
+        "",
+        *header(command),
+        "",
+        f"{'GPT-2 small, bf16 autocast' if device == 'cuda' else 'gpt2_tiny, fp32, 2 threads'}, LoRA (the "
+        f"model's defaults), batch {args.batch}, long-tailed synthetic lengths ({' '.join(LONG_TAIL[1:])}), "
+        f"{args.steps} timed steps after {WARMUP}; {args.repeats} interleaved runs, median (min-max).",
+        "",
+        "| micro-batches | tokens/s | useful tokens | micro-batches per step | peak memory MiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for mode, rs in runs.items():
         speeds = [r["tokens_per_s"] for r in rs]
         peak = max((r["peak_mem_bytes"] or 0) for r in rs) / 2**20
-        lines.append(f"| {mode} | {med[mode]:,.0f} ({min(speeds):,.0f}-{max(speeds):,.0f}) | "
-                     f"{100 * rs[0]['useful_fraction']:.1f}% | {rs[0]['micro_batches_per_step']:.0f} | {peak:,.0f} |")
-    lines += ["", f"Packed / padded: {med['packed'] / med['padded']:.2f}x tokens/s. Load average (1, 5, 15 min) at "
-              f"the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs."]
+        lines.append(
+            f"| {mode} | {med[mode]:,.0f} ({min(speeds):,.0f}-{max(speeds):,.0f}) | "
+            f"{100 * rs[0]['useful_fraction']:.1f}% | {rs[0]['micro_batches_per_step']:.0f} | {peak:,.0f} |"
+        )
+    lines += [
+        "",
+        f"Packed / padded: {med['packed'] / med['padded']:.2f}x tokens/s. Load average (1, 5, 15 min) at "
+        f"the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs.",
+    ]
     for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
         (folder / f"packed_rows-{device}.md").write_text("\n".join(lines) + "\n")
-        (folder / f"packed_rows-{device}.json").write_text(json.dumps({"device": gpu or device, "runs": runs,
-                                                                       "ratio": med["packed"] / med["padded"]},
-                                                                      indent=1))
+        (folder / f"packed_rows-{device}.json").write_text(
+            json.dumps({"device": gpu or device, "runs": runs, "ratio": med["packed"] / med["padded"]}, indent=1)
+        )
     print("\n".join(lines))
 
 

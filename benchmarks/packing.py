@@ -6,6 +6,7 @@ after another (tasks_per_gpu=1). Aggregate tokens/s = all variants' trained toke
 
 On a machine without a GPU it says so and writes nothing (packing is about idle GPU capacity).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,26 @@ from provenance import REPO, header  # noqa: E402
 
 def run(tasks_per_gpu: int, tmp: Path, batch: int, seq: int, steps: int) -> dict:
     variants = [f"+variants.v{i}.train.lr={1e-4 * (i + 1)}" for i in range(4)]
-    args = [sys.executable, "-m", "slurm_router", "base.enabled=false", "model=gpt2_small", "data=synthetic",
-            "data.length_dist=fixed", f"data.mean_len={seq}", f"data.max_len={seq}", "data.n_samples=4096",
-            f"train.global_batch_size={batch}", f"train.steps={steps}", "train.eval_batches=1",
-            "train.eval_batch_size=4", f"resources.tasks_per_gpu={tasks_per_gpu}", f"run_root={tmp}", *variants]
-    out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"},
-                         cwd=tmp)
+    args = [
+        sys.executable,
+        "-m",
+        "slurm_router",
+        "base.enabled=false",
+        "model=gpt2_small",
+        "data=synthetic",
+        "data.length_dist=fixed",
+        f"data.mean_len={seq}",
+        f"data.max_len={seq}",
+        "data.n_samples=4096",
+        f"train.global_batch_size={batch}",
+        f"train.steps={steps}",
+        "train.eval_batches=1",
+        "train.eval_batch_size=4",
+        f"resources.tasks_per_gpu={tasks_per_gpu}",
+        f"run_root={tmp}",
+        *variants,
+    ]
+    out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"}, cwd=tmp)
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-3000:])
     run_dir = Path(out.stdout.strip().splitlines()[-1].split("run_dir: ", 1)[1])
@@ -38,7 +53,12 @@ def run(tasks_per_gpu: int, tmp: Path, batch: int, seq: int, steps: int) -> dict
         tokens += sum(r["n_tokens"] for r in steps_rows)
         ooms += sum(r.get("oom_retries", 0) for r in steps_rows)
     wall = max(e for _, e in spans) - min(s for s, _ in spans)
-    return {"tasks_per_gpu": tasks_per_gpu, "aggregate_tokens_per_s": tokens / wall, "wall_s": wall, "oom_retries": ooms}
+    return {
+        "tasks_per_gpu": tasks_per_gpu,
+        "aggregate_tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "oom_retries": ooms,
+    }
 
 
 def main() -> None:
@@ -48,6 +68,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the result file into this folder")
     args = ap.parse_args()
     import torch
+
     if not torch.cuda.is_available():
         print("packing benchmark: no GPU here; run it on a machine with one NVIDIA GPU")
         return
@@ -59,15 +80,23 @@ def main() -> None:
         serial, packed = run(1, tmp, batch, seq, args.steps), run(4, tmp, batch, seq, args.steps)
         rows.append((batch, seq, serial, packed))
     command = f"python benchmarks/packing.py --shapes {args.shapes} --steps {args.steps}"
-    lines = [f"# Variant packing ({torch.cuda.get_device_name()})", "", *header(command), "",
-             f"4 GPT-2-small LoRA r16 variants, {args.steps} steps each, one GPU: `resources.tasks_per_gpu=4` "
-             "(packed) against 1 (one after another). Aggregate tokens/s = every variant's trained tokens / wall "
-             "time from the first variant's first step to the last variant's last step.", "",
-             "| batch | one after another tokens/s | packed x4 tokens/s | ratio | OOM retries (packed) |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# Variant packing ({torch.cuda.get_device_name()})",
+        "",
+        *header(command),
+        "",
+        f"4 GPT-2-small LoRA r16 variants, {args.steps} steps each, one GPU: `resources.tasks_per_gpu=4` "
+        "(packed) against 1 (one after another). Aggregate tokens/s = every variant's trained tokens / wall "
+        "time from the first variant's first step to the last variant's last step.",
+        "",
+        "| batch | one after another tokens/s | packed x4 tokens/s | ratio | OOM retries (packed) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for batch, seq, s, p in rows:
-        lines.append(f"| {batch} x {seq} | {s['aggregate_tokens_per_s']:,.0f} | {p['aggregate_tokens_per_s']:,.0f} | "
-                     f"{p['aggregate_tokens_per_s'] / s['aggregate_tokens_per_s']:.2f} | {p['oom_retries']} |")
+        lines.append(
+            f"| {batch} x {seq} | {s['aggregate_tokens_per_s']:,.0f} | {p['aggregate_tokens_per_s']:,.0f} | "
+            f"{p['aggregate_tokens_per_s'] / s['aggregate_tokens_per_s']:.2f} | {p['oom_retries']} |"
+        )
     for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
         (folder / "packing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

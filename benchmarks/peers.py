@@ -15,6 +15,7 @@ Peers: HF Trainer + peft with the random sampler (the job's math: random global 
 with `batch_rebalance` where the installed transformers has it; TRL's SFTTrainer with `padding_free` where
 trl is installed. Writes benchmarks/results/peers-<device>.md and .json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ from provenance import REPO, header  # noqa: E402
 
 WARMUP = 5
 THREADS = 2
-SHAPE = dict(n_layer=2, n_head=4, n_embd=128, vocab=257, n_positions=512)      # conf/model/gpt2_tiny.yaml
+SHAPE = dict(n_layer=2, n_head=4, n_embd=128, vocab=257, n_positions=512)  # conf/model/gpt2_tiny.yaml
 TRAIN = dict(batch=16, lr=5e-3, r=8, alpha=16)
 
 
@@ -54,7 +55,7 @@ def prompt_completion_file(path: Path, limit: int = 4000) -> Path:
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and (doc := ast.get_docstring(node)):
                 args = ", ".join(a.arg for a in node.args.args)
-                rows.append({"prompt": f"def {node.name}({args}):\n    \"\"\"", "completion": doc + "\"\"\"\n"})
+                rows.append({"prompt": f'def {node.name}({args}):\n    """', "completion": doc + '"""\n'})
         if len(rows) >= limit:
             break
     path.write_text("".join(json.dumps(r) + "\n" for r in rows[:limit]), encoding="utf-8")
@@ -74,10 +75,24 @@ def window_rate(step_end_times: list[float], tokens: list[int]) -> float:
 
 # ---- the job (its real command) ---------------------------------------------------------------------------
 def job(corpus: str, pc_path: Path, steps: int, packing: str, tmp: Path) -> dict:
-    return run_job(["base.enabled=false", *data_overrides(corpus, pc_path), f"train.steps={steps}",
-                    f"train.global_batch_size={TRAIN['batch']}", f"train.lr={TRAIN['lr']}", f"model.lora.r={TRAIN['r']}",
-                    f"model.lora.alpha={TRAIN['alpha']}", "train.eval_every=0", "train.eval_batches=1",
-                    "train.eval_batch_size=4", f"train.packing={packing}"], tmp, WARMUP, THREADS)
+    return run_job(
+        [
+            "base.enabled=false",
+            *data_overrides(corpus, pc_path),
+            f"train.steps={steps}",
+            f"train.global_batch_size={TRAIN['batch']}",
+            f"train.lr={TRAIN['lr']}",
+            f"model.lora.r={TRAIN['r']}",
+            f"model.lora.alpha={TRAIN['alpha']}",
+            "train.eval_every=0",
+            "train.eval_batches=1",
+            "train.eval_batch_size=4",
+            f"train.packing={packing}",
+        ],
+        tmp,
+        WARMUP,
+        THREADS,
+    )
 
 
 # ---- the peers (each in a process of its own: python peers.py --peer NAME ...) ---------------------------
@@ -86,9 +101,14 @@ def _samples(corpus: str, pc_path: Path):
     from omegaconf import OmegaConf
 
     from slurm_router.config.schema import DataConfig
-    from slurm_router.train.data import ByteTokenizer, build_corpus
-    cfg = (DataConfig(kind="stdlib") if corpus == "stdlib" else
-           DataConfig(kind="jsonl", path=str(pc_path), prompt_field="prompt", completion_field="completion"))
+    from slurm_router.train.data import build_corpus
+    from slurm_router.train.tokenizer import ByteTokenizer
+
+    cfg = (
+        DataConfig(kind="stdlib")
+        if corpus == "stdlib"
+        else DataConfig(kind="jsonl", path=str(pc_path), prompt_field="prompt", completion_field="completion")
+    )
     tok = ByteTokenizer()
     split = build_corpus(OmegaConf.structured(cfg), tok).train
     return [(split.sample(i).tolist(), split.target_mask(i).tolist()) for i in range(len(split))], tok
@@ -96,18 +116,33 @@ def _samples(corpus: str, pc_path: Path):
 
 def peer(name: str, corpus: str, pc_path: Path, steps: int) -> dict:
     import torch
+
     torch.set_num_threads(THREADS)
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
+
     samples, tok = _samples(corpus, pc_path)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=SHAPE["vocab"], n_positions=SHAPE["n_positions"],
-                                       n_embd=SHAPE["n_embd"], n_layer=SHAPE["n_layer"], n_head=SHAPE["n_head"],
-                                       resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
-    model = get_peft_model(model, LoraConfig(r=TRAIN["r"], lora_alpha=TRAIN["alpha"],
-                                             target_modules=["c_attn", "c_proj"], task_type="CAUSAL_LM"))
-    rows = [{"input_ids": s, "labels": [t if m and j else -100 for j, (t, m) in enumerate(zip(s, mask))]}
-            for s, mask in samples]
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=SHAPE["vocab"],
+            n_positions=SHAPE["n_positions"],
+            n_embd=SHAPE["n_embd"],
+            n_layer=SHAPE["n_layer"],
+            n_head=SHAPE["n_head"],
+            resid_pdrop=0,
+            embd_pdrop=0,
+            attn_pdrop=0,
+        )
+    )
+    model = get_peft_model(
+        model,
+        LoraConfig(r=TRAIN["r"], lora_alpha=TRAIN["alpha"], target_modules=["c_attn", "c_proj"], task_type="CAUSAL_LM"),
+    )
+    rows = [
+        {"input_ids": s, "labels": [t if m and j else -100 for j, (t, m) in enumerate(zip(s, mask))]}
+        for s, mask in samples
+    ]
     ends: list[float] = []
     tokens: list[int] = []
 
@@ -126,42 +161,81 @@ def peer(name: str, corpus: str, pc_path: Path, steps: int) -> dict:
             ids[r, :n], labels[r, :n], mask[r, :n] = torch.tensor(b["input_ids"]), torch.tensor(b["labels"]), 1
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
-    common = dict(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=TRAIN["batch"], max_steps=steps,
-                  learning_rate=TRAIN["lr"], warmup_steps=5, weight_decay=0.0, max_grad_norm=1.0, report_to=[],
-                  save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, seed=0,
-                  disable_tqdm=True)
+    common = dict(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=TRAIN["batch"],
+        max_steps=steps,
+        learning_rate=TRAIN["lr"],
+        warmup_steps=5,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+    )
     if name == "trl padding_free":
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
 
         from slurm_router.train.byte_tokenizer import to_transformers
+
         data = Dataset.from_list([{"input_ids": s, "completion_mask": [int(m) for m in mask]} for s, mask in samples])
-        trainer = SFTTrainer(model=model, args=SFTConfig(padding_free=True, max_length=None,
-                                                         completion_only_loss=corpus != "stdlib",
-                                                         **common),
-                             train_dataset=data, processing_class=to_transformers(tok, SHAPE["n_positions"]),
-                             callbacks=[Clock()])
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(padding_free=True, max_length=None, completion_only_loss=corpus != "stdlib", **common),
+            train_dataset=data,
+            processing_class=to_transformers(tok, SHAPE["n_positions"]),
+            callbacks=[Clock()],
+        )
         original = trainer.data_collator
 
         def counting(batch):
             tokens.append(sum(len(b["input_ids"]) for b in batch))
             return original(batch)
+
         trainer.data_collator = counting
         trainer.train()
     else:
         from transformers import Trainer, TrainingArguments
-        strategy = {"hf random": "random", "hf group_by_length": "group_by_length",
-                    "hf batch_rebalance": "batch_rebalance"}[name]
-        trainer = Trainer(model=model, args=TrainingArguments(train_sampling_strategy=strategy, **common),
-                          train_dataset=rows, data_collator=collate, callbacks=[Clock()])
+
+        strategy = {
+            "hf random": "random",
+            "hf group_by_length": "group_by_length",
+            "hf batch_rebalance": "batch_rebalance",
+        }[name]
+        trainer = Trainer(
+            model=model,
+            args=TrainingArguments(train_sampling_strategy=strategy, **common),
+            train_dataset=rows,
+            data_collator=collate,
+            callbacks=[Clock()],
+        )
         trainer.train()
     # the loader may run one batch ahead of the steps: the first len(ends) batches are the steps'
-    return {"tokens_per_s": window_rate(ends, tokens[:len(ends)]), "steps": len(ends)}
+    return {"tokens_per_s": window_rate(ends, tokens[: len(ends)]), "steps": len(ends)}
 
 
 def run_peer(name: str, corpus: str, pc_path: Path, steps: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--peer", name, "--corpus", corpus, "--pc-path", str(pc_path),
-                          "--steps", str(steps)], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--peer",
+            name,
+            "--corpus",
+            corpus,
+            "--pc-path",
+            str(pc_path),
+            "--steps",
+            str(steps),
+        ],
+        capture_output=True,
+        text=True,
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1][:300]}
@@ -170,6 +244,7 @@ def run_peer(name: str, corpus: str, pc_path: Path, steps: int) -> dict:
 
 def available_peers() -> list[str]:
     from transformers import TrainingArguments
+
     names = ["hf random", "hf group_by_length"]
     if "batch_rebalance" in (TrainingArguments.__doc__ or ""):
         names.append("hf batch_rebalance")
@@ -192,8 +267,10 @@ def main() -> None:
         return
     tmp = Path(tempfile.mkdtemp(prefix="peers-"))
     pc_path = prompt_completion_file(tmp / "prompt_completion.jsonl")
-    configs = {"job, packed (train.packing=true)": lambda c: job(c, pc_path, args.steps, "true", tmp),
-               "job, padded micro-batches (train.packing=false)": lambda c: job(c, pc_path, args.steps, "false", tmp)}
+    configs = {
+        "job, packed (train.packing=true)": lambda c: job(c, pc_path, args.steps, "true", tmp),
+        "job, padded micro-batches (train.packing=false)": lambda c: job(c, pc_path, args.steps, "false", tmp),
+    }
     for name in available_peers():
         configs[name] = lambda c, n=name: run_peer(n, c, pc_path, args.steps)
     corpora = args.corpora.split(",")
@@ -204,12 +281,18 @@ def main() -> None:
                 runs[(c, name)].append(fn(c))
                 print(c, name, runs[(c, name)][-1], flush=True)
     command = f"python benchmarks/peers.py --repeats {args.repeats} --steps {args.steps} --corpora {args.corpora}"
-    lines = ["# The job beside its peers (CPU)", "", *header(command), "",
-             f"GPT-2 shape n_layer={SHAPE['n_layer']} n_embd={SHAPE['n_embd']} (byte vocabulary), LoRA r{TRAIN['r']} "
-             f"alpha {TRAIN['alpha']} on c_attn and c_proj, batch {TRAIN['batch']}, lr {TRAIN['lr']}, {args.steps} "
-             f"steps ({WARMUP} warm-up left out), {THREADS} torch threads on every side; {args.repeats} interleaved "
-             "runs, median (min-max). Tokens/s: real tokens / wall time of the same steps on every side. "
-             "prompt_completion: signatures -> docstrings of the standard library, loss on the completions only.", ""]
+    lines = [
+        "# The job beside its peers (CPU)",
+        "",
+        *header(command),
+        "",
+        f"GPT-2 shape n_layer={SHAPE['n_layer']} n_embd={SHAPE['n_embd']} (byte vocabulary), LoRA r{TRAIN['r']} "
+        f"alpha {TRAIN['alpha']} on c_attn and c_proj, batch {TRAIN['batch']}, lr {TRAIN['lr']}, {args.steps} "
+        f"steps ({WARMUP} warm-up left out), {THREADS} torch threads on every side; {args.repeats} interleaved "
+        "runs, median (min-max). Tokens/s: real tokens / wall time of the same steps on every side. "
+        "prompt_completion: signatures -> docstrings of the standard library, loss on the completions only.",
+        "",
+    ]
     table = {}
     for c in corpora:
         ok = {n: [r["tokens_per_s"] for r in runs[(c, n)] if "tokens_per_s" in r] for n in configs}
@@ -223,18 +306,24 @@ def main() -> None:
             lines.append(f"| {n} | {med:,.0f} ({min(ok[n]):,.0f}-{max(ok[n]):,.0f}) | {base / med:.2f}x |")
             table[f"{c}/{n}"] = {"tokens_per_s": med, "runs": ok[n], "packed_job_ratio": base / med}
         extra = runs[(c, "job, packed (train.packing=true)")][0]
-        lines += ["", f"Packed job: {extra['micro_batches_per_step']:.0f} micro-batch(es) per step, useful tokens "
-                  f"{100 * extra['useful_fraction']:.1f}%; padded job: "
-                  f"{runs[(c, 'job, padded micro-batches (train.packing=false)')][0]['micro_batches_per_step']:.0f} "
-                  f"micro-batches per step, useful "
-                  f"{100 * runs[(c, 'job, padded micro-batches (train.packing=false)')][0]['useful_fraction']:.1f}%.",
-                  ""]
-    lines.append(f"Load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
-                 f"on {os.cpu_count()} CPUs.")
+        lines += [
+            "",
+            f"Packed job: {extra['micro_batches_per_step']:.0f} micro-batch(es) per step, useful tokens "
+            f"{100 * extra['useful_fraction']:.1f}%; padded job: "
+            f"{runs[(c, 'job, padded micro-batches (train.packing=false)')][0]['micro_batches_per_step']:.0f} "
+            f"micro-batches per step, useful "
+            f"{100 * runs[(c, 'job, padded micro-batches (train.packing=false)')][0]['useful_fraction']:.1f}%.",
+            "",
+        ]
+    lines.append(
+        f"Load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
+        f"on {os.cpu_count()} CPUs."
+    )
     out = REPO / "benchmarks" / "results" / "peers-cpu"
     out.with_suffix(".md").write_text("\n".join(lines))
-    out.with_suffix(".json").write_text(json.dumps({"rows": table, "raw": {f"{c}/{n}": v for (c, n), v in
-                                                                          runs.items()}}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps({"rows": table, "raw": {f"{c}/{n}": v for (c, n), v in runs.items()}}, indent=1)
+    )
     print("\n".join(lines))
 
 

@@ -6,6 +6,7 @@ per decision (docs/ARCHITECTURE.md) and reads the state workers report between s
 Writes benchmarks/results/poll_cost-<device>.md and .json: the median per-call wall time of each read over
 REPEATS calls (after WARMUP), and the spread (10th-90th percentile).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,18 +40,25 @@ def per_call_us(read: Callable[[], object]) -> dict:
 def reads(device: str) -> dict[str, Callable[[], object]]:
     if device == "cuda":
         import pynvml
+
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        torch.zeros(1, device="cuda")         # a context and an allocation, as in a training worker
-        return {"torch.cuda.memory_allocated": torch.cuda.memory_allocated,
-                "torch.cuda.max_memory_allocated": torch.cuda.max_memory_allocated,
-                "torch.cuda.mem_get_info": torch.cuda.mem_get_info,
-                "pynvml.nvmlDeviceGetMemoryInfo": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle),
-                "pynvml.nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle)}
+        torch.zeros(1, device="cuda")  # a context and an allocation, as in a training worker
+        return {
+            "torch.cuda.memory_allocated": torch.cuda.memory_allocated,
+            "torch.cuda.max_memory_allocated": torch.cuda.max_memory_allocated,
+            "torch.cuda.mem_get_info": torch.cuda.mem_get_info,
+            "pynvml.nvmlDeviceGetMemoryInfo": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle),
+            "pynvml.nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
+        }
     import psutil
+
     proc = psutil.Process()
-    return {"psutil.Process().memory_info": proc.memory_info, "psutil.virtual_memory": psutil.virtual_memory,
-            "psutil.Process().cpu_percent": lambda: proc.cpu_percent(None)}
+    return {
+        "psutil.Process().memory_info": proc.memory_info,
+        "psutil.virtual_memory": psutil.virtual_memory,
+        "psutil.Process().cpu_percent": lambda: proc.cpu_percent(None),
+    }
 
 
 def main() -> None:
@@ -59,9 +67,16 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = {name: per_call_us(read) for name, read in reads(device).items()}
-    lines = [f"# Telemetry read cost ({device})", "", *header("python benchmarks/poll_cost.py"), "",
-             f"Median wall time per call over {REPEATS} calls after {WARMUP} warm-up calls (10th-90th percentile).",
-             "", "| read | us per call | p10-p90 us |", "|---|---:|---:|"]
+    lines = [
+        f"# Telemetry read cost ({device})",
+        "",
+        *header("python benchmarks/poll_cost.py"),
+        "",
+        f"Median wall time per call over {REPEATS} calls after {WARMUP} warm-up calls (10th-90th percentile).",
+        "",
+        "| read | us per call | p10-p90 us |",
+        "|---|---:|---:|",
+    ]
     lines += [f"| `{n}` | {r['median_us']:.2f} | {r['p10_us']:.2f}-{r['p90_us']:.2f} |" for n, r in rows.items()]
     for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
         (folder / f"poll_cost-{device}.md").write_text("\n".join(lines) + "\n")

@@ -8,6 +8,7 @@ The commit is SLURM_ROUTER_COMMIT where it is set (a device machine's copy of th
 its first GPU results said the session's starting commit; gpu_checks.sh passes the real one on), else
 `git rev-parse HEAD` plus "+dirty" when tracked files differ.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -24,10 +25,16 @@ def commit() -> str:
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown (no git checkout, SLURM_ROUTER_COMMIT unset)"
@@ -37,6 +44,7 @@ def machine() -> str:
     """CPU count and platform, the GPU's name when torch sees one, and torch's version when imported."""
     parts = [f"{os.cpu_count()} CPUs", platform.platform(), f"Python {platform.python_version()}"]
     import sys
+
     torch = sys.modules.get("torch")
     if torch is not None:
         parts.append(f"torch {torch.__version__}")

@@ -7,6 +7,7 @@ Wall clock of the whole command as a user types it (interpreter start-up, import
 base cache and the run roots live in a temporary folder, so your ~/.cache/slurm_router is not touched.
 Writes benchmarks/results/quickstart.md and .json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="fresh + cached pairs (each fresh one with a new cache)")
     args = ap.parse_args()
     command = "python benchmarks/quickstart_time.py" + (f" --repeats {args.repeats}" if args.repeats != 1 else "")
-    head = header(command)              # the commit the runs start from
+    head = header(command)  # the commit the runs start from
     load_before = os.getloadavg()
     fresh, cached = [], []
     with tempfile.TemporaryDirectory(prefix="quickstart_time-") as tmp:
@@ -51,16 +52,32 @@ def main() -> None:
             cached.append(timed_run(cache, Path(tmp) / f"cached-{i}"))
             print(f"repeat {i}: fresh {fresh[-1]:.1f} s, cached {cached[-1]:.1f} s", flush=True)
     load_after = os.getloadavg()
-    res = {"command": command, "header": head, "argv": ["python", "-m", "slurm_router", *COMMAND],
-           "fresh_s": fresh, "cached_s": cached, "fresh_median_s": statistics.median(fresh),
-           "cached_median_s": statistics.median(cached), "load_before": load_before, "load_after": load_after}
-    lines = ["# The first command's wall time (`python -m slurm_router +experiment=lora_ab`)", "", *res["header"], "",
-             f"Load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} before, "
-             f"{'/'.join(f'{x:.2f}' for x in load_after)} after (other work on the machine slows both runs). "
-             f"Median of {args.repeats}; fresh = an empty base cache (the base stage trains, then the two "
-             "variants), cached = the same command again with that cache (the variants only).", "",
-             "| run | wall s |", "|---|---:|",
-             f"| fresh | {res['fresh_median_s']:.0f} |", f"| base cached | {res['cached_median_s']:.0f} |"]
+    res = {
+        "command": command,
+        "header": head,
+        "argv": ["python", "-m", "slurm_router", *COMMAND],
+        "fresh_s": fresh,
+        "cached_s": cached,
+        "fresh_median_s": statistics.median(fresh),
+        "cached_median_s": statistics.median(cached),
+        "load_before": load_before,
+        "load_after": load_after,
+    }
+    lines = [
+        "# The first command's wall time (`python -m slurm_router +experiment=lora_ab`)",
+        "",
+        *res["header"],
+        "",
+        f"Load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} before, "
+        f"{'/'.join(f'{x:.2f}' for x in load_after)} after (other work on the machine slows both runs). "
+        f"Median of {args.repeats}; fresh = an empty base cache (the base stage trains, then the two "
+        "variants), cached = the same command again with that cache (the variants only).",
+        "",
+        "| run | wall s |",
+        "|---|---:|",
+        f"| fresh | {res['fresh_median_s']:.0f} |",
+        f"| base cached | {res['cached_median_s']:.0f} |",
+    ]
     RESULTS.with_suffix(".md").write_text("\n".join(lines) + "\n")
     RESULTS.with_suffix(".json").write_text(json.dumps(res, indent=1))
     print("\n".join(lines))

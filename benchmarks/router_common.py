@@ -6,6 +6,7 @@ divided by its speed, and a step lasts as long as its slowest device. From that:
   useful-token fraction = real tokens / (D * max_d padded tokens_d): 1.0 = no padding and no device waiting
   throughput fraction   = ideal step time / achieved step time, ideal = total cost / sum of speeds
 """
+
 from __future__ import annotations
 
 import datetime
@@ -39,8 +40,9 @@ def gpt2_small_memory() -> MemoryModel:
     return MemoryModel.from_model_sizes(124_000_000, 124_000_000, 768, 12, 50257)
 
 
-def fleet(speeds: list[float], total_bytes: int = 80 * GIB, headroom: float = 0.85,
-          free_bytes: int | None = None) -> list[DeviceState]:
+def fleet(
+    speeds: list[float], total_bytes: int = 80 * GIB, headroom: float = 0.85, free_bytes: int | None = None
+) -> list[DeviceState]:
     """Equal H100-like devices (80 GiB) unless told otherwise; free memory = total minus ~10% in use."""
     free = int(total_bytes * 0.9) if free_bytes is None else free_bytes
     return [DeviceState(d, s, int(headroom * total_bytes), free) for d, s in enumerate(speeds)]
@@ -93,5 +95,17 @@ def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-__all__ = ["POLICIES", "pools", "gpt2_small_memory", "fleet", "useful_fraction", "throughput_fraction",
-           "microbatches_per_device", "machine_info", "busy_wait_ns", "median", "mean", "sample_batches"]
+__all__ = [
+    "POLICIES",
+    "pools",
+    "gpt2_small_memory",
+    "fleet",
+    "useful_fraction",
+    "throughput_fraction",
+    "microbatches_per_device",
+    "machine_info",
+    "busy_wait_ns",
+    "median",
+    "mean",
+    "sample_batches",
+]

@@ -8,6 +8,7 @@ it). Without that file the polling columns are left out. Our routers read teleme
 
     python benchmarks/router_decision_cost.py
 """
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,11 @@ from router_common import POLICIES, busy_wait_ns, fleet, gpt2_small_memory, medi
 
 from slurm_router.router import Router, RouterSettings
 
-SHAPES = ((4, 32), (64, 1024))        # (devices, samples per global batch)
+SHAPES = ((4, 32), (64, 1024))  # (devices, samples per global batch)
 TARGET_US = {(4, 32): 50.0, (64, 1024): 1000.0}
 POLL_COST_FILE = Path(__file__).resolve().parent / "results" / "poll_cost-cuda.json"
-POLL_READS = ("torch.cuda.memory_allocated", "pynvml.nvmlDeviceGetMemoryInfo")   # the tutorial's read, NVML's
-MEASURE_BUDGET_NS = 200_000_000         # a polling plan that would take longer is extrapolated (calls x cost)
+POLL_READS = ("torch.cuda.memory_allocated", "pynvml.nvmlDeviceGetMemoryInfo")  # the tutorial's read, NVML's
+MEASURE_BUDGET_NS = 200_000_000  # a polling plan that would take longer is extrapolated (calls x cost)
 
 
 def poll_costs(path: Path = POLL_COST_FILE) -> dict | None:
@@ -34,13 +35,16 @@ def poll_costs(path: Path = POLL_COST_FILE) -> dict | None:
     rows = json.loads(path.read_text())["rows"]
     md = path.with_suffix(".md")
     m = re.search(r"^Machine: ([^,\n]+)", md.read_text(), re.M) if md.exists() else None
-    return {"file": str(path.relative_to(path.parents[2])), "device": m.group(1).strip() if m else "unknown",
-            "reads": {r: rows[r]["median_us"] for r in POLL_READS if r in rows}}
+    return {
+        "file": str(path.relative_to(path.parents[2])),
+        "device": m.group(1).strip() if m else "unknown",
+        "reads": {r: rows[r]["median_us"] for r in POLL_READS if r in rows},
+    }
 
 
 def _time_plans(router: Router, batches: list[list[int]], devices, reps: int) -> float:
     ids = list(range(len(batches[0])))
-    for b in batches[:3]:                 # warm caches / first-call costs out of the figure
+    for b in batches[:3]:  # warm caches / first-call costs out of the figure
         router.plan(ids, b, devices)
     samples = []
     for i in range(reps):
@@ -51,8 +55,9 @@ def _time_plans(router: Router, batches: list[list[int]], devices, reps: int) ->
     return median(samples) / 1000.0
 
 
-def poll_per_decision_plan(lengths: list[int], n_devices: int, polls_per_decision: int,
-                           poll_ns: int) -> list[list[int]]:
+def poll_per_decision_plan(
+    lengths: list[int], n_devices: int, polls_per_decision: int, poll_ns: int
+) -> list[list[int]]:
     """least_loaded with a (simulated, poll_ns each) GPU memory query per device per sample, the anti-pattern."""
     given = [0] * n_devices
     bins: list[list[int]] = [[] for _ in range(n_devices)]
@@ -83,8 +88,10 @@ def run(fast: bool = False) -> dict:
         if polls is not None:
             lengths = sample_batches(pool, n, 1, seed=7)[0]
             for read, us in polls["reads"].items():
-                row[f"poll/{read}"] = {"once": _poll_plan_us(lengths, n_dev, 1, us),
-                                       "every_device": _poll_plan_us(lengths, n_dev, n_dev, us)}
+                row[f"poll/{read}"] = {
+                    "once": _poll_plan_us(lengths, n_dev, 1, us),
+                    "every_device": _poll_plan_us(lengths, n_dev, n_dev, us),
+                }
         rows.append(row)
     return {"rows": rows, "poll_costs": polls}
 
@@ -104,26 +111,38 @@ def to_markdown(res: dict) -> str:
     polls = res["poll_costs"]
     reads = list(polls["reads"]) if polls else []
     head = " | ".join(f"poll `{r.split('.')[-1]}` 1x / every device per sample" for r in reads)
-    lines = ["## Decision cost (median us per global batch, pure Python, GPT-2-small memory model, "
-             "equal 80 GiB devices)", "",
-             "| D x batch | target | " + " | ".join(f"{p} (lognormal / stdlib)" for p in POLICIES)
-             + (" | " + head if head else "") + " |",
-             "|---|---:|" + "---:|" * (len(POLICIES) + len(reads))]
+    lines = [
+        "## Decision cost (median us per global batch, pure Python, GPT-2-small memory model, equal 80 GiB devices)",
+        "",
+        "| D x batch | target | "
+        + " | ".join(f"{p} (lognormal / stdlib)" for p in POLICIES)
+        + (" | " + head if head else "")
+        + " |",
+        "|---|---:|" + "---:|" * (len(POLICIES) + len(reads)),
+    ]
     for r in res["rows"]:
         cells = " | ".join(f"{r[p + '/lognormal']:.0f} / {r[p + '/stdlib']:.0f}" for p in POLICIES)
         for read in reads:
-            cells += " | " + " / ".join(f"{c['us']:,.0f}" + ("" if c["measured"] else " (extrapolated)")
-                                        for c in (r[f"poll/{read}"]["once"], r[f"poll/{read}"]["every_device"]))
+            cells += " | " + " / ".join(
+                f"{c['us']:,.0f}" + ("" if c["measured"] else " (extrapolated)")
+                for c in (r[f"poll/{read}"]["once"], r[f"poll/{read}"]["every_device"])
+            )
         lines.append(f"| {r['devices']} x {r['batch']} | <= {r['target_us']:.0f} | {cells} |")
     if polls:
         costs = ", ".join(f"`{read}` {us:.1f} us" for read, us in polls["reads"].items())
-        lines += ["", f"Polling columns: least_loaded that reads the device's memory before each sample's decision "
-                  f"(once, or once per device), each read a busy-wait of the per-call cost measured on "
-                  f"{polls['device']} ({polls['file']}, median: {costs}); extrapolated = calls x that cost where "
-                  f"measuring would take over {MEASURE_BUDGET_NS / 1e9:g} s."]
+        lines += [
+            "",
+            f"Polling columns: least_loaded that reads the device's memory before each sample's decision "
+            f"(once, or once per device), each read a busy-wait of the per-call cost measured on "
+            f"{polls['device']} ({polls['file']}, median: {costs}); extrapolated = calls x that cost where "
+            f"measuring would take over {MEASURE_BUDGET_NS / 1e9:g} s.",
+        ]
     else:
-        lines += ["", f"No polling columns: {POLL_COST_FILE.name} is missing (a GPU writes it: "
-                  "`python benchmarks/poll_cost.py`)."]
+        lines += [
+            "",
+            f"No polling columns: {POLL_COST_FILE.name} is missing (a GPU writes it: "
+            "`python benchmarks/poll_cost.py`).",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ same noise shape at 4 to 64 devices.
 Writes benchmarks/results/router_noise.md and .json. Figures from a shared 2-core box: the load average is
 recorded with them (see the results file).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,27 @@ from slurm_router.router import Router, RouterSettings
 from slurm_router.router.speed_model import make_speed_model
 
 MODELS = ("robust", "ema", "none")
-ORDER = MODELS + MODELS[::-1]          # identical workers, mirrored: robust, ema, none, none, ema, robust
-COMMON = ["base.enabled=false", "train.warmup_steps=0", "train.eval_every=0", "train.eval_batches=1",
-          "train.eval_batch_size=4", "data=synthetic", "data.sigma=1.0", "data.n_samples=4096", "router=balanced"]
+ORDER = MODELS + MODELS[::-1]  # identical workers, mirrored: robust, ema, none, none, ema, robust
+COMMON = [
+    "base.enabled=false",
+    "train.warmup_steps=0",
+    "train.eval_every=0",
+    "train.eval_batches=1",
+    "train.eval_batch_size=4",
+    "data=synthetic",
+    "data.sigma=1.0",
+    "data.n_samples=4096",
+    "router=balanced",
+]
 IDENTICAL = ["resources.devices_per_task=4", "launcher.cpu_slots=4", "train.global_batch_size=32"]
-SLOWDOWN = ["resources.devices_per_task=2", "launcher.cpu_slots=2", "train.global_batch_size=32",
-            "router.device_slowdown=[1,2]"]
-LEARNED_WITHIN = 1.25                  # "learned": the planned speed ratio within 25% of the measured one ...
-LEARNED_FOR = 3                        # ... for 3 steps in a row (the load of a shared machine moves the truth)
+SLOWDOWN = [
+    "resources.devices_per_task=2",
+    "launcher.cpu_slots=2",
+    "train.global_batch_size=32",
+    "router.device_slowdown=[1,2]",
+]
+LEARNED_WITHIN = 1.25  # "learned": the planned speed ratio within 25% of the measured one ...
+LEARNED_FOR = 3  # ... for 3 steps in a row (the load of a shared machine moves the truth)
 
 
 def load_average() -> tuple[float, float, float]:
@@ -54,8 +68,14 @@ def load_average() -> tuple[float, float, float]:
 def real_run(root: Path, model: str, extra: list[str], steps: int) -> list[dict]:
     """One real run; its step rows (rank 0's events: every device's planned cost, busy time, planned speed)."""
     args = [*COMMON, *extra, f"train.steps={steps}", f"router.speed_model={model}", f"run_root={root}"]
-    proc = subprocess.run([sys.executable, "-m", "slurm_router", *args], cwd=root, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_router", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"run with router.speed_model={model} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run_dir: "))
@@ -65,32 +85,38 @@ def real_run(root: Path, model: str, extra: list[str], steps: int) -> list[dict]
 
 def identical_metrics(rows: list[dict]) -> dict:
     planned = [r["planned_cost"] for r in rows]
-    speeds = [r["speed"] for r in rows[1:]]          # step 0 plans before any observation
+    speeds = [r["speed"] for r in rows[1:]]  # step 0 plans before any observation
     busy = [r["busy_s_all"] for r in rows]
-    return {"cost_balance": mean([max(c) * len(c) / sum(c) for c in planned]),
-            "cost_spread_max": max(max(c) / min(c) for c in planned),
-            "speed_spread": mean([max(s) / min(s) for s in speeds]),
-            "speed_spread_max": max(max(s) / min(s) for s in speeds),
-            "time_balance": mean([max(b) * len(b) / sum(b) for b in busy]),
-            "step_s": median([max(b) for b in busy]),
-            "tokens_per_s": sum(r["n_tokens"] for r in rows) / sum(r["t_step_s"] for r in rows)}
+    return {
+        "cost_balance": mean([max(c) * len(c) / sum(c) for c in planned]),
+        "cost_spread_max": max(max(c) / min(c) for c in planned),
+        "speed_spread": mean([max(s) / min(s) for s in speeds]),
+        "speed_spread_max": max(max(s) / min(s) for s in speeds),
+        "time_balance": mean([max(b) * len(b) / sum(b) for b in busy]),
+        "step_s": median([max(b) for b in busy]),
+        "tokens_per_s": sum(r["n_tokens"] for r in rows) / sum(r["t_step_s"] for r in rows),
+    }
 
 
 def slowdown_metrics(rows: list[dict]) -> dict:
     """True speeds = each device's median observed cost / busy second over the run's second half (a device's
     cost per second depends a little on its share: a fixed cost per micro-batch weighs more on a small share);
     throughput / ideal per step = (total cost / sum of true speeds) / the slowest device's busy time."""
-    obs = [[c / b for c, b in zip(r["planned_cost"], r["busy_s_all"])] for r in rows[len(rows) // 2:]]
+    obs = [[c / b for c, b in zip(r["planned_cost"], r["busy_s_all"])] for r in rows[len(rows) // 2 :]]
     true = [median([o[d] for o in obs]) for d in range(2)]
     truth = true[1] / true[0]
     ratios = [r["speed"][1] / r["speed"][0] for r in rows]
     ok = [abs(math.log(x / truth)) <= math.log(LEARNED_WITHIN) for x in ratios]
-    learned = next((s for s in range(len(ok) - LEARNED_FOR + 1) if all(ok[s:s + LEARNED_FOR])), None)
+    learned = next((s for s in range(len(ok) - LEARNED_FOR + 1) if all(ok[s : s + LEARNED_FOR])), None)
     thr = [(sum(r["planned_cost"]) / sum(true)) / max(r["busy_s_all"]) for r in rows]
-    return {"measured_ratio": truth, "learned_at_step": learned, "throughput": mean(thr[5:]),
-            "throughput_all": mean(thr), "share_slow": mean([r["planned_cost"][1] / sum(r["planned_cost"])
-                                                             for r in rows[5:]]),
-            "time_balance": mean([max(r["busy_s_all"]) * 2 / sum(r["busy_s_all"]) for r in rows[5:]])}
+    return {
+        "measured_ratio": truth,
+        "learned_at_step": learned,
+        "throughput": mean(thr[5:]),
+        "throughput_all": mean(thr),
+        "share_slow": mean([r["planned_cost"][1] / sum(r["planned_cost"]) for r in rows[5:]]),
+        "time_balance": mean([max(r["busy_s_all"]) * 2 / sum(r["busy_s_all"]) for r in rows[5:]]),
+    }
 
 
 def _pool(runs: list[dict]) -> dict:
@@ -176,78 +202,122 @@ def simulation(seeds: int = 5) -> list[dict]:
                 ratio = [sp[-1] * (n_dev - 1) / sum(sp[:-1]) for sp, _, _ in run]
                 ok = [abs(math.log(r / 0.5)) <= math.log(LEARNED_WITHIN) for r in ratio]
                 mid.append(next((t - 20 for t in range(20, len(ok)) if all(ok[t:])), None))
-            row[model] = {"speed_spread": mean([max(sp) / min(sp) for sp, _, _ in ident]),
-                          "cost_balance": mean([max(c) * n_dev / sum(c) for _, c, _ in ident]),
-                          "learn_steps": learn, "throughput": mean(thr), "follow_steps": mid}
+            row[model] = {
+                "speed_spread": mean([max(sp) / min(sp) for sp, _, _ in ident]),
+                "cost_balance": mean([max(c) * n_dev / sum(c) for _, c, _ in ident]),
+                "learn_steps": learn,
+                "throughput": mean(thr),
+                "follow_steps": mid,
+            }
         rows.append(row)
     return rows
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
 def _steps(xs) -> str:
-    return "never" if xs is None else str(xs) if not isinstance(xs, list) else \
-        ", ".join("never" if x is None else str(x) for x in xs)
+    return (
+        "never"
+        if xs is None
+        else str(xs)
+        if not isinstance(xs, list)
+        else ", ".join("never" if x is None else str(x) for x in xs)
+    )
 
 
 def to_markdown(res: dict) -> str:
     m = res["machine"]
     la0, la1 = res["load_before"], res["load_after"]
-    lines = ["# Speed models side by side (router.speed_model)", "", *res["header"], "",
-             f"{res['wall_s']:.0f} s. Load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} before, "
-             f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine meets the real runs).", "",
-             f"Real runs: gpt2_tiny, data=synthetic sigma=1.0 (heavy-tailed lengths), global batch 32, "
-             f"{res['steps']} steps per run of identical workers (every model twice, in the order "
-             f"{', '.join(ORDER)}: the mean of its two runs, the max for the max columns), {res['slow_steps']} "
-             "steps per run with a slow one (once per model). Busy time = a worker's time from the step's start "
-             "to the end of its micro-batches.", "",
-             f"## Identical workers ({res['identical_devices']} CPU workers on {m['cpu_count']} cores)", "",
-             "speed spread = max/min of the speeds the plan used (1.00 = all equal); cost balance = max/mean planned "
-             "cost (the speed-blind `none` shows the floor set by indivisible samples); time balance = max/mean "
-             "busy time per step (what the step waits for).", "",
-             "| speed model | speed spread mean / max | cost balance mean | planned cost max/min (worst step) | "
-             "time balance mean | step s (median) | tokens/s |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Speed models side by side (router.speed_model)",
+        "",
+        *res["header"],
+        "",
+        f"{res['wall_s']:.0f} s. Load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} before, "
+        f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine meets the real runs).",
+        "",
+        f"Real runs: gpt2_tiny, data=synthetic sigma=1.0 (heavy-tailed lengths), global batch 32, "
+        f"{res['steps']} steps per run of identical workers (every model twice, in the order "
+        f"{', '.join(ORDER)}: the mean of its two runs, the max for the max columns), {res['slow_steps']} "
+        "steps per run with a slow one (once per model). Busy time = a worker's time from the step's start "
+        "to the end of its micro-batches.",
+        "",
+        f"## Identical workers ({res['identical_devices']} CPU workers on {m['cpu_count']} cores)",
+        "",
+        "speed spread = max/min of the speeds the plan used (1.00 = all equal); cost balance = max/mean planned "
+        "cost (the speed-blind `none` shows the floor set by indivisible samples); time balance = max/mean "
+        "busy time per step (what the step waits for).",
+        "",
+        "| speed model | speed spread mean / max | cost balance mean | planned cost max/min (worst step) | "
+        "time balance mean | step s (median) | tokens/s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for model in MODELS:
         r = res["identical"][model]
-        lines.append(f"| {model} | {r['speed_spread']:.3f} / {r['speed_spread_max']:.2f} | {r['cost_balance']:.3f} | "
-                     f"{r['cost_spread_max']:.2f} | {r['time_balance']:.3f} | {r['step_s']:.3f} | "
-                     f"{r['tokens_per_s']:.0f} |")
-    lines += ["", "## A real 2x slowdown (`router.device_slowdown=[1,2]`, 2 workers)", "",
-              f"learned at step = the first step from which the planned speed ratio is within "
-              f"{LEARNED_WITHIN - 1:.0%} of the measured one for {LEARNED_FOR} steps in a row (the plan of step s "
-              "has seen steps 0..s-1; per run; "
-              "measured = median cost per busy second over the run's second half); "
-              "throughput / ideal = (total cost / sum of measured speeds) / the slowest worker's busy time, "
-              "steps 5 on; slow share = the slow worker's share of planned cost (1/3 is ideal).", "",
-              "| speed model | measured speed ratio | learned at step | throughput / ideal | slow share | "
-              "time balance |", "|---|---:|---|---:|---:|---:|"]
+        lines.append(
+            f"| {model} | {r['speed_spread']:.3f} / {r['speed_spread_max']:.2f} | {r['cost_balance']:.3f} | "
+            f"{r['cost_spread_max']:.2f} | {r['time_balance']:.3f} | {r['step_s']:.3f} | "
+            f"{r['tokens_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "## A real 2x slowdown (`router.device_slowdown=[1,2]`, 2 workers)",
+        "",
+        f"learned at step = the first step from which the planned speed ratio is within "
+        f"{LEARNED_WITHIN - 1:.0%} of the measured one for {LEARNED_FOR} steps in a row (the plan of step s "
+        "has seen steps 0..s-1; per run; "
+        "measured = median cost per busy second over the run's second half); "
+        "throughput / ideal = (total cost / sum of measured speeds) / the slowest worker's busy time, "
+        "steps 5 on; slow share = the slow worker's share of planned cost (1/3 is ideal).",
+        "",
+        "| speed model | measured speed ratio | learned at step | throughput / ideal | slow share | time balance |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
     for model in MODELS:
         r = res["slowdown"][model]
-        lines.append(f"| {model} | {r['measured_ratio']:.2f} | {_steps(r['learned_each'])} | {r['throughput']:.3f} | "
-                     f"{r['share_slow']:.3f} | {r['time_balance']:.3f} |")
+        lines.append(
+            f"| {model} | {r['measured_ratio']:.2f} | {_steps(r['learned_each'])} | {r['throughput']:.3f} | "
+            f"{r['share_slow']:.3f} | {r['time_balance']:.3f} |"
+        )
     n_tr = {k: len(v) for k, v in res["traces"].items()}
-    lines += ["", f"## Replay: every model on the same recorded timings ({n_tr['identical']} runs of identical "
-              f"workers, {n_tr['slowdown']} with a slow one)", "",
-              "The live figures above compare runs that met different load on a shared machine. Here each "
-              "model plans, step by step, against the per-device speeds recorded in all the runs of a kind "
-              "(fluid shares in proportion to its speeds; a step's time per device = share / that step's observed "
-              "speed; steps 5 on).", "",
-              "| speed model | identical: time balance | identical: throughput / ideal | slowdown: time balance | "
-              "slowdown: throughput / ideal |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"## Replay: every model on the same recorded timings ({n_tr['identical']} runs of identical "
+        f"workers, {n_tr['slowdown']} with a slow one)",
+        "",
+        "The live figures above compare runs that met different load on a shared machine. Here each "
+        "model plans, step by step, against the per-device speeds recorded in all the runs of a kind "
+        "(fluid shares in proportion to its speeds; a step's time per device = share / that step's observed "
+        "speed; steps 5 on).",
+        "",
+        "| speed model | identical: time balance | identical: throughput / ideal | slowdown: time balance | "
+        "slowdown: throughput / ideal |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for model in MODELS:
         a, b = res["replay"]["identical"][model], res["replay"]["slowdown"][model]
-        lines.append(f"| {model} | {a['time_balance']:.3f} | {a['throughput']:.3f} | {b['time_balance']:.3f} | "
-                     f"{b['throughput']:.3f} |")
-    lines += ["", "## Simulation (cost model, seeded noise of tests/test_speed_model.py, 8 samples per device)", "",
-              "identical: speed spread and cost balance, steps 5-39, 5 seeds; 2x: one device at half speed from the "
-              "start (steps until learned, per seed; throughput / ideal, steps 5 on); mid-run: it slows at step 20 "
-              "(steps after the change until learned, per seed).", "",
-              "| D | speed model | identical: speed spread | identical: cost balance | 2x: learned at step | "
-              "2x: throughput / ideal | mid-run: followed after |", "|---:|---|---:|---:|---|---:|---|"]
+        lines.append(
+            f"| {model} | {a['time_balance']:.3f} | {a['throughput']:.3f} | {b['time_balance']:.3f} | "
+            f"{b['throughput']:.3f} |"
+        )
+    lines += [
+        "",
+        "## Simulation (cost model, seeded noise of tests/test_speed_model.py, 8 samples per device)",
+        "",
+        "identical: speed spread and cost balance, steps 5-39, 5 seeds; 2x: one device at half speed from the "
+        "start (steps until learned, per seed; throughput / ideal, steps 5 on); mid-run: it slows at step 20 "
+        "(steps after the change until learned, per seed).",
+        "",
+        "| D | speed model | identical: speed spread | identical: cost balance | 2x: learned at step | "
+        "2x: throughput / ideal | mid-run: followed after |",
+        "|---:|---|---:|---:|---|---:|---|",
+    ]
     for row in res["simulation"]:
         for model in MODELS:
             r = row[model]
-            lines.append(f"| {row['devices']} | {model} | {r['speed_spread']:.3f} | {r['cost_balance']:.3f} | "
-                         f"{_steps(r['learn_steps'])} | {r['throughput']:.3f} | {_steps(r['follow_steps'])} |")
+            lines.append(
+                f"| {row['devices']} | {model} | {r['speed_spread']:.3f} | {r['cost_balance']:.3f} | "
+                f"{_steps(r['learn_steps'])} | {r['throughput']:.3f} | {_steps(r['follow_steps'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -260,11 +330,19 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     command = "python benchmarks/router_noise.py" + "".join(
-        f" --{k.replace('_', '-')} {v}" for k, v, d in (("steps", args.steps, 40), ("slow_steps", args.slow_steps, 25))
-        if v != d)
-    res = {"command": command, "header": header(command), "machine": machine_info(), "load_before": load_average(),
-           "steps": args.steps,
-           "slow_steps": args.slow_steps, "identical_devices": 4}
+        f" --{k.replace('_', '-')} {v}"
+        for k, v, d in (("steps", args.steps, 40), ("slow_steps", args.slow_steps, 25))
+        if v != d
+    )
+    res = {
+        "command": command,
+        "header": header(command),
+        "machine": machine_info(),
+        "load_before": load_average(),
+        "steps": args.steps,
+        "slow_steps": args.slow_steps,
+        "identical_devices": 4,
+    }
     if not args.no_real:
         ident: dict[str, list] = {m: [] for m in MODELS}
         slow: dict[str, list] = {m: [] for m in MODELS}
@@ -289,7 +367,7 @@ def main() -> None:
     res["simulation"] = simulation()
     res["load_after"] = load_average()
     res["wall_s"] = time.perf_counter() - t0
-    if args.no_real:                  # a quick look: nothing written
+    if args.no_real:  # a quick look: nothing written
         print(json.dumps(res["simulation"], indent=1))
         return
     out = Path(args.out)

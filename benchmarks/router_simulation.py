@@ -8,6 +8,7 @@ generation in the same job). 8 samples per device (lognormal lengths). Figures p
 
     python benchmarks/router_simulation.py
 """
+
 from __future__ import annotations
 
 import time
@@ -49,14 +50,20 @@ def run() -> dict:
 
 
 def to_markdown(res: dict) -> str:
-    lines = [f"## Simulation at scale ({res['per_device']} samples per device, lognormal lengths; "
-             "ratio = max/mean of cost/speed, throughput = ideal/achieved with padding as work, plan ms = "
-             "median time of one plan)", "",
-             "| fleet | D | " + " | ".join(f"{p} ratio / throughput / plan ms" for p in POLICIES) + " |",
-             "|---|---:|" + "---|" * len(POLICIES)]
+    lines = [
+        f"## Simulation at scale ({res['per_device']} samples per device, lognormal lengths; "
+        "ratio = max/mean of cost/speed, throughput = ideal/achieved with padding as work, plan ms = "
+        "median time of one plan)",
+        "",
+        "| fleet | D | " + " | ".join(f"{p} ratio / throughput / plan ms" for p in POLICIES) + " |",
+        "|---|---:|" + "---|" * len(POLICIES),
+    ]
     for r in res["rows"]:
-        lines.append(f"| {r['fleet']} | {r['devices']} | " + " | ".join(
-            f"{r[p]['ratio']:.3f} / {r[p]['throughput']:.3f} / {r[p]['plan_ms']:.2f}" for p in POLICIES) + " |")
+        lines.append(
+            f"| {r['fleet']} | {r['devices']} | "
+            + " | ".join(f"{r[p]['ratio']:.3f} / {r[p]['throughput']:.3f} / {r[p]['plan_ms']:.2f}" for p in POLICIES)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

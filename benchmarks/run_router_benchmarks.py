@@ -3,6 +3,7 @@ the memory benchmark trains real CPU micro-batches; the rest is the cost model).
 
     python benchmarks/run_router_benchmarks.py [--fast]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,36 +33,65 @@ def _targets(res: dict) -> list[tuple[str, str, bool]]:
         rs = [r for r in rows8 if r["lengths"] == pool]
         worst = max(r["balanced"]["ratio"] for r in rs)
         best = max(r["best_possible_ratio"] for r in rs)
-        out.append((f"balanced ratio <= 1.02 at 8 samples/device, {pool}",
-                    f"{worst:.3f} worst mean over D (best possible by lower bound: {best:.3f})", worst <= 1.02))
+        out.append(
+            (
+                f"balanced ratio <= 1.02 at 8 samples/device, {pool}",
+                f"{worst:.3f} worst mean over D (best possible by lower bound: {best:.3f})",
+                worst <= 1.02,
+            )
+        )
         useful = min(r["balanced"]["useful"] for r in rs)
         rr = mean_of(r["round_robin"]["useful"] for r in rs)
-        out.append((f"balanced useful-token fraction >= 0.95 at 8 samples/device, {pool}",
-                    f"{useful:.3f} lowest (round_robin {rr:.3f})", useful >= 0.95))
+        out.append(
+            (
+                f"balanced useful-token fraction >= 0.95 at 8 samples/device, {pool}",
+                f"{useful:.3f} lowest (round_robin {rr:.3f})",
+                useful >= 0.95,
+            )
+        )
     for r in res["heterogeneity"]["rows"]:
         if r["fleet"] in ("1 : 0.5", "1 : 1 : 0.5 : 0.25"):
             v = r["balanced"]["learned"]
-            out.append((f"balanced throughput >= 0.95 of ideal, speeds {r['fleet']}, {r['lengths'].split()[0]}",
-                        f"{v:.3f} learned, {r['balanced']['oracle']:.3f} oracle "
-                        f"(round_robin {r['round_robin']['oracle']:.3f})", v >= 0.95))
+            out.append(
+                (
+                    f"balanced throughput >= 0.95 of ideal, speeds {r['fleet']}, {r['lengths'].split()[0]}",
+                    f"{v:.3f} learned, {r['balanced']['oracle']:.3f} oracle "
+                    f"(round_robin {r['round_robin']['oracle']:.3f})",
+                    v >= 0.95,
+                )
+            )
     for r in res["decision_cost"]["rows"]:
         for src in ("lognormal", "stdlib"):
             v = r[f"balanced/{src}"]
-            out.append((f"balanced plan <= {r['target_us']:.0f} us at {r['devices']} x {r['batch']}, {src}",
-                        f"{v:.0f} us", v <= r["target_us"]))
+            out.append(
+                (
+                    f"balanced plan <= {r['target_us']:.0f} us at {r['devices']} x {r['batch']}, {src}",
+                    f"{v:.0f} us",
+                    v <= r["target_us"],
+                )
+            )
     mem = {r["policy"]: r for r in res["memory"]["sim"]["rows"]}
     b, static = mem["balanced"], mem["round_robin (static, no memory model)"]
-    out.append(("memory: balanced finishes with no out-of-memory failure reaching the user (capped devices, "
-                "static split beside it)",
-                f"{b['failed_samples']} failed, {b['ooms_first_steps'] + b['ooms_after_warmup']} retried "
-                f"(static: {static['ooms_first_steps'] + static['ooms_after_warmup']} OOMs)",
-                b["failed_samples"] == 0))
+    out.append(
+        (
+            "memory: balanced finishes with no out-of-memory failure reaching the user (capped devices, "
+            "static split beside it)",
+            f"{b['failed_samples']} failed, {b['ooms_first_steps'] + b['ooms_after_warmup']} retried "
+            f"(static: {static['ooms_first_steps'] + static['ooms_after_warmup']} OOMs)",
+            b["failed_samples"] == 0,
+        )
+    )
     s = router_memory.summary(res["memory"])
-    out.append(("memory: refit predicted peak within 10% of the measured allocator peak (leave one out, every "
-                "config and shape, worst)",
-                f"{100 * s['refit']['max']:.1f}% worst, {100 * s['refit']['median']:.1f}% median over "
-                f"{s['n_shapes']} shapes (the seed before any observation: {100 * s['seed']['max']:.1f}% worst, "
-                f"{100 * s['seed']['median']:.1f}% median)", s["refit"]["max"] <= 0.10))
+    out.append(
+        (
+            "memory: refit predicted peak within 10% of the measured allocator peak (leave one out, every "
+            "config and shape, worst)",
+            f"{100 * s['refit']['max']:.1f}% worst, {100 * s['refit']['median']:.1f}% median over "
+            f"{s['n_shapes']} shapes (the seed before any observation: {100 * s['seed']['max']:.1f}% worst, "
+            f"{100 * s['seed']['median']:.1f}% median)",
+            s["refit"]["max"] <= 0.10,
+        )
+    )
     return out
 
 
@@ -88,24 +118,39 @@ def main() -> None:
     res["load_after"] = os.getloadavg()
 
     la0, la1 = res["load_before"], res["load_after"]
-    md = ["# Router benchmarks", "", *res["header"], "",
-          f"Whole suite {res['wall_s']:.0f} s; load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} "
-          f"before, {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine slows the timed "
-          "figures: plan times, decision cost).", "",
-          "Figures come from the cost model (no processes, no GPU): a device's time is the padded tokens "
-          "(or cost) of its micro-batches over its speed, a step lasts as long as its slowest device; except the "
-          "memory section's measured peaks (real CPU micro-batches). Default RouterSettings throughout "
-          "(microbatch_overhead_tokens=16).", "",
-          "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    md = [
+        "# Router benchmarks",
+        "",
+        *res["header"],
+        "",
+        f"Whole suite {res['wall_s']:.0f} s; load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} "
+        f"before, {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine slows the timed "
+        "figures: plan times, decision cost).",
+        "",
+        "Figures come from the cost model (no processes, no GPU): a device's time is the padded tokens "
+        "(or cost) of its micro-batches over its speed, a step lasts as long as its slowest device; except the "
+        "memory section's measured peaks (real CPU micro-batches). Default RouterSettings throughout "
+        "(microbatch_overhead_tokens=16).",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | met |",
+        "|---|---|---|",
+    ]
     md += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in res["targets"]]
-    md += ["", router_balance.to_markdown(res["balance"]), router_heterogeneity.to_markdown(res["heterogeneity"]),
-           router_decision_cost.to_markdown(res["decision_cost"]), router_simulation.to_markdown(res["simulation"]),
-           router_memory.to_markdown(res["memory"])]
+    md += [
+        "",
+        router_balance.to_markdown(res["balance"]),
+        router_heterogeneity.to_markdown(res["heterogeneity"]),
+        router_decision_cost.to_markdown(res["decision_cost"]),
+        router_simulation.to_markdown(res["simulation"]),
+        router_memory.to_markdown(res["memory"]),
+    ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "router.md").write_text("\n".join(md) + "\n")
     (out / "router.json").write_text(json.dumps(res, indent=1))
-    print("\n".join(md[:md.index("## Targets") + 4 + len(res["targets"])]))
+    print("\n".join(md[: md.index("## Targets") + 4 + len(res["targets"])]))
     print(f"\nwrote {out / 'router.md'} and {out / 'router.json'} in {res['wall_s']:.0f} s")
 
 

@@ -9,6 +9,7 @@ ring all-reduce times at NVLink and InfiniBand bandwidths.
 
     python benchmarks/scale_model.py [--out benchmarks/results]      # ~1 minute
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,19 +56,27 @@ def plan_times(reps: int = 5) -> list[dict]:
             a = router.plan(range(n), lengths)
             plan_s.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            for d, c in enumerate(a.planned_cost()):          # every rank's router learns every device's row
+            for d, c in enumerate(a.planned_cost()):  # every rank's router learns every device's row
                 router.observe_step(d, c, c / 1e4 * math.exp(rng.gauss(0, 0.05)), None, a.per_device[d])
             router.speed_model.speeds()
             learn_s.append(time.perf_counter() - t0)
-        rows.append({"devices": n_dev, "samples": n, "plan_ms": 1e3 * median(plan_s),
-                     "learn_ms": 1e3 * median(learn_s), "stats_bytes_per_device": 8 * StepStats.width(),
-                     "gathered_bytes": 8 * StepStats.width() * n_dev})
+        rows.append(
+            {
+                "devices": n_dev,
+                "samples": n,
+                "plan_ms": 1e3 * median(plan_s),
+                "learn_ms": 1e3 * median(learn_s),
+                "stats_bytes_per_device": 8 * StepStats.width(),
+                "gathered_bytes": 8 * StepStats.width() * n_dev,
+            }
+        )
     return rows
 
 
 def _collectives(rank: int, world: int, port: int, sizes: list[int], q) -> None:
     import torch
     import torch.distributed as dist
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     row = torch.zeros(StepStats.width(), dtype=torch.float64)
@@ -97,6 +106,7 @@ def _collectives(rank: int, world: int, port: int, sizes: list[int], q) -> None:
 
 def collectives(world: int = 2) -> dict:
     import torch.multiprocessing as mp
+
     sizes = [MODELS["gpt2-small (124M)"]["lora_r8"], MODELS["gpt2-small (124M)"]["full"]]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -123,30 +133,45 @@ def _ms(x: float) -> str:
 
 def to_markdown(res: dict) -> str:
     la0, la1 = res["load"], res.get("load_after", res["load"])
-    lines = ["# Scale model figures", "", *res["header"], "",
-             f"Load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} before, "
-             f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine slows the measured times).",
-             "",
-             "## Per step, on every rank (measured, pure Python)", "",
-             "| D | samples (8/device) | balanced plan ms | speed model: D observations + update ms | "
-             "StepStats gathered per rank |", "|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Scale model figures",
+        "",
+        *res["header"],
+        "",
+        f"Load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} before, "
+        f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} after (other work on the machine slows the measured times).",
+        "",
+        "## Per step, on every rank (measured, pure Python)",
+        "",
+        "| D | samples (8/device) | balanced plan ms | speed model: D observations + update ms | "
+        "StepStats gathered per rank |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for r in res["plan"]:
-        lines.append(f"| {r['devices']} | {r['samples']} | {r['plan_ms']:.2f} | {r['learn_ms']:.2f} | "
-                     f"{r['gathered_bytes']:,} B ({r['stats_bytes_per_device']} B x D) |")
+        lines.append(
+            f"| {r['devices']} | {r['samples']} | {r['plan_ms']:.2f} | {r['learn_ms']:.2f} | "
+            f"{r['gathered_bytes']:,} B ({r['stats_bytes_per_device']} B x D) |"
+        )
     c = res["collectives"]
     lora, full = c["sizes"]
-    lines += ["", f"## Collectives on this machine (gloo, loopback, {c['world']} processes)", "",
-              f"- all-gather of one StepStats row: {c['gather_us']:.0f} us",
-              f"- all-reduce of gpt2-small's LoRA r8 gradients ({4 * lora / 1e6:.2f} MB fp32): "
-              f"{c[f'allreduce_{lora}_ms']:.1f} ms",
-              f"- all-reduce of gpt2-small's full gradients ({4 * full / 1e6:.0f} MB fp32): "
-              f"{c[f'allreduce_{full}_ms']:.0f} ms "
-              f"({2 * (c['world'] - 1) / c['world'] * 4 * full / c[f'allreduce_{full}_ms'] / 1e6:.2f} GB/s bus)", "",
-              "## Gradient all-reduce per step (arithmetic: fp32 gradients; ring bandwidth term 2 (N-1)/N x bytes / "
-              "bus bandwidth, latency not included; 8 GPUs over NVLink at 400 GB/s, 64 and 512 over InfiniBand NDR "
-              "at 50 GB/s per GPU)", "",
-              "| model | gradients | MB per step | " + " | ".join(f"{g} GPUs ms" for g in DEVICES) + " |",
-              "|---|---|---:|" + "---:|" * len(DEVICES)]
+    lines += [
+        "",
+        f"## Collectives on this machine (gloo, loopback, {c['world']} processes)",
+        "",
+        f"- all-gather of one StepStats row: {c['gather_us']:.0f} us",
+        f"- all-reduce of gpt2-small's LoRA r8 gradients ({4 * lora / 1e6:.2f} MB fp32): "
+        f"{c[f'allreduce_{lora}_ms']:.1f} ms",
+        f"- all-reduce of gpt2-small's full gradients ({4 * full / 1e6:.0f} MB fp32): "
+        f"{c[f'allreduce_{full}_ms']:.0f} ms "
+        f"({2 * (c['world'] - 1) / c['world'] * 4 * full / c[f'allreduce_{full}_ms'] / 1e6:.2f} GB/s bus)",
+        "",
+        "## Gradient all-reduce per step (arithmetic: fp32 gradients; ring bandwidth term 2 (N-1)/N x bytes / "
+        "bus bandwidth, latency not included; 8 GPUs over NVLink at 400 GB/s, 64 and 512 over InfiniBand NDR "
+        "at 50 GB/s per GPU)",
+        "",
+        "| model | gradients | MB per step | " + " | ".join(f"{g} GPUs ms" for g in DEVICES) + " |",
+        "|---|---|---:|" + "---:|" * len(DEVICES),
+    ]
     for name, sizes in MODELS.items():
         for kind, n in (("LoRA r8", sizes["lora_r8"]), ("full", sizes["full"])):
             b = 4 * n
@@ -160,8 +185,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     command = "python benchmarks/scale_model.py"
-    res = {"command": command, "header": header(command), "machine": machine_info(), "load": os.getloadavg(),
-           "plan": plan_times(), "collectives": collectives()}
+    res = {
+        "command": command,
+        "header": header(command),
+        "machine": machine_info(),
+        "load": os.getloadavg(),
+        "plan": plan_times(),
+        "collectives": collectives(),
+    }
     res["load_after"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ Each grid is `-m model.lora.r=range(...) train.lr=choice(...)`, data=synthetic (
 apart), launcher=sbatch launcher.dry_run=true. In process, after one warm-up (the imports are timed apart, as the
 command's start-up). Writes benchmarks/results/sweep_plan.md (medians over the repeats, seconds of wall clock).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ from provenance import header  # noqa: E402
 RESULTS = Path(__file__).parent / "results" / "sweep_plan.md"
 LRS = ("1e-4", "2e-4", "3e-4", "5e-4", "1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
 COMMON = ["data=synthetic", "data.n_samples=64", "launcher=sbatch", "launcher.dry_run=true"]
-HELD = ["launcher.dry_run=false", "launcher.additional_parameters.begin=now+1hour"]     # queued, never started
+HELD = ["launcher.dry_run=false", "launcher.additional_parameters.begin=now+1hour"]  # queued, never started
 
 
 def grid_args(n_r: int, n_lr: int) -> list[str]:
@@ -50,6 +51,7 @@ def phases(args: list[str], run_root: str, held: bool = False) -> dict[str, floa
     from slurm_router.rundir.lock import own_run, release_all
     from slurm_router.rundir.manifest import create_run_dir, new_run_dir
     from slurm_router.train.data import build_corpus
+
     t = {"start": time.perf_counter()}
     cfg = compose_grid([*args, *COMMON, *(HELD if held else []), f"run_root={run_root}"], multirun=True)
     t["compose + grid"] = time.perf_counter()
@@ -85,8 +87,11 @@ def phases(args: list[str], run_root: str, held: bool = False) -> dict[str, floa
 def command_s(args: list[str], run_root: str) -> float:
     """The real command, interpreter start-up and imports included."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "slurm_router", "-m", *args, *COMMON, f"run_root={run_root}"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_router", "-m", *args, *COMMON, f"run_root={run_root}"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return time.perf_counter() - t0
 
@@ -100,17 +105,19 @@ def main() -> None:
     import slurm_router.launch.slurm.sbatch_launcher  # noqa: F401
     import slurm_router.rundir.manifest  # noqa: F401
     import slurm_router.train.data  # noqa: F401
+
     imports_s = time.perf_counter() - t0
     grids = {4: (2, 2), 100: (10, 10), 400: (40, 10)}
     rows, wall = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        phases(grid_args(2, 2), tmp)                                  # warm-up: Hydra's first compose
+        phases(grid_args(2, 2), tmp)  # warm-up: Hydra's first compose
         for n, shape in grids.items():
             runs = [phases(grid_args(*shape), tmp) for _ in range(opts.repeats)]
             rows[n] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             rows[n]["total"] = statistics.median(sum(r.values()) for r in runs)
             rows[n]["total less the corpus"] = statistics.median(
-                sum(v for k, v in r.items() if not k.startswith("corpus")) for r in runs)
+                sum(v for k, v in r.items() if not k.startswith("corpus")) for r in runs
+            )
             print(f"{n} variants: {rows[n]['total']:.3f} s", flush=True)
         wall = {n: statistics.median(command_s(grid_args(*grids[n]), tmp) for _ in range(3)) for n in (4, 100)}
         if shutil.which("sbatch"):
@@ -118,7 +125,8 @@ def main() -> None:
             rows["100 submitted"] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             rows["100 submitted"]["total"] = statistics.median(sum(r.values()) for r in runs)
             rows["100 submitted"]["total less the corpus"] = statistics.median(
-                sum(v for k, v in r.items() if not k.startswith("corpus")) for r in runs)
+                sum(v for k, v in r.items() if not k.startswith("corpus")) for r in runs
+            )
     write(rows, imports_s, wall, opts.repeats)
 
 
@@ -138,13 +146,15 @@ def write(rows: dict, imports_s: float, wall: dict, repeats: int) -> None:
         "data.n_samples=64 launcher=sbatch launcher.dry_run=true`: the grid's variants become ONE array job "
         "(checked: `#SBATCH --array=0-(N-1)` in the one rendered submit.sbatch). Seconds of wall clock:",
         "",
-        "| step | " + " | ".join(f"{n} variants" if isinstance(n, int) else f"{n} (real sbatch, held)"
-                                  for n in rows) + " |",
+        "| step | "
+        + " | ".join(f"{n} variants" if isinstance(n, int) else f"{n} (real sbatch, held)" for n in rows)
+        + " |",
         "|---|" + "---:|" * len(rows),
         *(f"| {k} | " + " | ".join(f"{rows[n][k]:.3f}" if k in rows[n] else "-" for n in rows) + " |" for k in keys),
         "",
         f"Imports (once per command): {imports_s:.2f} s. The whole command as a user runs it (interpreter start-up, "
-        "imports, all of the above; median of 3): " + ", ".join(f"{n} variants {s:.2f} s" for n, s in wall.items())
+        "imports, all of the above; median of 3): "
+        + ", ".join(f"{n} variants {s:.2f} s" for n, s in wall.items())
         + ".",
         "",
         "The dry run renders the stage's script; the real submission (last column, on the single-node Slurm test "

@@ -15,6 +15,7 @@ token for LoRA (forward 2N + backward through activations 2N; frozen weights get
 the device's dense bf16 peak. The configurations run interleaved (a b c d, a b c d, ...) so that a noisy
 machine slows them alike; the table gives the median over the repeats and the range beside it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ from slurm_router.worker.profile import PROFILE_OUT_ENV, PROFILE_STEP_ENV, top_o
 
 
 def shapes(device: str) -> dict:
-    if device == "cuda":   # GPT-2 small, LoRA r16 on c_attn and c_proj (the issue's reference loop)
+    if device == "cuda":  # GPT-2 small, LoRA r16 on c_attn and c_proj (the issue's reference loop)
         return dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, batch=16, seq=512, steps=100, warmup=10)
     return dict(n_layer=4, n_head=4, n_embd=256, vocab=8192, batch=8, seq=256, steps=24, warmup=4)
 
@@ -45,11 +46,22 @@ def bare_loop(s: dict, device: str, compile_model: bool = False, profile_to: lis
     """What users write by hand: model(..., labels=...), AdamW, bf16 autocast on GPU."""
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=s["vocab"], n_positions=max(1024, s["seq"]), n_embd=s["n_embd"],
-                     n_layer=s["n_layer"], n_head=s["n_head"], resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
-    model = get_peft_model(GPT2LMHeadModel(cfg), LoraConfig(r=16, lora_alpha=32, target_modules=["c_attn", "c_proj"],
-                                                            task_type="CAUSAL_LM")).to(device)
+    cfg = GPT2Config(
+        vocab_size=s["vocab"],
+        n_positions=max(1024, s["seq"]),
+        n_embd=s["n_embd"],
+        n_layer=s["n_layer"],
+        n_head=s["n_head"],
+        resid_pdrop=0,
+        embd_pdrop=0,
+        attn_pdrop=0,
+    )
+    model = get_peft_model(
+        GPT2LMHeadModel(cfg),
+        LoraConfig(r=16, lora_alpha=32, target_modules=["c_attn", "c_proj"], task_type="CAUSAL_LM"),
+    ).to(device)
     if compile_model:
         model = torch.compile(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
@@ -57,6 +69,7 @@ def bare_loop(s: dict, device: str, compile_model: bool = False, profile_to: lis
     batches = [torch.randint(0, min(256, s["vocab"]), (s["batch"], s["seq"]), generator=gen) for _ in range(4)]
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+
     def one_step(step: int) -> None:
         x = batches[step % 4].to(device)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
@@ -75,24 +88,49 @@ def bare_loop(s: dict, device: str, compile_model: bool = False, profile_to: lis
     if device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    if profile_to is not None:          # after the timed window: it does not count
+    if profile_to is not None:  # after the timed window: it does not count
         profile_to.append("## a: bare loop, one step\n" + top_operators(lambda: one_step(0), torch.device(device))[1])
     n_params = sum(p.numel() for p in model.parameters())
-    return {"tokens_per_s": s["steps"] * s["batch"] * s["seq"] / dt, "n_params": n_params,
-            "peak_mem_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
+    return {
+        "tokens_per_s": s["steps"] * s["batch"] * s["seq"] / dt,
+        "n_params": n_params,
+        "peak_mem_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+    }
 
 
 def job(s: dict, tmp: Path, extra: list[str], profile_to: list | None = None) -> dict:
     """The real command, one device, the same shapes (fixed-length synthetic samples: no padding)."""
-    steps = s["steps"] + s["warmup"] + (1 if profile_to is not None else 0)   # the profiled step comes last
-    args = [sys.executable, "-m", "slurm_router", "base.enabled=false", "data=synthetic", "data.length_dist=fixed",
-            f"data.mean_len={s['seq']}", f"data.max_len={s['seq']}", "data.n_samples=2048", "model.kind=gpt2",
-            f"model.n_layer={s['n_layer']}", f"model.n_head={s['n_head']}", f"model.n_embd={s['n_embd']}",
-            f"model.vocab_size={s['vocab']}", f"model.n_positions={max(1024, s['seq'])}", "model.lora.r=16",
-            "model.lora.alpha=32", f"train.global_batch_size={s['batch']}", f"train.steps={steps}",
-            "train.eval_batches=1", "train.eval_batch_size=2", "train.eval_every=0", "train.lr=1e-4",
-            f"run_root={tmp}", "launcher.cpu_slots=1", *extra]
+    steps = s["steps"] + s["warmup"] + (1 if profile_to is not None else 0)  # the profiled step comes last
+    args = [
+        sys.executable,
+        "-m",
+        "slurm_router",
+        "base.enabled=false",
+        "data=synthetic",
+        "data.length_dist=fixed",
+        f"data.mean_len={s['seq']}",
+        f"data.max_len={s['seq']}",
+        "data.n_samples=2048",
+        "model.kind=gpt2",
+        f"model.n_layer={s['n_layer']}",
+        f"model.n_head={s['n_head']}",
+        f"model.n_embd={s['n_embd']}",
+        f"model.vocab_size={s['vocab']}",
+        f"model.n_positions={max(1024, s['seq'])}",
+        "model.lora.r=16",
+        "model.lora.alpha=32",
+        f"train.global_batch_size={s['batch']}",
+        f"train.steps={steps}",
+        "train.eval_batches=1",
+        "train.eval_batch_size=2",
+        "train.eval_every=0",
+        "train.lr=1e-4",
+        f"run_root={tmp}",
+        "launcher.cpu_slots=1",
+        *extra,
+    ]
     from slurm_router.worker.cpu import THREADS_ENV
+
     env = {**os.environ, THREADS_ENV: str(os.cpu_count())}
     prof_file = tmp / f"profile-{time.time_ns()}.txt"
     if profile_to is not None:
@@ -108,20 +146,28 @@ def job(s: dict, tmp: Path, extra: list[str], profile_to: list | None = None) ->
     if profile_to is not None:
         profile_to.append("## b: slurm_router job (defaults), one step (worker rank 0)\n" + prof_file.read_text())
     peaks = [r.get("mem_peak_bytes") for r in rows if r.get("mem_peak_bytes")]
-    return {"tokens_per_s": sum(r["n_tokens"] for r in timed) / wall_s, "wall_s": wall_s,
-            "peak_mem_bytes": max(peaks) if peaks else None,
-            "micro_batches_per_step": statistics.median(sum(r["n_micro"]) for r in timed),
-            "t_step_s_median": statistics.median(r["t_step_s"] for r in timed),
-            "busy_s_median": statistics.median(r["busy_s"] for r in timed),
-            "t_sync_wait_s_median": statistics.median(r["t_sync_wait_s"] for r in timed)}
+    return {
+        "tokens_per_s": sum(r["n_tokens"] for r in timed) / wall_s,
+        "wall_s": wall_s,
+        "peak_mem_bytes": max(peaks) if peaks else None,
+        "micro_batches_per_step": statistics.median(sum(r["n_micro"]) for r in timed),
+        "t_step_s_median": statistics.median(r["t_step_s"] for r in timed),
+        "busy_s_median": statistics.median(r["busy_s"] for r in timed),
+        "t_sync_wait_s_median": statistics.median(r["t_sync_wait_s"] for r in timed),
+    }
 
 
 def _median_row(runs: list[dict]) -> dict:
     speeds = [r["tokens_per_s"] for r in runs]
     peaks = [r["peak_mem_bytes"] for r in runs if r.get("peak_mem_bytes")]
-    return {**runs[0], "tokens_per_s": statistics.median(speeds), "tokens_per_s_min": min(speeds),
-            "tokens_per_s_max": max(speeds), "tokens_per_s_runs": speeds,
-            "peak_mem_bytes": max(peaks) if peaks else None}
+    return {
+        **runs[0],
+        "tokens_per_s": statistics.median(speeds),
+        "tokens_per_s_min": min(speeds),
+        "tokens_per_s_max": max(speeds),
+        "tokens_per_s_runs": speeds,
+        "peak_mem_bytes": max(peaks) if peaks else None,
+    }
 
 
 def main() -> None:
@@ -140,15 +186,19 @@ def main() -> None:
         torch.set_num_threads(os.cpu_count() or 1)
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     from slurm_router.analysis.metrics import device_peak
-    peak = device_peak({"device_name": gpu})[1] if gpu else None       # FLOP/s, dense bf16
+
+    peak = device_peak({"device_name": gpu})[1] if gpu else None  # FLOP/s, dense bf16
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"throughput-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     chunk = "train.loss_chunk_tokens=4096"
-    configs = {"a: bare loop": lambda: bare_loop(s, device),
-               "b: slurm_router job (defaults)": lambda: job(s, tmp, []),
-               "c: job + chunked loss": lambda: job(s, tmp, [chunk]),
-               "d: job + chunked loss + compile": lambda: job(s, tmp, [chunk, "train.compile=true",
-                                                                        "train.pad_to_multiple=64"])}
+    configs = {
+        "a: bare loop": lambda: bare_loop(s, device),
+        "b: slurm_router job (defaults)": lambda: job(s, tmp, []),
+        "c: job + chunked loss": lambda: job(s, tmp, [chunk]),
+        "d: job + chunked loss + compile": lambda: job(
+            s, tmp, [chunk, "train.compile=true", "train.pad_to_multiple=64"]
+        ),
+    }
     if device == "cuda":
         configs["e: bare loop + compile"] = lambda: bare_loop(s, device, compile_model=True)
     if args.only:
@@ -165,23 +215,33 @@ def main() -> None:
     base = rows["a: bare loop"]["tokens_per_s"]
     n_params = rows["a: bare loop"]["n_params"]
     command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
-    lines = [f"# Throughput ({device}{': ' + gpu if gpu else ''})", "", *header(command.strip()), "",
-             f"Model: GPT-2 shape n_layer={s['n_layer']} n_embd={s['n_embd']} vocab={s['vocab']} "
-             f"({n_params / 1e6:.1f}M params), LoRA r16 on c_attn and c_proj, batch {s['batch']} x {s['seq']} "
-             f"tokens, {s['steps']} timed steps after {s['warmup']} warm-up; {args.repeats} interleaved runs of "
-             "each, median (min-max). Tokens/s: real tokens of the timed steps / wall time of those steps, the "
-             "same clock for the bare loop and the job (see the script's docstring).", "",
-             "| run | tokens/s | ratio to bare loop | MFU (4N/token) | peak memory GiB |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# Throughput ({device}{': ' + gpu if gpu else ''})",
+        "",
+        *header(command.strip()),
+        "",
+        f"Model: GPT-2 shape n_layer={s['n_layer']} n_embd={s['n_embd']} vocab={s['vocab']} "
+        f"({n_params / 1e6:.1f}M params), LoRA r16 on c_attn and c_proj, batch {s['batch']} x {s['seq']} "
+        f"tokens, {s['steps']} timed steps after {s['warmup']} warm-up; {args.repeats} interleaved runs of "
+        "each, median (min-max). Tokens/s: real tokens of the timed steps / wall time of those steps, the "
+        "same clock for the bare loop and the job (see the script's docstring).",
+        "",
+        "| run | tokens/s | ratio to bare loop | MFU (4N/token) | peak memory GiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, r in rows.items():
         mfu = f"{100 * r['tokens_per_s'] * 4 * n_params / peak:.1f}%" if peak else "n/a"
         mem = f"{r['peak_mem_bytes'] / 2**30:.1f}" if r.get("peak_mem_bytes") and device == "cuda" else "n/a"
         spread = f"{r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f}"
-        lines.append(f"| {name} | {r['tokens_per_s']:,.0f} ({spread}) | {r['tokens_per_s'] / base:.2f} | {mfu} | {mem} |")
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:,.0f} ({spread}) | {r['tokens_per_s'] / base:.2f} | {mfu} | {mem} |"
+        )
     for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
         out = folder / f"throughput-{device}"
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        out.with_suffix(".json").write_text(json.dumps({"device": device, "gpu": gpu, "shapes": s, "rows": rows},
-                                                       indent=1))
+        out.with_suffix(".json").write_text(
+            json.dumps({"device": device, "gpu": gpu, "shapes": s, "rows": rows}, indent=1)
+        )
         if profiles:
             (folder / f"throughput-{device}-profile.txt").write_text("\n\n".join(profiles) + "\n")
     print("\n".join(lines))

@@ -5,6 +5,7 @@
   pieces of at most 512 bytes (bytes stand in for tokens): a spiky, real-world distribution that ships with
   every Python, so no download is needed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,9 @@ import sysconfig
 _STDLIB_SKIP = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}  # as train/data.py
 
 
-def lognormal_lengths(n: int, seed: int, mean_len: float = 96.0, sigma: float = 0.8, min_len: int = 8,
-                      max_len: int = 512) -> list[int]:
+def lognormal_lengths(
+    n: int, seed: int, mean_len: float = 96.0, sigma: float = 0.8, min_len: int = 8, max_len: int = 512
+) -> list[int]:
     """Same parameterisation as data=synthetic (conf/data/synthetic.yaml): mean length, log-space sigma, clipped."""
     rng = random.Random(seed)
     mu = math.log(mean_len) - sigma * sigma / 2
@@ -43,7 +45,7 @@ def stdlib_lengths(max_piece_bytes: int = 512) -> tuple[int, ...]:
         for piece in data.split(b"\n\n\n"):
             piece = piece.strip()
             for start in range(0, len(piece), max_piece_bytes):
-                chunk = piece[start:start + max_piece_bytes]
+                chunk = piece[start : start + max_piece_bytes]
                 if chunk.strip():
                     lengths.append(len(chunk))
     if not lengths:

@@ -1,12 +1,13 @@
 """Compose + check the config -> plan -> launch -> report -> print the run dir.
 
-    python -m slurm_router +experiment=lora_ab                  # here, on the GPUs (or CPU) present
-    python -m slurm_router +experiment=lora_ab launcher=slurm   # one Slurm array job per stage
-    python -m slurm_router +experiment=lora_ab router=round_robin train.steps=20 resources.devices_per_task=2
-    python -m slurm_router +experiment=lora_ab seeds=3                 # every variant once per training seed
-    python -m slurm_router -m model.lora.r=4,8 train.lr=1e-3,3e-3      # a sweep: the grid's 4 variants, one run
-    python -m slurm_router resume=runs/lora_ab/<timestamp>      # continue an interrupted run's unfinished tasks
+python -m slurm_router +experiment=lora_ab                  # here, on the GPUs (or CPU) present
+python -m slurm_router +experiment=lora_ab launcher=slurm   # one Slurm array job per stage
+python -m slurm_router +experiment=lora_ab router=round_robin train.steps=20 resources.devices_per_task=2
+python -m slurm_router +experiment=lora_ab seeds=3                 # every variant once per training seed
+python -m slurm_router -m model.lora.r=4,8 train.lr=1e-3,3e-3      # a sweep: the grid's 4 variants, one run
+python -m slurm_router resume=runs/lora_ab/<timestamp>      # continue an interrupted run's unfinished tasks
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,13 +15,15 @@ import re
 import sys
 from pathlib import Path
 
-if __name__ == "__main__":      # a Ctrl-C while the imports below load: one line and 130, as main() does later
+if __name__ == "__main__":  # a Ctrl-C while the imports below load: one line and 130, as main() does later
     import signal
 
-    def _interrupted_early(signum, frame):        # os._exit: nothing to clean up yet, and an exception raised
+    def _interrupted_early(signum, frame):  # os._exit: nothing to clean up yet, and an exception raised
         print("\ninterrupted: nothing was written", file=sys.stderr, flush=True)  # in importlib's lock
         import os  # callbacks would be dropped ("Exception ignored")
+
         os._exit(130)
+
     signal.signal(signal.SIGINT, _interrupted_early)
     signal.signal(signal.SIGTERM, _interrupted_early)
 
@@ -43,6 +46,7 @@ def compose(overrides: list[str]):
     """Hydra's compose API (not @hydra.main: no cwd change, no outputs/ folder, our own error lines)."""
     from slurm_router.config.checks import check_launcher_keys
     from slurm_router.config.schema import register_schema
+
     register_schema()
     with _one_line_errors():
         cfg = _hydra_compose(_free_form_overrides(overrides))
@@ -55,6 +59,7 @@ def _hydra_compose(overrides: list[str]):
     from hydra import initialize_config_dir
 
     from slurm_router.config.schema import conf_dir
+
     with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
         return hydra_compose(config_name="config", overrides=overrides)
 
@@ -67,9 +72,14 @@ def _free_form_overrides(overrides: list[str]) -> list[str]:
     against the schema (config.variant_configs)."""
     from slurm_router.config.schema import FREE_FORM_KEYS
     from slurm_router.config.sweep import parse_overrides
+
     parsed = parse_overrides(overrides)
-    free = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete())
-            and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in FREE_FORM_KEYS)]
+    free = [
+        o
+        for o in parsed
+        if not (o.is_add() or o.is_force_add() or o.is_delete())
+        and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in FREE_FORM_KEYS)
+    ]
     variant_edits = [o for o in free if o.key_or_group.split(".")[0] == "variants"]
     if variant_edits:
         have = [str(k) for k in _hydra_compose([o.input_line for o in parsed if o not in variant_edits]).variants or {}]
@@ -77,9 +87,11 @@ def _free_form_overrides(overrides: list[str]) -> list[str]:
             new = [n for n in _variant_names(o) if n not in have]
             if new:
                 listed = f"its variants: {', '.join(map(str, have))}" if have else "it has none"
-                add = "+" if "." in o.key_or_group else "++"           # + cannot add to the existing variants={}
-                raise UserError(f"{o.input_line}: the experiment has no variant {new[0]!r} ({listed}): fix the "
-                                f"name, or add a new variant on purpose with {add}{o.input_line}")
+                add = "+" if "." in o.key_or_group else "++"  # + cannot add to the existing variants={}
+                raise UserError(
+                    f"{o.input_line}: the experiment has no variant {new[0]!r} ({listed}): fix the "
+                    f"name, or add a new variant on purpose with {add}{o.input_line}"
+                )
     return [f"++{o.input_line}" if o in free else o.input_line for o in parsed]
 
 
@@ -99,6 +111,7 @@ def _one_line_errors():
     from omegaconf.errors import OmegaConfBaseException
 
     from slurm_router.config.checks import EXPERIMENT_HINT, explain
+
     try:
         yield
     except MissingConfigException as e:
@@ -108,23 +121,25 @@ def _one_line_errors():
         if isinstance(cause, OmegaConfBaseException):
             raise explain(cause) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "Could not override 'experiment'" in first:         # experiment=NAME: Hydra takes it for the group
+        if "Could not override 'experiment'" in first:  # experiment=NAME: Hydra takes it for the group
             raise UserError(f"experiment=...: {EXPERIMENT_HINT}") from None
         raise UserError(f"{first} (see: python -m slurm_router --help)") from None
 
 
 def _missing_option(e) -> UserError:
     text = str(e)
-    m = re.search(r"Could not (?:find|load) '([^/']+)/([^']+)'", text)     # load: one of a list (tracker=[a,b])
+    m = re.search(r"Could not (?:find|load) '([^/']+)/([^']+)'", text)  # load: one of a list (tracker=[a,b])
     # the launcher schemas sit in the launcher group too (ConfigStore): they are not options to pick
     options = [o for o in re.findall(r"^\t(\S+)$", text, flags=re.M) if not o.endswith("_schema")]
     if m:
         group, option = m.groups()
-        if not options:             # Hydra lists them only for a single option, not for one of a list
+        if not options:  # Hydra lists them only for a single option, not for one of a list
             from slurm_router.config.schema import conf_dir
+
             options = sorted(p.stem for p in (Path(conf_dir()) / group).glob("*.yaml"))
-        return UserError(f"{group}={option}: no such {group} in conf/{group}/; choose one of: "
-                         f"{', '.join(options) or '(none)'}")
+        return UserError(
+            f"{group}={option}: no such {group} in conf/{group}/; choose one of: {', '.join(options) or '(none)'}"
+        )
     return UserError(text.strip().splitlines()[0])
 
 
@@ -132,41 +147,59 @@ def run(overrides: list[str], multirun: bool = False) -> int:
     resume = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "resume"]
     if resume:
         from slurm_router.launch.snapshot import NEW_SNAPSHOT
+
         flags = [o for o in overrides if o.split("=", 1)[0] == NEW_SNAPSHOT]
         others = [o for o in overrides if o not in resume and o not in flags]
         if len(resume) > 1 or others not in ([], ["launcher=local"]) or multirun or len(flags) > 1:
-            raise UserError(f"resume=RUN_DIR takes no other arguments but launcher=local and {NEW_SNAPSHOT}=true: "
-                            "the run continues with its own config.yaml")
+            raise UserError(
+                f"resume=RUN_DIR takes no other arguments but launcher=local and {NEW_SNAPSHOT}=true: "
+                "the run continues with its own config.yaml"
+            )
         new = _new_snapshot_flag(flags[0]) if flags else False
         if new and others:
-            raise UserError(f"{NEW_SNAPSHOT}=true renews the code snapshot a Slurm run's jobs import; with "
-                            "launcher=local the tasks run this checkout as it is: drop one of the two")
+            raise UserError(
+                f"{NEW_SNAPSHOT}=true renews the code snapshot a Slurm run's jobs import; with "
+                "launcher=local the tasks run this checkout as it is: drop one of the two"
+            )
         return resume_run(resume[0].split("=", 1)[1], here=bool(others), new_snapshot=new)
     if any(o.split("=", 1)[0].lstrip("+") == "new_snapshot" for o in overrides):
-        raise UserError("new_snapshot=true goes with resume=RUN_DIR (a resumed Slurm run's jobs then import the "
-                        "current code, recorded as a new snapshot); a new Slurm run snapshots the current code anyway")
+        raise UserError(
+            "new_snapshot=true goes with resume=RUN_DIR (a resumed Slurm run's jobs then import the "
+            "current code, recorded as a new snapshot); a new Slurm run snapshots the current code anyway"
+        )
     cfg = compose_grid(overrides, multirun)
     from slurm_router.cli.checks import check_new_run
     from slurm_router.rundir.manifest import create_run_dir
-    checked = check_new_run(cfg)                       # every check, in order, before any file is written
-    variants, launcher, corpus, run_id, run_dir = (checked.variants, checked.launcher, checked.corpus,
-                                                   checked.run_id, checked.run_dir)
-    print(f"experiment {cfg.experiment}: {_variants_line(variants)}; "
-          f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples"
-          f"{corpus.counts_note()}")
+
+    checked = check_new_run(cfg)  # every check, in order, before any file is written
+    variants, launcher, corpus, run_id, run_dir = (
+        checked.variants,
+        checked.launcher,
+        checked.corpus,
+        checked.run_id,
+        checked.run_dir,
+    )
+    print(
+        f"experiment {cfg.experiment}: {_variants_line(variants)}; "
+        f"data {corpus.description}: {len(corpus.train)} train / {len(corpus.val)} held-out samples"
+        f"{corpus.counts_note()}"
+    )
 
     from slurm_router.launch.base import launch
     from slurm_router.launch.plan import make_plan
+
     stages = make_plan(cfg, variants, run_id, str(run_dir))
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
     from slurm_router.rundir.lock import own_run
-    own_run(manifest)                                  # the one writer of this run dir from here (rundir/lock.py)
+
+    own_run(manifest)  # the one writer of this run dir from here (rundir/lock.py)
     return launch(launcher(cfg, manifest), stages)
 
 
 def compose_grid(overrides: list[str], multirun: bool = False):
     """compose(), and with -m the grid of the sweep overrides as the variants (slurm_router.config.sweep)."""
     from slurm_router.config.sweep import expand_grid, split_sweeps
+
     fixed, sweeps = split_sweeps(overrides, multirun)
     cfg = compose(fixed)
     if sweeps:
@@ -177,6 +210,7 @@ def compose_grid(overrides: list[str], multirun: bool = False):
 def _variants_line(variants: dict) -> str:
     """'2 variant(s) r8, r32 x 3 training seeds (0, 1, 2) = 6 tasks' (a long list shows its ends)."""
     from slurm_router.config.variants import training_seeds
+
     names = list(variants)
     shown = ", ".join(names if len(names) <= 12 else [*names[:5], "...", *names[-5:]])
     seeds = training_seeds(next(iter(variants.values())))
@@ -188,10 +222,13 @@ def _variants_line(variants: dict) -> str:
 
 def _new_snapshot_flag(flag: str) -> bool:
     from slurm_router.launch.snapshot import NEW_SNAPSHOT
+
     value = flag.split("=", 1)[1].strip().lower()
     if value not in ("true", "false"):
-        raise UserError(f"{flag}: {NEW_SNAPSHOT} is true or false (true: the jobs import the current code, recorded "
-                        "as a new snapshot beside the run's first)")
+        raise UserError(
+            f"{flag}: {NEW_SNAPSHOT} is true or false (true: the jobs import the current code, recorded "
+            "as a new snapshot beside the run's first)"
+        )
     return value == "true"
 
 
@@ -206,6 +243,7 @@ def resume_run(arg: str, here: bool = False, new_snapshot: bool = False) -> int:
     from slurm_router.launch.base import launch
     from slurm_router.launch.registry import launcher_class
     from slurm_router.launch.resume import plan_resume, renew_timeout_budget
+
     manifest, cfg, stages = plan_resume(arg)
     run_dir = manifest.layout.root
     kind = "local" if here else cfg.get("launcher", {}).get("kind", "local")
@@ -216,21 +254,24 @@ def resume_run(arg: str, here: bool = False, new_snapshot: bool = False) -> int:
         if manifest.layout.summary.is_file():
             print(f"resume: every task of {run_dir} has completed; nothing to do\nrun_dir: {run_dir}")
             return 0
-        refuse_live_tasks()         # interrupted during its report, or the report job failed: write it here
+        refuse_live_tasks()  # interrupted during its report, or the report job failed: write it here
         print(f"resume: every task of {run_dir} has completed; writing the report")
         launcher_class("local")(cfg, manifest).report_job(after=None)
         manifest.set(state="completed")
         print(f"run_dir: {run_dir}")
         return 0
     if new_snapshot and launcher_class(kind).synchronous:
-        raise UserError(f"new_snapshot=true: {run_dir} ran with launcher={kind}, whose tasks run this checkout as it "
-                        "is (no code snapshot): resume it without new_snapshot")
+        raise UserError(
+            f"new_snapshot=true: {run_dir} ran with launcher={kind}, whose tasks run this checkout as it "
+            "is (no code snapshot): resume it without new_snapshot"
+        )
     from slurm_router.cli.checks import check_resumed_run
+
     launcher = launcher_class(kind)(cfg, manifest)
     launcher.new_snapshot = new_snapshot
     check_resumed_run(cfg, launcher)
     refuse_live_tasks()
-    renew_timeout_budget(todo)        # the user chose to go on: launcher.max_requeues counts afresh
+    renew_timeout_budget(todo)  # the user chose to go on: launcher.max_requeues counts afresh
     manifest.set(state="running", resumed=manifest.data.get("resumed", 0) + 1, launcher=kind)
     return launch(launcher, stages)
 
@@ -239,15 +280,18 @@ def _interrupted() -> int:
     """A Ctrl-C (or SIGTERM) outside the launcher's own handling (launch.base.launch): before a run dir was
     made, nothing was written; after, the run is marked interrupted and resume= continues it. One line each."""
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # a second Ctrl-C must not cut the bookkeeping short
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the bookkeeping short
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED
     from slurm_router.rundir.lock import held_dirs
+
     dirs = held_dirs()
     if not dirs:
         print("\ninterrupted: nothing was written", file=sys.stderr)
     for root in dirs:
         from slurm_router.rundir.manifest import Manifest
+
         manifest = Manifest.load(root)
         state = manifest.data.get("state")
         if state in ("completed", "failed"):
@@ -267,17 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     import signal
 
     from slurm_router.rundir.lifecycle import forget_stops, raise_stop
+
     forget_stops()
     before = signal.signal(signal.SIGINT, raise_stop), signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, raise_stop)
     try:
         return _main(sys.argv[1:] if argv is None else argv)
-    finally:                          # called in-process (tests): leave the caller's handlers as they were
+    finally:  # called in-process (tests): leave the caller's handlers as they were
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before[1] is None else before[1])
 
 
-MULTIRUN = ("-m", "--multirun")       # Hydra's flag: the sweep overrides' grid becomes the run's variants
+MULTIRUN = ("-m", "--multirun")  # Hydra's flag: the sweep overrides' grid becomes the run's variants
 
 
 def _main(argv: list[str]) -> int:
@@ -289,24 +334,29 @@ def _main(argv: list[str]) -> int:
     argv = [a for a in argv if a not in MULTIRUN]
     bad = [a for a in argv if a.startswith("-")]
     if bad:
-        print(f"error: unknown option {bad[0]}: arguments are -m (a sweep) and Hydra overrides like train.steps=20 "
-              "(see python -m slurm_router --help)", file=sys.stderr)
+        print(
+            f"error: unknown option {bad[0]}: arguments are -m (a sweep) and Hydra overrides like train.steps=20 "
+            "(see python -m slurm_router --help)",
+            file=sys.stderr,
+        )
         return 2
     from slurm_router.rundir.lifecycle import stops_raised
+
     try:
         code = run(argv, multirun)
     except KeyboardInterrupt:
         code = _interrupted()
     except Exception as e:
-        if stops_raised():      # a stop that a library caught or dropped, surfacing as another error (a Ctrl-C
-            code = _interrupted()           # inside Hydra's compose: "unknown key 'defaults'")
+        if stops_raised():  # a stop that a library caught or dropped, surfacing as another error (a Ctrl-C
+            code = _interrupted()  # inside Hydra's compose: "unknown key 'defaults'")
         elif isinstance(e, UserError):
             print(f"error: {e}", file=sys.stderr)
             code = 2
         else:
             raise
     from slurm_router.rundir.lock import release_all
-    release_all()                     # every process of the run has ended: the lock is free, said released
+
+    release_all()  # every process of the run has ended: the lock is free, said released
     return code
 
 

@@ -1,6 +1,7 @@
 """Atomic file writes (a temporary file, fsync, rename: a reader never sees half a file) and verified files
 (a sha256 sidecar beside the data). A write that fails (disk full, no permission) raises WriteError, one line
 naming the path and the cause, and leaves no temporary file. A leaf: it imports only slurm_router.errors."""
+
 from __future__ import annotations
 
 import errno
@@ -15,9 +16,13 @@ from typing import Any, cast
 from slurm_router.errors import UserError
 
 # What the user can do about a failed write, by its cause.
-_ADVICE: dict[int | None, str] = {errno.ENOSPC: "free space on that file system", errno.EDQUOT: "free space within your disk quota",
-           errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
-           errno.EROFS: "choose a writable file system"}
+_ADVICE: dict[int | None, str] = {
+    errno.ENOSPC: "free space on that file system",
+    errno.EDQUOT: "free space within your disk quota",
+    errno.EACCES: "make the folder writable",
+    errno.EPERM: "make the folder writable",
+    errno.EROFS: "choose a writable file system",
+}
 
 
 class WriteError(UserError):
@@ -77,7 +82,11 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
     except BaseException as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        cause = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _os_error(e, cast("OSError | None", out and out.error))
+        cause = (
+            None
+            if isinstance(e, (KeyboardInterrupt, SystemExit))
+            else _os_error(e, cast("OSError | None", out and out.error))
+        )
         if cause is not None:
             raise WriteError.of(path, cause) from None
         raise
@@ -90,6 +99,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 # ---- training checkpoints: TaskPaths.checkpoints / step-NNNNNNNN.pt + .json (names: slurm_router.rundir.layout) -----
 # The .json sidecar (step, size, sha256) is written after the data file: a checkpoint without its sidecar was
 # cut short and is never loaded. A sidecar whose hash does not match its file means the file was damaged later.
+
 
 class _HashingWriter:
     """A file object that hashes what passes through, so the sha256 costs no second read of the data."""
@@ -116,6 +126,7 @@ def save_verified(path: str | os.PathLike, state: dict, **fields) -> dict:
     {**fields, file, time, sha256, bytes}. A file whose sidecar could not be written is removed too: it could
     never be verified. Returns the sidecar's content. WriteError (one line) when the disk refuses."""
     import torch
+
     out: dict[str, Any]
     path, out = Path(path), {}
 

@@ -16,11 +16,29 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # passes --no-loadscope-reorder, so pytest-xdist hands out files in this order (by default it would sort them by
 # their number of tests); the rest keep theirs. Order: each file's time with 4 files at once (measured at 0001cb2;
 # the real time-limit test waits on Slurm's clock, slower the more loaded the machine: 8 min).
-SLOW_FILES = ("test_requeue_time_limit", "test_requeue_slurm", "test_invariant", "test_slurm_launch", "test_analysis",
-              "test_signal_windows", "test_finetune_checkpoints", "test_sweeps_and_seeds", "test_multinode",
-              "test_requeue_local", "test_adapters_export", "test_slurm_failed_stage", "test_containers",
-              "test_prune", "test_run_ownership", "test_end_to_end", "test_bad_input", "test_status_cli",
-              "test_verdict_stats", "test_trackers", "test_bad_input_table")
+SLOW_FILES = (
+    "test_requeue_time_limit",
+    "test_requeue_slurm",
+    "test_invariant",
+    "test_slurm_launch",
+    "test_analysis",
+    "test_signal_windows",
+    "test_finetune_checkpoints",
+    "test_sweeps_and_seeds",
+    "test_multinode",
+    "test_requeue_local",
+    "test_adapters_export",
+    "test_slurm_failed_stage",
+    "test_containers",
+    "test_prune",
+    "test_run_ownership",
+    "test_end_to_end",
+    "test_bad_input",
+    "test_status_cli",
+    "test_verdict_stats",
+    "test_trackers",
+    "test_bad_input_table",
+)
 
 
 # Tests that may run a second time (pytest-rerunfailures' flaky marker, one rerun), each for a known, explained
@@ -47,18 +65,37 @@ TIMEOUTS: dict[str, int] = {
 # `scripts/test.sh --quick` (pytest --quick), the edit-test loop (under 3 minutes on a 2-core machine): the tests of
 # these files that start no real run (those not marked integration), plus QUICK_RUN, one real end-to-end run
 # (base stage, two LoRA variants, report; run again from the cached base).
-QUICK_FILES = ("test_analysis_units", "test_bad_input_table", "test_checkpoint", "test_data", "test_data_formats",
-               "test_events", "test_hf_models", "test_loss", "test_router_models", "test_router_policies",
-               "test_sbatch_render", "test_slurm_status", "test_speed_model", "test_submit_stages", "test_telemetry",
-               "test_verdict_stats", "test_worker_units")
+QUICK_FILES = (
+    "test_analysis_units",
+    "test_bad_input_table",
+    "test_checkpoint",
+    "test_data",
+    "test_data_formats",
+    "test_events",
+    "test_hf_models",
+    "test_loss",
+    "test_router_models",
+    "test_router_policies",
+    "test_sbatch_render",
+    "test_slurm_status",
+    "test_speed_model",
+    "test_submit_stages",
+    "test_telemetry",
+    "test_verdict_stats",
+    "test_worker_units",
+)
 QUICK_RUN = "tests/test_end_to_end.py::test_lora_ab_learns_reports_and_reuses_the_base"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--quick", action="store_true",
-                     help="the quick tier: QUICK_FILES' unit tests and one real end-to-end run (tests/conftest.py)")
-    parser.addoption("--rerun-record", metavar="PATH",
-                     help="append every rerun (test, why it may rerun, its first failure) to PATH")
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="the quick tier: QUICK_FILES' unit tests and one real end-to-end run (tests/conftest.py)",
+    )
+    parser.addoption(
+        "--rerun-record", metavar="PATH", help="append every rerun (test, why it may rerun, its first failure) to PATH"
+    )
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -70,19 +107,26 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(SLOW_FILES)))      # stable: each file keeps its order
+    items.sort(key=lambda item: rank.get(item.path.stem, len(SLOW_FILES)))  # stable: each file keeps its order
     if config.getoption("quick"):
-        keep = [i for i in items if i.nodeid == QUICK_RUN
-                or (i.path.stem in QUICK_FILES and i.get_closest_marker("integration") is None)]
+        keep = [
+            i
+            for i in items
+            if i.nodeid == QUICK_RUN or (i.path.stem in QUICK_FILES and i.get_closest_marker("integration") is None)
+        ]
         if not any(i.nodeid == QUICK_RUN for i in keep):
             raise pytest.UsageError(f"conftest.QUICK_RUN: no test {QUICK_RUN}")
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
     if len(FLAKY) > MAX_FLAKY:
         raise pytest.UsageError(f"conftest.FLAKY names {len(FLAKY)} tests; at most {MAX_FLAKY} may rerun")
-    whole_files = not (config.getoption("quick") or config.option.keyword or config.option.markexpr
-                       or any("::" in a for a in config.args))
-    if whole_files:         # a name that no longer matches its test fails loudly instead of protecting nothing
+    whole_files = not (
+        config.getoption("quick")
+        or config.option.keyword
+        or config.option.markexpr
+        or any("::" in a for a in config.args)
+    )
+    if whole_files:  # a name that no longer matches its test fails loudly instead of protecting nothing
         ids, files = {i.nodeid for i in items}, {i.nodeid.split("::")[0] for i in items}
         for name, named in (("FLAKY", FLAKY), ("TIMEOUTS", TIMEOUTS)):
             stale = [t for t in named if t.split("::")[0] in files and t not in ids]
@@ -102,8 +146,10 @@ def pytest_runtest_logreport(report):
     """The rerun record: written by the process that reports (pytest-xdist's controller, not its workers)."""
     if report.outcome == "rerun":
         first = report.longreprtext.strip().splitlines()
-        _RERUNS.append(f"RERUN {report.nodeid} ({report.when}); may rerun because: {FLAKY.get(report.nodeid, '?')}\n"
-                       + "\n".join(f"    {line}" for line in first[-40:]))
+        _RERUNS.append(
+            f"RERUN {report.nodeid} ({report.when}); may rerun because: {FLAKY.get(report.nodeid, '?')}\n"
+            + "\n".join(f"    {line}" for line in first[-40:])
+        )
 
 
 def pytest_sessionfinish(session):
@@ -123,18 +169,20 @@ if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600,
-            module: str = "slurm_router") -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600, module: str = "slurm_router"
+) -> subprocess.CompletedProcess:
     """The real command, as a user types it."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("run_dir: "), proc.stdout[-2000:] + proc.stderr[-2000:]
-    return Path(last[len("run_dir: "):])
+    return Path(last[len("run_dir: ") :])
 
 
 def step_losses(task_dir: Path) -> list[float]:
@@ -163,19 +211,28 @@ def _default_sigint() -> None:
     # A process started from a non-interactive shell's background job inherits SIGINT ignored; a user's
     # terminal never does that to a foreground command (tests/test_requeue_local.py says more).
     import signal
+
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "slurm_router") -> subprocess.Popen:
     """The real command in the background, as a user starts it (a test sends it signals); text pipes."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def wait_until(predicate, what: str, timeout: float = 600, poll_s: float = 0.05):
     """predicate()'s first truthy value, polled; AssertionError naming `what` after `timeout` s."""
     import time
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -188,6 +245,7 @@ def wait_until(predicate, what: str, timeout: float = 600, poll_s: float = 0.05)
 def pid_alive(pid: int) -> bool:
     """Running (a zombie, ended but not yet reaped by whoever adopted it, is not)."""
     import psutil
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -206,7 +264,7 @@ def event_rows(task_dir: Path, rank: int = 0) -> list[dict]:
     """A task's rank's event rows so far (a torn last line, being written, is left out)."""
     path = Path(task_dir) / f"events-rank{rank}.jsonl"
     rows = []
-    for line in (path.read_text().splitlines() if path.is_file() else []):
+    for line in path.read_text().splitlines() if path.is_file() else []:
         try:
             rows.append(json.loads(line))
         except ValueError:
@@ -224,10 +282,12 @@ def tmpfs(tmp_path):
     def mount(size: str, *options: str) -> Path:
         path = tmp_path / f"fs{len(mounted)}"
         path.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
-                       check=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)], check=True
+        )
         mounted.append(path)
         return path
+
     yield mount
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)

@@ -7,13 +7,14 @@ then execs COMMAND as apptainer would run it in the image, where Slurm's client 
     calls(folder) -> the recorded calls (argv, cwd, env it saw, where slurm_router imports from)
     slurm_calls(folder) -> the Slurm commands tried inside
 """
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-PROGRAM = r'''#!{python}
+PROGRAM = r"""#!{python}
 import json, os, subprocess, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 args, errors = sys.argv[1:], []
@@ -45,13 +46,13 @@ with open(os.path.join(HERE, "calls.jsonl"), "a") as f:
 if errors:
     sys.exit("fake-apptainer: " + "; ".join(errors))
 os.execvpe(command[0], command, env)
-'''
+"""
 
-NO_SLURM = r'''#!/bin/sh
+NO_SLURM = r"""#!/bin/sh
 echo "$(basename "$0") $*" >> "{record}"
 echo "$(basename "$0"): command not found (inside the image)" >&2
 exit 127
-'''
+"""
 
 
 def install_fake_apptainer(folder: Path) -> Path:

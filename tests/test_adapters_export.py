@@ -4,6 +4,7 @@ adapter; `python -m slurm_router.export` merges it into a full checkpoint; bad i
 
 Real runs through the command (launcher=local): gpt2_tiny with a base stage (its cache is a save_pretrained
 folder), gpt2_tiny without one (the seed-built base saved in the run dir), and model=hf on a tiny Llama."""
+
 import hashlib
 import json
 import shutil
@@ -15,13 +16,27 @@ import torch
 from conftest import run_cli, run_dir_of
 from tiny_checkpoints import make_checkpoint, prompt_completion_rows, write_jsonl
 
-FAST = ["train.global_batch_size=8", "train.eval_batch_size=8", "train.eval_batches=2", "data.max_len=64",
-        "data.max_documents=60", "launcher=local"]
-NO_EVERY = "train.eval_every=0"       # lora_ab evaluates every 25 steps: here only at the start and the end
+FAST = [
+    "train.global_batch_size=8",
+    "train.eval_batch_size=8",
+    "train.eval_batches=2",
+    "data.max_len=64",
+    "data.max_documents=60",
+    "launcher=local",
+]
+NO_EVERY = "train.eval_every=0"  # lora_ab evaluates every 25 steps: here only at the start and the end
 # The base stage of 4 steps, then 6 steps a variant, evaluated every 2, checkpointed at step 4 (the resume test);
 # a high lr, so that a variant's best held-out loss is not always its last
-WITH_BASE = ["base.enabled=true", "base.steps=4", "base.global_batch_size=8", "train.steps=6", "train.eval_every=2",
-             "train.checkpoint_every=4", "train.lr=2e-2", *FAST]
+WITH_BASE = [
+    "base.enabled=true",
+    "base.steps=4",
+    "base.global_batch_size=8",
+    "train.steps=6",
+    "train.eval_every=2",
+    "train.checkpoint_every=4",
+    "train.lr=2e-2",
+    *FAST,
+]
 TOL = 1e-5
 
 
@@ -42,22 +57,35 @@ def llama_run(tmp_path_factory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("adapters_llama")
     checkpoint = make_checkpoint(tmp / "llama", "llama")
     data = write_jsonl(tmp / "train.jsonl", prompt_completion_rows(96))
-    return _run(tmp, "model=hf", f"model.name_or_path={checkpoint}", "data=jsonl", f"data.path={data}",
-                "data.prompt_field=prompt", "data.completion_field=completion", "data.val_fraction=0.1",
-                "train.steps=4", NO_EVERY, *[a for a in FAST if not a.startswith("data.max_documents")]), checkpoint
+    return _run(
+        tmp,
+        "model=hf",
+        f"model.name_or_path={checkpoint}",
+        "data=jsonl",
+        f"data.path={data}",
+        "data.prompt_field=prompt",
+        "data.completion_field=completion",
+        "data.val_fraction=0.1",
+        "train.steps=4",
+        NO_EVERY,
+        *[a for a in FAST if not a.startswith("data.max_documents")],
+    ), checkpoint
 
 
 # ---- what the test reuses from the worker: its data and batching, nothing of its model code ------------------
 def _task_cfg(run_dir: Path, variant: str):
     from omegaconf import OmegaConf
+
     return OmegaConf.create(json.loads((run_dir / "tasks" / variant / "task.json").read_text())["config"])
 
 
 def held_out_loss(model, run_dir: Path, variant: str) -> float:
     """The token-weighted loss of `model` on the held-out batches the worker evaluated (same seed, same data)."""
-    from slurm_router.train.data import build_corpus, eval_batches, make_tokenizer
+    from slurm_router.train.data import build_corpus, eval_batches
+    from slurm_router.train.tokenizer import make_tokenizer
     from slurm_router.train.loss import token_loss_sum
     from slurm_router.worker.microbatch import batch_tensors
+
     cfg = _task_cfg(run_dir, variant)
     tok = make_tokenizer(cfg.model)
     corpus = build_corpus(cfg.data, tok)
@@ -75,6 +103,7 @@ def load_adapter(adapter: Path):
     """Base + adapter with transformers and peft alone: the base is the one adapter_config.json names."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
     base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
 
@@ -99,9 +128,11 @@ def _sha(path: Path) -> str:
 # ---- pure parts ---------------------------------------------------------------------------------------------
 def test_the_transformers_byte_tokenizer_encodes_as_the_byte_tokenizer():
     from slurm_router.train.byte_tokenizer import transformers_byte_tokenizer
-    from slurm_router.train.data import ByteTokenizer, stdlib_documents
+    from slurm_router.train.data import stdlib_documents
+    from slurm_router.train.tokenizer import ByteTokenizer
+
     hf, byte = transformers_byte_tokenizer(), ByteTokenizer()
-    texts = ["", " ", "  \t\n\r", "héllo ☃ 日本 \U0001F600", "a<|endoftext|>b", bytes(range(1, 128)).decode()]
+    texts = ["", " ", "  \t\n\r", "héllo ☃ 日本 \U0001f600", "a<|endoftext|>b", bytes(range(1, 128)).decode()]
     texts += [text for _, (_, text) in zip(range(3), stdlib_documents())]
     for text in texts:
         ids = hf.encode(text, add_special_tokens=False)
@@ -112,13 +143,16 @@ def test_the_transformers_byte_tokenizer_encodes_as_the_byte_tokenizer():
 
 def test_a_folder_is_written_whole_or_not_at_all(tmp_path):
     from slurm_router.artifacts.adapters import write_folder
+
     target = tmp_path / "adapter"
     write_folder(target, lambda tmp: (tmp / "a.json").write_text("old"))
 
     def half(tmp):
         (tmp / "a.json").write_text("new")
         raise OSError(28, "No space left on device")
+
     from slurm_router.fileio import WriteError
+
     with pytest.raises(WriteError) as e:
         write_folder(target, half)
     assert "No space left on device" in str(e.value) and str(target) in str(e.value)
@@ -185,6 +219,7 @@ def test_the_verdict_names_the_winner_and_its_adapter(gpt2_run):
 @pytest.mark.integration
 def test_export_merges_the_winner_into_a_checkpoint_that_reproduces_the_loss(gpt2_run, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     summary = _summary(gpt2_run)
     won = summary["winner"]["variant"]
     proc = export(gpt2_run, "--merge", tmp_path / "merged")
@@ -224,7 +259,31 @@ def test_export_refuses_bad_input_in_one_line_and_writes_nothing(gpt2_run, tmp_p
     _refused(export(unfinished, "r32", "--merge", out), "r32: no adapter in", "has not completed")
     (out / "x").mkdir(parents=True)
     _refused(export(gpt2_run, "--merge", out), str(out), "exists and is not empty")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "unfinished"] and [p.name for p in out.iterdir()] == ["x"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "unfinished"] and [p.name for p in out.iterdir()] == [
+        "x"
+    ]
+
+
+@pytest.mark.integration
+def test_export_after_the_base_moved_says_so_in_one_line(gpt2_run, tmp_path):
+    """An adapter stores its base's absolute path: with the base stage's cache entry moved away, export names the
+    missing base in one line (exit 2) and writes nothing; put back, the same command works."""
+    won = _summary(gpt2_run)["winner"]["variant"]
+    config = gpt2_run / "tasks" / won / "adapter" / "adapter_config.json"
+    base = Path(json.loads(config.read_text())["base_model_name_or_path"])
+    assert (base / "config.json").is_file() and base.parent == gpt2_run.parents[2] / "cache" / "base", base  # cached
+    moved = tmp_path / "moved-base"
+    shutil.move(base, moved)
+    try:
+        out = tmp_path / "merged"
+        err = _refused(export(gpt2_run, "--merge", out), f"the base model of {config.parent}, {base}, is gone")
+        assert "put that checkpoint back" in err, err
+        assert [p.name for p in tmp_path.iterdir()] == ["moved-base"], "export wrote something"
+        _refused(export(gpt2_run), f"{base}, is gone")  # without --merge (where the adapter and base are)
+    finally:
+        shutil.move(moved, base)
+    again = export(gpt2_run, "--merge", out)
+    assert again.returncode == 0 and (out / "config.json").is_file(), again.stderr[-2000:]
 
 
 @pytest.mark.integration
@@ -232,8 +291,14 @@ def test_a_resumed_task_ends_with_the_same_adapters(gpt2_run):
     """The task is resumed from its step-4 checkpoint after losing its final adapter and result: it ends with
     the same files (its best so far is read back from adapter-best/, later evaluations repeat the same losses)."""
     task = gpt2_run / "tasks" / "r8"
-    before = {f: _sha(task / f) for f in ("adapter/adapter_model.safetensors", "adapter-best/adapter_model.safetensors",
-                                           "adapter-best/held_out.json")}
+    before = {
+        f: _sha(task / f)
+        for f in (
+            "adapter/adapter_model.safetensors",
+            "adapter-best/adapter_model.safetensors",
+            "adapter-best/held_out.json",
+        )
+    }
     result = json.loads((task / "result.json").read_text())
     shutil.rmtree(task / "adapter")
     (task / "result.json").unlink()
@@ -242,8 +307,10 @@ def test_a_resumed_task_ends_with_the_same_adapters(gpt2_run):
     (gpt2_run / "manifest.json").write_text(json.dumps(manifest))
     proc = run_cli(f"resume={gpt2_run}", cwd=gpt2_run)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert any(r["event"] == "checkpoint_loaded" for r in
-               map(json.loads, (task / "events-rank0.jsonl").read_text().splitlines()))
+    assert any(
+        r["event"] == "checkpoint_loaded"
+        for r in map(json.loads, (task / "events-rank0.jsonl").read_text().splitlines())
+    )
     assert {f: _sha(task / f) for f in before} == before
     assert json.loads((task / "result.json").read_text()) == result
 
@@ -252,8 +319,10 @@ def test_a_resumed_task_ends_with_the_same_adapters(gpt2_run):
 @pytest.mark.integration
 def test_without_a_base_stage_the_seed_built_base_is_saved_for_the_adapters(tmp_path):
     run_dir = _run(tmp_path, "base.enabled=false", "train.steps=3", NO_EVERY, *FAST)
-    bases = {json.loads((run_dir / "tasks" / v / "adapter" / "adapter_config.json").read_text())
-             ["base_model_name_or_path"] for v in ("r8", "r32")}
+    bases = {
+        json.loads((run_dir / "tasks" / v / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+        for v in ("r8", "r32")
+    }
     assert len(bases) == 1 and Path(bases.pop()).parent == run_dir / "base-init", "one base, shared"
     summary = _summary(run_dir)
     for variant in ("r8", "r32"):
@@ -266,6 +335,7 @@ def test_without_a_base_stage_the_seed_built_base_is_saved_for_the_adapters(tmp_
 @pytest.mark.integration
 def test_a_local_checkpoints_adapter_reproduces_the_loss_plain_and_merged(llama_run, tmp_path):
     from transformers import AutoModelForCausalLM
+
     run_dir, checkpoint = llama_run
     summary = _summary(run_dir)
     won = summary["winner"]["variant"]

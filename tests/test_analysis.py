@@ -1,6 +1,7 @@
 """The post-run report against a real run: its figures recomputed by hand (plain Python, no pandas) from the
 same events, the html rendered in headless Chromium, and the cases a report must survive (damaged events,
 a task with no events, a requeued task, two runs side by side)."""
+
 import json
 import re
 import shutil
@@ -13,8 +14,13 @@ from conftest import run_cli, run_dir_of
 from slurm_router.analysis.__main__ import main as analysis_main
 
 pytestmark = pytest.mark.integration
-RUN_ARGS = ["+experiment=lora_ab", "base.steps=20", "train.steps=8", "resources.devices_per_task=2",
-            "data.max_documents=80"]
+RUN_ARGS = [
+    "+experiment=lora_ab",
+    "base.steps=20",
+    "train.steps=8",
+    "resources.devices_per_task=2",
+    "data.max_documents=80",
+]
 
 
 @pytest.fixture(scope="session")
@@ -25,8 +31,9 @@ def analysis_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def run_dir(analysis_root) -> Path:
     """One real run (base stage + r8 + r32 on 2 CPU workers each), reported at its end."""
-    proc = run_cli(*RUN_ARGS, f"run_root={analysis_root}", f"base.cache_dir={analysis_root / 'cache'}",
-                   cwd=analysis_root)
+    proc = run_cli(
+        *RUN_ARGS, f"run_root={analysis_root}", f"base.cache_dir={analysis_root / 'cache'}", cwd=analysis_root
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir_of(proc)
 
@@ -34,10 +41,12 @@ def run_dir(analysis_root) -> Path:
 @pytest.fixture
 def copy_of(run_dir, tmp_path):
     """A throw-away copy of the run, to damage."""
+
     def make() -> Path:
         dst = tmp_path / "run"
         shutil.copytree(run_dir, dst, ignore=shutil.ignore_patterns("report"))
         return dst
+
     return make
 
 
@@ -61,14 +70,24 @@ def test_summary_keeps_its_keys_and_matches_a_hand_computation(run_dir):
     assert set(s["variants"]) == {"r8", "r32"} and not s["missing"]
     for name, v in s["variants"].items():
         task = run_dir / "tasks" / name
-        assert {"val_loss", "train_loss", "tokens_per_s", "balance_ratio", "steps", "devices", "policy",
-                "cost_balance_ratio", "useful_token_fraction", "oom_retries"} <= set(v)
+        assert {
+            "val_loss",
+            "train_loss",
+            "tokens_per_s",
+            "balance_ratio",
+            "steps",
+            "devices",
+            "policy",
+            "cost_balance_ratio",
+            "useful_token_fraction",
+            "oom_retries",
+        } <= set(v)
         assert v["steps"] == 8 and v["devices"] == 2 and v["policy"] == "balanced"
         steps = sorted(rows(task, "step", device=0), key=lambda r: r["step"])
         ratios = [max(r["busy_s_all"]) / (sum(r["busy_s_all"]) / 2) for r in steps]
         assert v["balance_ratio"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-9)
         assert v["cost_balance_ratio"] == pytest.approx(sum(r["cost_balance_ratio"] for r in steps) / 8, rel=1e-9)
-        warm = steps[max(1, int(8 * 0.1)):]                  # warm-up: the first 10% of steps, at least one
+        warm = steps[max(1, int(8 * 0.1)) :]  # warm-up: the first 10% of steps, at least one
         seconds = sum(r["t_step_s"] for r in warm)
         assert v["tokens_per_s"] == pytest.approx(sum(r["n_tokens"] for r in warm) / seconds, rel=1e-9)
         assert v["samples_per_s"] == pytest.approx(sum(r["n_samples"] for r in warm) / seconds, rel=1e-9)
@@ -114,12 +133,28 @@ def test_report_files_and_the_html_renders_in_chromium(run_dir, tmp_path):
     report = run_dir / "report"
     s = summary_of(run_dir)
     assert s["plots"] == ["loss.png", "forest.png", "device_load.png", "step_time.png", "memory.png"]
-    for name in ("report.md", "report.html", "steps.csv", "steps_detail.csv", "devices.csv", "variants.csv",
-                 "ab.csv", "evals.csv", *s["plots"]):
+    for name in (
+        "report.md",
+        "report.html",
+        "steps.csv",
+        "steps_detail.csv",
+        "devices.csv",
+        "variants.csv",
+        "ab.csv",
+        "evals.csv",
+        *s["plots"],
+    ):
         assert (report / name).stat().st_size > 0, name
     md = (report / "report.md").read_text()
-    for section in ("## Verdict", "## Variants", "## Routing balance", "## Throughput and time", "## Job facts",
-                    "## Plots", "## Definitions"):
+    for section in (
+        "## Verdict",
+        "## Variants",
+        "## Routing balance",
+        "## Throughput and time",
+        "## Job facts",
+        "## Plots",
+        "## Definitions",
+    ):
         assert section in md
     page = (report / "report.html").read_text()
     imgs = re.findall(r"<img [^>]*src=\"([^\"]+)\"", page)
@@ -129,10 +164,22 @@ def test_report_files_and_the_html_renders_in_chromium(run_dir, tmp_path):
     if not browser:
         pytest.skip("chromium not installed (apt-get install chromium): the html was checked, not rendered")
     shot = tmp_path / "shot.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-                    "--window-size=1200,3000", f"file://{report / 'report.html'}"], capture_output=True,
-                   timeout=120, cwd=tmp_path)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=1200,3000",
+            f"file://{report / 'report.html'}",
+        ],
+        capture_output=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     from PIL import Image
+
     img = Image.open(shot).convert("RGB")
     colours = img.getcolors(1 << 24)
     assert img.size == (1200, 3000) and len(colours) > 500, "the screenshot is blank"
@@ -140,12 +187,15 @@ def test_report_files_and_the_html_renders_in_chromium(run_dir, tmp_path):
     assert white < 0.97 * 1200 * 3000
 
 
-@pytest.mark.parametrize("content, why", [
-    (b"hello\n{\"event\": \"step\"}\n", "line 1 is not an event row"),
-    (b"", "no complete event row"),
-    (b"\x00\x01\xff not json", "no complete event row"),
-    (b'{"event":"step","step":"x"}\n', "'step' row(s) without a numeric step, device, loss"),
-])
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b'hello\n{"event": "step"}\n', "line 1 is not an event row"),
+        (b"", "no complete event row"),
+        (b"\x00\x01\xff not json", "no complete event row"),
+        (b'{"event":"step","step":"x"}\n', "'step' row(s) without a numeric step, device, loss"),
+    ],
+)
 def test_damaged_events_are_left_out_and_named_and_the_rest_is_reported(copy_of, content, why):
     """Analysis never asks the user to delete data: what it cannot read is named under 'What is missing'."""
     run = copy_of()
@@ -204,14 +254,19 @@ def test_requeued_steps_are_counted_once_from_the_last_attempt(run_dir, copy_of)
     assert v["tokens_per_s"] == pytest.approx(sum(r["n_tokens"] for r in warm) / sum(r["t_step_s"] for r in warm))
     original = summary_of(run_dir)["variants"]["r8"]
     assert v["useful_token_fraction"] == pytest.approx(original["useful_token_fraction"], rel=1e-12)
-    assert v["balance_ratio"] == pytest.approx(original["balance_ratio"], rel=1e-12)   # same busy_s_all
+    assert v["balance_ratio"] == pytest.approx(original["balance_ratio"], rel=1e-12)  # same busy_s_all
     steps_csv = (run / "report" / "steps.csv").read_text().splitlines()
     assert sum(1 for line in steps_csv if line.startswith("r8,")) == 8
 
 
 def test_two_runs_side_by_side(run_dir, analysis_root, tmp_path, capsys):
-    proc = run_cli(*RUN_ARGS, "router=round_robin", f"run_root={analysis_root}",
-                   f"base.cache_dir={analysis_root / 'cache'}", cwd=analysis_root)
+    proc = run_cli(
+        *RUN_ARGS,
+        "router=round_robin",
+        f"run_root={analysis_root}",
+        f"base.cache_dir={analysis_root / 'cache'}",
+        cwd=analysis_root,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     other = run_dir_of(proc)
     out = tmp_path / "cmp"

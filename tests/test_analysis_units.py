@@ -17,13 +17,13 @@ def batches(sums, tokens, step=10):
 def test_paired_bootstrap_pairs_batches_and_its_point_estimate_is_the_plain_difference():
     rng = np.random.default_rng(1)
     tokens = rng.integers(200, 400, size=50)
-    hardness = rng.uniform(2.0, 4.0, size=50)           # batch difficulty: shared by both, cancels when paired
+    hardness = rng.uniform(2.0, 4.0, size=50)  # batch difficulty: shared by both, cancels when paired
     a = batches(hardness * tokens, tokens)
     b = batches((hardness + 0.05 + rng.normal(0, 0.01, 50)) * tokens, tokens)
     r = abtest.paired_bootstrap(a, b)
     assert r["diff"] == pytest.approx(a["loss_sums"].sum() / tokens.sum() - b["loss_sums"].sum() / tokens.sum())
-    assert r["ci_low"] < r["diff"] < r["ci_high"] < 0 and r["se"] < 0.01     # paired: tight despite hardness
-    assert abtest.paired_bootstrap(a, b) == r                                  # seeded: same report every time
+    assert r["ci_low"] < r["diff"] < r["ci_high"] < 0 and r["se"] < 0.01  # paired: tight despite hardness
+    assert abtest.paired_bootstrap(a, b) == r  # seeded: same report every time
     same = abtest.paired_bootstrap(a, a)
     assert same["diff"] == 0 and same["ci_low"] == same["ci_high"] == 0
     noisy = abtest.paired_bootstrap(a, batches((hardness + rng.normal(0, 0.3, 50)) * tokens, tokens))
@@ -35,18 +35,22 @@ def test_paired_bootstrap_pairs_batches_and_its_point_estimate_is_the_plain_diff
 def test_compare_all_covers_every_pair_and_the_base():
     def task(name, stage, evals):
         t = Task(name, {"stage": stage})
-        t.evals = pd.DataFrame([{"step": s, "val_loss": sum(v) / sum(k), "batch_loss_sums": v, "batch_tokens": k}
-                                for s, v, k in evals])
+        t.evals = pd.DataFrame(
+            [{"step": s, "val_loss": sum(v) / sum(k), "batch_loss_sums": v, "batch_tokens": k} for s, v, k in evals]
+        )
         return t
+
     tok = [100, 100, 100]
-    tasks = [task("base", "base", [(20, [300, 310, 290], tok)]),
-             task("r8", "variants", [(0, [300, 310, 290], tok), (8, [280, 290, 270], tok)]),
-             task("r32", "variants", [(0, [300, 310, 290], tok)])]              # not trained yet
+    tasks = [
+        task("base", "base", [(20, [300, 310, 290], tok)]),
+        task("r8", "variants", [(0, [300, 310, 290], tok), (8, [280, 290, 270], tok)]),
+        task("r32", "variants", [(0, [300, 310, 290], tok)]),
+    ]  # not trained yet
     rows = {(r["a"], r["b"]): r for r in abtest.compare_all(tasks)}
     assert set(rows) == {("r8", "r32"), ("r8", "base"), ("r32", "base")}
     assert rows[("r8", "base")]["diff"] == pytest.approx(-0.2)
     assert "no verdict" in rows[("r8", "r32")]["sentence"] and "no verdict" in rows[("r32", "base")]["sentence"]
-    base, source = abtest.base_batches(tasks[1:])                             # cached base: a step-0 eval
+    base, source = abtest.base_batches(tasks[1:])  # cached base: a step-0 eval
     assert source == "r8 (step-0 eval)" and base["step"] == 0
 
 
@@ -62,27 +66,46 @@ RESOURCES = """15_0|01:00:00|billing=8,cpu=8,gres/gpu=2,gres/gpu:h100=2,mem=64G,
 
 
 def test_job_facts_from_sacct_and_plain_advice():
-    manifest = {"launcher": "slurm", "host": "login", "jobs": [{"stage": "variants", "job_id": "15", "array": True,
-                "tasks": [{"variant": "r8", "array_index": 0}, {"variant": "r32", "array_index": 1}]}],
-                "tasks": {"r8": {"stage": "variants", "state": "submitted", "devices": 2},
-                          "r32": {"stage": "variants", "state": "submitted", "devices": 2}}}
+    manifest = {
+        "launcher": "slurm",
+        "host": "login",
+        "jobs": [
+            {
+                "stage": "variants",
+                "job_id": "15",
+                "array": True,
+                "tasks": [{"variant": "r8", "array_index": 0}, {"variant": "r32", "array_index": 1}],
+            }
+        ],
+        "tasks": {
+            "r8": {"stage": "variants", "state": "submitted", "devices": 2},
+            "r32": {"stage": "variants", "state": "submitted", "devices": 2},
+        },
+    }
     calls = []
 
     def runner(argv):
         calls.append(argv)
         return RESOURCES if any("Timelimit" in a for a in argv) else SACCT
+
     tasks = [Task("r8", manifest["tasks"]["r8"]), Task("r32", manifest["tasks"]["r32"])]
     facts = jobfacts.job_facts(manifest, tasks, runner)
     r8, r32 = facts["r8"], facts["r32"]
     assert all(c[0] == "sacct" and "15" in c for c in calls)
-    assert (r8["source"], r8["state"], r8["elapsed_s"], r8["time_limit_s"], r8["node"]) == \
-        ("sacct", "COMPLETED", 250, 3600, "gpu01")
+    assert (r8["source"], r8["state"], r8["elapsed_s"], r8["time_limit_s"], r8["node"]) == (
+        "sacct",
+        "COMPLETED",
+        250,
+        3600,
+        "gpu01",
+    )
     assert r8["devices_allocated"] == 2 and r8["cpus_allocated"] == 8 and r8["mem_allocated_bytes"] == 64 * 2**30
     assert r8["mem_max_rss_bytes"] == 8 * 2**30 and r8["cpu_efficiency"] == pytest.approx(3000 / (250 * 8))
     assert (r32["state"], r32["requeues"]) == ("TIMEOUT", 1)
-    tips = jobfacts.advice({**r8, "device_type": "cuda", "device_mem_peak_bytes": 17e9,
-                            "device_mem_total_bytes": 80e9, "devices_used": 1}, {"balance_ratio": 1.4,
-                                                                                 "devices": 2, "policy": "round_robin"})
+    tips = jobfacts.advice(
+        {**r8, "device_type": "cuda", "device_mem_peak_bytes": 17e9, "device_mem_total_bytes": 80e9, "devices_used": 1},
+        {"balance_ratio": 1.4, "devices": 2, "policy": "round_robin"},
+    )
     text = "\n".join(tips)
     assert "GPU memory peak 21% of the allocation: pack variants or ask for a smaller GPU" in text
     assert "1 of 2 allocated devices computed no sample" in text and "try router=balanced" in text
@@ -92,22 +115,32 @@ def test_job_facts_from_sacct_and_plain_advice():
 
 
 def test_local_runs_need_no_sacct():
-    manifest = {"launcher": "local", "host": "box", "jobs": [], "tasks": {"r8": {"state": "completed",
-                                                                                "elapsed_s": 7.5, "devices": ["0"]}}}
-    f = jobfacts.job_facts(manifest, [Task("r8", manifest["tasks"]["r8"])],
-                           runner=lambda argv: pytest.fail("sacct called for a local run"))["r8"]
-    assert (f["source"], f["state"], f["elapsed_s"], f["node"], f["devices_allocated"]) == \
-        ("local", "COMPLETED", 7.5, "box", 1)
+    manifest = {
+        "launcher": "local",
+        "host": "box",
+        "jobs": [],
+        "tasks": {"r8": {"state": "completed", "elapsed_s": 7.5, "devices": ["0"]}},
+    }
+    f = jobfacts.job_facts(
+        manifest, [Task("r8", manifest["tasks"]["r8"])], runner=lambda argv: pytest.fail("sacct called for a local run")
+    )["r8"]
+    assert (f["source"], f["state"], f["elapsed_s"], f["node"], f["devices_allocated"]) == (
+        "local",
+        "COMPLETED",
+        7.5,
+        "box",
+        1,
+    )
 
 
 def test_markdown_tables_escape_and_align():
-    md = to_markdown([("h", 2, "T"), ("table", pd.DataFrame({"task": ["a|b"], "tokens/s": ["1,234"]})),
-                      ("ul", ["x"])])
+    md = to_markdown([("h", 2, "T"), ("table", pd.DataFrame({"task": ["a|b"], "tokens/s": ["1,234"]})), ("ul", ["x"])])
     assert "## T" in md and "| a\\|b | 1,234 |" in md and "|---|---:|" in md and "- x" in md
 
 
 def test_mfu_uses_6n_for_full_training_4n_plus_2n_trainable_for_lora_and_names_the_peak():
     from slurm_router.analysis.metrics import mfu
+
     t = Task("r8", {"stage": "variants"})
     t.steps = pd.DataFrame([{"step": 0, "busy_s_all": [1.0, 1.0]}])
     t.start = {"device_type": "cuda", "n_params": 100e6, "n_trainable_params": 100e6, "mem_total_bytes": 80 * 2**30}
@@ -116,7 +149,7 @@ def test_mfu_uses_6n_for_full_training_4n_plus_2n_trainable_for_lora_and_names_t
     t.start.update(n_trainable_params=1e6, device_name="NVIDIA A100-SXM4-80GB")
     lora = mfu(t, tokens_per_s=100_000)
     assert lora["mfu"] == pytest.approx(100_000 * (4 * 100e6 + 2 * 1e6) / (2 * 312e12)) and "LoRA" in lora["text"]
-    t.start.update(n_trainable_params=100e6, device_name="NVIDIA H100 PCIe")     # not the SXM part's peak
+    t.start.update(n_trainable_params=100e6, device_name="NVIDIA H100 PCIe")  # not the SXM part's peak
     assert mfu(t, tokens_per_s=100_000)["mfu"] == pytest.approx(100_000 * 6 * 100e6 / (2 * 756e12))
     t.start.update(device_type="cpu")
     assert mfu(t, tokens_per_s=100_000)["text"] == "n/a (CPU)"

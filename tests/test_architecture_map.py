@@ -1,6 +1,7 @@
 """docs/ARCHITECTURE.md is the map, and the map is checked (issue 26, item 6): every module of the package and of the
 report is named on it, every section a code comment cites is one of its headings, every module path it names
 exists, and its import-contract summary is pyproject.toml's. Pure: reads files, imports and runs nothing."""
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 PACKAGE = REPO / "slurm_router"
-ANALYSIS = REPO / "analysis"            # slurm_router/analysis is a symlink to it
+ANALYSIS = REPO / "analysis"  # slurm_router/analysis is a symlink to it
 # Where code comments cite the map's sections. Not tests/: this file's own docstrings would count.
 CITING_DIRS = ("slurm_router", "analysis", "benchmarks", "scripts", "conf", "sbatch_templates")
 CITING_FILES = ("README.md", "pyproject.toml")
@@ -33,7 +34,7 @@ def doc_text() -> str:
 def package_modules() -> list[str]:
     """Every module under slurm_router/ but the analysis symlink and __init__.py files, relative to slurm_router/."""
     found = []
-    for root, dirs, files in os.walk(PACKAGE):         # os.walk does not descend into the analysis symlink
+    for root, dirs, files in os.walk(PACKAGE):  # os.walk does not descend into the analysis symlink
         dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (Path(root) / d).is_symlink())
         for f in sorted(files):
             if f.endswith(".py") and f != "__init__.py":
@@ -73,7 +74,7 @@ def cited_sections() -> dict[str, list[str]]:
     """Section title -> the files that cite it."""
     files = [REPO / f for f in CITING_FILES if (REPO / f).is_file()]
     for d in CITING_DIRS:
-        for root, dirs, names in os.walk(REPO / d):     # analysis is walked once, as the top-level folder
+        for root, dirs, names in os.walk(REPO / d):  # analysis is walked once, as the top-level folder
             dirs[:] = [x for x in dirs if x != "__pycache__" and not (Path(root) / x).is_symlink()]
             files += [Path(root) / n for n in names if Path(n).suffix in CITING_SUFFIXES]
     cited: dict[str, list[str]] = {}
@@ -94,7 +95,7 @@ def module_exists(dotted: str) -> bool:
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     package_dir = config["tool"]["setuptools"].get("package-dir", {})
     parts = dotted.split(".")
-    for n in range(len(parts), 0, -1):              # the longest mapped package it is in
+    for n in range(len(parts), 0, -1):  # the longest mapped package it is in
         folder = package_dir.get(".".join(parts[:n]))
         if folder is not None:
             rel = Path(folder, *parts[n:])
@@ -111,9 +112,11 @@ def test_a_path_names_only_itself():
 
 
 def test_citations_are_read_across_lines_and_comment_markers():
-    text = ('"""launcher.container (docs/ARCHITECTURE.md, "How a\njob runs"). More."""\n'
-            '# see docs/ARCHITECTURE.md, "Target\n#   masks": and docs/ARCHITECTURE.md ("The model")\n'
-            '"""docs/ARCHITECTURE.md, "A task\'s lifecycle": `cached`)"""')
+    text = (
+        '"""launcher.container (docs/ARCHITECTURE.md, "How a\njob runs"). More."""\n'
+        '# see docs/ARCHITECTURE.md, "Target\n#   masks": and docs/ARCHITECTURE.md ("The model")\n'
+        '"""docs/ARCHITECTURE.md, "A task\'s lifecycle": `cached`)"""'
+    )
     assert citations_in(text) == ["How a job runs", "Target masks", "The model", "A task's lifecycle"]
 
 
@@ -133,8 +136,10 @@ def test_every_module_is_on_the_map():
     assert len(modules) > 50, "the module walk found too few modules: is the package where this test looks?"
     listed = module_lines(doc_text())
     missing = [m for m in modules if m not in listed]
-    assert not missing, ("modules docs/ARCHITECTURE.md does not list under 'Every module' (add a line each, "
-                         f"- `path relative to slurm_router/`: what it owns): {missing}")
+    assert not missing, (
+        "modules docs/ARCHITECTURE.md does not list under 'Every module' (add a line each, "
+        f"- `path relative to slurm_router/`: what it owns): {missing}"
+    )
     twice = sorted({m for m in listed if listed.count(m) > 1})
     assert not twice, f"modules listed more than once under 'Every module': {twice}"
 
@@ -144,14 +149,17 @@ def test_every_cited_section_exists():
     assert len(cited) >= 5, f"found too few citations of docs/ARCHITECTURE.md sections: {sorted(cited)}"
     have = set(headings(doc_text()))
     missing = {title: files for title, files in sorted(cited.items()) if title not in have}
-    assert not missing, ("sections cited in code comments that docs/ARCHITECTURE.md has no heading for "
-                         f"(title: citing files): {missing}")
+    assert not missing, (
+        f"sections cited in code comments that docs/ARCHITECTURE.md has no heading for (title: citing files): {missing}"
+    )
 
 
 def test_every_module_path_on_the_map_exists():
     stale = sorted(p for p in named_paths(doc_text()) if not exists(p))
-    assert not stale, ("docs/ARCHITECTURE.md names these .py paths, which exist neither under slurm_router/ nor "
-                       f"under the repository's root: {stale}")
+    assert not stale, (
+        "docs/ARCHITECTURE.md names these .py paths, which exist neither under slurm_router/ nor "
+        f"under the repository's root: {stale}"
+    )
     stale_dotted = sorted(d for d in set(DOTTED.findall(doc_text())) if not module_exists(d))
     assert not stale_dotted, f"docs/ARCHITECTURE.md names modules that do not exist: {stale_dotted}"
 
@@ -170,8 +178,10 @@ def test_the_import_contracts_are_pyprojects():
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     contracts = config["tool"]["importlinter"]["contracts"]
     layers_contract = next(c for c in contracts if c["type"] == "layers")
-    expected = [" | ".join(part.strip().removeprefix("slurm_router.") for part in layer.split("|"))
-                for layer in layers_contract["layers"]]
+    expected = [
+        " | ".join(part.strip().removeprefix("slurm_router.") for part in layer.split("|"))
+        for layer in layers_contract["layers"]
+    ]
     text = doc_text()
     section = text.split("### Import contracts", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]

@@ -1,4 +1,5 @@
 """Bad input: exit code 2, one line naming the key or file and the fix, no traceback, no run directory."""
+
 import json
 import os
 import shutil
@@ -10,8 +11,14 @@ from conftest import run_cli, run_dir_of
 
 FAST = ["train.steps=1", "base.steps=1"]
 # A run that trains: one step of a tiny synthetic corpus (on one CPU worker, locally).
-SMALL = ["data=synthetic", "data.n_samples=64", "data.max_len=64", "data.mean_len=20", "train.steps=1",
-         "train.eval_batches=1"]
+SMALL = [
+    "data=synthetic",
+    "data.n_samples=64",
+    "data.max_len=64",
+    "data.mean_len=20",
+    "train.steps=1",
+    "train.eval_batches=1",
+]
 TINY = [*SMALL, "launcher.cpu_slots=1"]
 
 
@@ -21,8 +28,14 @@ def _bad(tmp_path, *args, prefix: tuple[str, ...] = ()):
     if not any(a.startswith("run_root=") for a in args):
         args = (*args, f"run_root={runs}")
     if prefix:
-        proc = subprocess.run([*prefix, sys.executable, "-m", "slurm_router", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.run(
+            [*prefix, sys.executable, "-m", "slurm_router", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     else:
         proc = run_cli(*args, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
@@ -34,25 +47,28 @@ def _bad(tmp_path, *args, prefix: tuple[str, ...] = ()):
     return err[0]
 
 
-@pytest.mark.parametrize("args, expect", [
-    (["+experiment=nope"], "experiment=nope: no such experiment"),
-    (["router=fastest"], "choose one of: affinity, balanced, least_loaded, round_robin"),
-    (["train.lrr=1"], "unknown key 'train.lrr'"),
-    (["train.lr=0"], "train.lr=0"),
-    (["train.lr=-1"], "out of range"),
-    (["train.lr=abc"], "train.lr"),
-    (["resources.devices_per_task=0"], "resources.devices_per_task=0"),
-    (["router.policy=fastest"], "router.policy='fastest' is not valid"),
-    (["data=text_dir"], "data.path is required"),
-    (["data=text_dir", "data.path=/nonexistent/dir"], "'/nonexistent/dir' is not a folder"),
-    (["data=jsonl", "data.path=/nonexistent.jsonl"], "is not a file"),
-    (["model=hf"], "model.name_or_path is required"),
-    (["model=hf", "model.name_or_path=/nonexistent"], "is not a directory"),
-    (["+experiment=lora_ab", "+variants.r8.train.lrr=1"], "unknown key"),
-    (["+experiment=lora_ab", "variants.r8.train.lr=-1"], "variants.r8: train.lr=-1"),
-    (["model.n_embd=100", "model.n_head=3"], "multiple of model.n_head"),
-    (["--frobnicate"], "unknown option --frobnicate"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["+experiment=nope"], "experiment=nope: no such experiment"),
+        (["router=fastest"], "choose one of: affinity, balanced, least_loaded, round_robin"),
+        (["train.lrr=1"], "unknown key 'train.lrr'"),
+        (["train.lr=0"], "train.lr=0"),
+        (["train.lr=-1"], "out of range"),
+        (["train.lr=abc"], "train.lr"),
+        (["resources.devices_per_task=0"], "resources.devices_per_task=0"),
+        (["router.policy=fastest"], "router.policy='fastest' is not valid"),
+        (["data=text_dir"], "data.path is required"),
+        (["data=text_dir", "data.path=/nonexistent/dir"], "'/nonexistent/dir' is not a folder"),
+        (["data=jsonl", "data.path=/nonexistent.jsonl"], "is not a file"),
+        (["model=hf"], "model.name_or_path is required"),
+        (["model=hf", "model.name_or_path=/nonexistent"], "is not a directory"),
+        (["+experiment=lora_ab", "+variants.r8.train.lrr=1"], "unknown key"),
+        (["+experiment=lora_ab", "variants.r8.train.lr=-1"], "variants.r8: train.lr=-1"),
+        (["model.n_embd=100", "model.n_head=3"], "multiple of model.n_head"),
+        (["--frobnicate"], "unknown option --frobnicate"),
+    ],
+)
 def test_bad_config_exits_2_with_one_line(tmp_path, args, expect):
     line = _bad(tmp_path, *args, *FAST)
     assert expect in line, line
@@ -135,8 +151,15 @@ def test_run_root_that_is_a_file_or_under_proc(tmp_path):
 
 def test_dict_valued_override_reaches_the_rendered_sbatch(tmp_path):
     """The README's own syntax, as Hydra users write it, without '+'."""
-    proc = run_cli("launcher=sbatch", "launcher.dry_run=true", "launcher.additional_parameters={nice: 10}",
-                   *SMALL, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, timeout=120)
+    proc = run_cli(
+        "launcher=sbatch",
+        "launcher.dry_run=true",
+        "launcher.additional_parameters={nice: 10}",
+        *SMALL,
+        f"run_root={tmp_path / 'runs'}",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "#SBATCH --nice=10" in (run_dir_of(proc) / "submit.sbatch").read_text().splitlines()
 
@@ -159,21 +182,24 @@ def _checkpoint(path, tokenizer: bool):
     """A tiny GPT-2 saved the way users save one, with or without its tokenizer."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
     config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=300, n_positions=64, bos_token_id=0, eos_token_id=0)
     GPT2LMHeadModel(config).save_pretrained(path)
     if tokenizer:
         bpe = ByteLevelBPETokenizer()
-        bpe.train_from_iterator(["some text to learn from"] * 10, vocab_size=280, special_tokens=["<|endoftext|>"],
-                                show_progress=False)
+        bpe.train_from_iterator(
+            ["some text to learn from"] * 10, vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False
+        )
         PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>").save_pretrained(path)
     return path
 
 
 def test_checkpoint_without_tokenizer_or_whole_weights_is_named_before_anything_is_written(tmp_path):
-    data = [*SMALL, "launcher=sbatch", "launcher.dry_run=true"]        # a dry run: the checks, then render
+    data = [*SMALL, "launcher=sbatch", "launcher.dry_run=true"]  # a dry run: the checks, then render
     good = _checkpoint(tmp_path / "good", tokenizer=True)
-    proc = run_cli("model=hf", f"model.name_or_path={good}", *data, f"run_root={tmp_path / 'ok'}", cwd=tmp_path,
-                   timeout=120)
+    proc = run_cli(
+        "model=hf", f"model.name_or_path={good}", *data, f"run_root={tmp_path / 'ok'}", cwd=tmp_path, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     shutil.rmtree(tmp_path / "ok")
     bare = _checkpoint(tmp_path / "bare", tokenizer=False)
@@ -187,7 +213,12 @@ def test_checkpoint_without_tokenizer_or_whole_weights_is_named_before_anything_
 
 def test_jsonl_reads_as_the_format_defines(tmp_path):
     f = tmp_path / "d.jsonl"
-    f.write_text("".join(json.dumps({"text": f"row {i}\u2028with a line separator"}, ensure_ascii=False) + "\n"
-                         for i in range(20)) + "[1, 2]\n")
-    assert f"line 21 of {f} is a JSON array, not an object with a 'text' field" in \
-        _bad(tmp_path, "data=jsonl", f"data.path={f}", *FAST)
+    f.write_text(
+        "".join(
+            json.dumps({"text": f"row {i}\u2028with a line separator"}, ensure_ascii=False) + "\n" for i in range(20)
+        )
+        + "[1, 2]\n"
+    )
+    assert f"line 21 of {f} is a JSON array, not an object with a 'text' field" in _bad(
+        tmp_path, "data=jsonl", f"data.path={f}", *FAST
+    )

@@ -4,6 +4,7 @@ with one line on stderr naming the problem, no traceback, and nothing written (n
 The command's own main() runs in process (the same code path as `python -m slurm_router ARGS`, minus
 interpreter start-up: ~0.1 s a row instead of ~3 s); tests/test_bad_input.py covers the real subprocess.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ def _safetensors(path: Path, cut: int = 0) -> None:
     """A tiny whole safetensors file (one float32 tensor of 4), less its last `cut` bytes."""
     header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
     data = len(header).to_bytes(8, "little") + header + bytes(16)
-    path.write_bytes(data[:len(data) - cut])
+    path.write_bytes(data[: len(data) - cut])
 
 
 def _checkpoint(root: Path, name: str, config: dict | None = None, weights: str = "whole") -> Path:
@@ -60,7 +61,7 @@ def _files(root: Path) -> dict[str, Path]:
     (root / "nofield.jsonl").write_text('{"body": "x", "id": 1}\n')
     (root / "deep.jsonl").write_text("[" * 100_000 + "\n")
     (root / "dangling.jsonl").symlink_to(root / "nowhere.jsonl")
-    (root / "io.jsonl").symlink_to("/proc/self/mem")            # reading it fails: Input/output error
+    (root / "io.jsonl").symlink_to("/proc/self/mem")  # reading it fails: Input/output error
     (root / "ioerror").mkdir()
     (root / "ioerror" / "a.txt").write_text("some text\n\n" * 50)
     (root / "ioerror" / "b.txt").symlink_to("/proc/self/mem")
@@ -72,13 +73,24 @@ def _files(root: Path) -> dict[str, Path]:
     _checkpoint(root, "hf_cut", gpt2, weights="cut")
     _checkpoint(root, "hf_noconfig", None)
     _checkpoint(root, "hf_short", {"model_type": "gpt2", "n_positions": 16})
-    _checkpoint(root, "hf_t5", {"model_type": "t5"})                       # whole, but not a causal LM
-    _checkpoint(root, "hf_llama", {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-                                   "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512})
+    _checkpoint(root, "hf_t5", {"model_type": "t5"})  # whole, but not a causal LM
+    _checkpoint(
+        root,
+        "hf_llama",
+        {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "vocab_size": 512,
+        },
+    )
     (_checkpoint(root, "hf_bin", gpt2, weights="none") / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + bytes(64))
     shards = _checkpoint(root, "hf_shards", gpt2, weights="none")
-    (shards / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}}))
+    (shards / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}})
+    )
     _safetensors(shards / "model-00001-of-00002.safetensors")
     (root / "not_a_run").mkdir()
     (root / "broken_run").mkdir()
@@ -96,10 +108,14 @@ def _format_files(root: Path) -> None:
 
     def jsonl(name, *rows):
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
     jsonl("pc_nofield.jsonl", {"prompt": "a", "completion": "b"}, {"prompt": "c", "answer": "d"})
     jsonl("chat.jsonl", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
-    jsonl("chat_role.jsonl", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-          {"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]})
+    jsonl(
+        "chat_role.jsonl",
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]},
+    )
     jsonl("chat_content.jsonl", {"messages": [{"role": "user", "content": ["hi"]}]})
     jsonl("long_prompts.jsonl", *[{"prompt": "x" * 40, "completion": "y"}] * 5)
     pq.write_table(pa.table({"body": ["x", "y"]}), root / "nocol.parquet")
@@ -131,28 +147,69 @@ CASES = [
     (["model.n_layer=100000"], "model.n_layer=100000 is out of range"),
     (["model.lora.dropout=2"], "model.lora.dropout=2.0 is out of range"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules is empty"),
-    (["model.lora.target_modules=[nosuchlayer]"], "'nosuchlayer' is not a layer of GPT2LMHeadModel that LoRA can "
-                                                  "adapt: its layers are wte, wpe, c_attn, c_proj, c_fc, lm_head"),
+    (
+        ["model.lora.target_modules=[nosuchlayer]"],
+        "'nosuchlayer' is not a layer of GPT2LMHeadModel that LoRA can "
+        "adapt: its layers are wte, wpe, c_attn, c_proj, c_fc, lm_head",
+    ),
     (["model.lora.target_modules=5"], "model.lora.target_modules=5 is not valid: use auto"),
     (["router.memory_headroom=0"], "router.memory_headroom=0.0 is out of range"),
     (["router.device_slowdown=[1,-1]"], "must be all > 0"),
     (["router.affinity_boundaries=[64,32]"], "strictly increasing"),
     (["router.speed_model=fast"], "router.speed_model='fast' is not valid: choose one of robust, ema, none"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.timeout_min=0"], "launcher.timeout_min=0 is out of range"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.max_requeues=-1"], "launcher.max_requeues=-1 is out of range"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.max_failures=-1"], "launcher.max_failures=-1 is out of range"),
+    (
+        ["launcher=sbatch", "launcher.dry_run=true", "launcher.max_requeues=-1"],
+        "launcher.max_requeues=-1 is out of range",
+    ),
+    (
+        ["launcher=sbatch", "launcher.dry_run=true", "launcher.max_failures=-1"],
+        "launcher.max_failures=-1 is out of range",
+    ),
     (["launcher.max_failures=2"], "launcher.max_failures does not apply to launcher=local"),
     (["resources.nodes_per_task=2", "resources.devices_per_task=2"], "launcher=local runs on this machine only"),
-    (["launcher=sbatch", "launcher.dry_run=true", "resources.nodes_per_task=2", "resources.devices_per_task=2"],
-     "resources.nodes_per_task=2 needs launcher.srun_workers=true"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.srun_workers=true", "resources.nodes_per_task=2",
-      "resources.devices_per_task=3"], "resources.devices_per_task=3 does not split evenly over"),
-    (["launcher=slurm", "launcher.srun_workers=true", "resources.nodes_per_task=2", "resources.devices_per_task=2",
-      "+variants.a.resources.devices_per_task=1"], "variants.a.resources.devices_per_task=1 does not split evenly"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.srun_workers=true", "resources.devices_per_task=2",
-      "+variants.a.resources.nodes_per_task=2"], "variants.a.resources.nodes_per_task: it is set once"),
-    (["launcher=sbatch", "launcher.dry_run=true", "resources.nodes_per_task=0"], "resources.nodes_per_task=0 is out of range"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.signal_delay_s=99999"], "launcher.signal_delay_s=99999 is out of range"),
+    (
+        ["launcher=sbatch", "launcher.dry_run=true", "resources.nodes_per_task=2", "resources.devices_per_task=2"],
+        "resources.nodes_per_task=2 needs launcher.srun_workers=true",
+    ),
+    (
+        [
+            "launcher=sbatch",
+            "launcher.dry_run=true",
+            "launcher.srun_workers=true",
+            "resources.nodes_per_task=2",
+            "resources.devices_per_task=3",
+        ],
+        "resources.devices_per_task=3 does not split evenly over",
+    ),
+    (
+        [
+            "launcher=slurm",
+            "launcher.srun_workers=true",
+            "resources.nodes_per_task=2",
+            "resources.devices_per_task=2",
+            "+variants.a.resources.devices_per_task=1",
+        ],
+        "variants.a.resources.devices_per_task=1 does not split evenly",
+    ),
+    (
+        [
+            "launcher=sbatch",
+            "launcher.dry_run=true",
+            "launcher.srun_workers=true",
+            "resources.devices_per_task=2",
+            "+variants.a.resources.nodes_per_task=2",
+        ],
+        "variants.a.resources.nodes_per_task: it is set once",
+    ),
+    (
+        ["launcher=sbatch", "launcher.dry_run=true", "resources.nodes_per_task=0"],
+        "resources.nodes_per_task=0 is out of range",
+    ),
+    (
+        ["launcher=sbatch", "launcher.dry_run=true", "launcher.signal_delay_s=99999"],
+        "launcher.signal_delay_s=99999 is out of range",
+    ),
     (["seed=-1"], "seed=-1 is out of range"),
     (["resources.devices_per_task=100000"], "resources.devices_per_task=100000 is out of range"),
     # unknown options and keys, wrong shapes
@@ -165,28 +222,47 @@ CASES = [
     (["+variants.base.train.lr=1"], "'base' is the name of the base stage"),
     (["launcher=sbatch", "launcher.dry_run=true", "+launcher.additional_parameters.bad_key=1"], "extra_sbatch key"),
     # an option of another launcher, or of none; a dotted key under a plain value
-    (["launcher=slurm", "launcher.dry_run=true"], "launcher.dry_run does not apply to launcher=slurm: it is an "
-                                                  "option of launcher=sbatch only"),
-    (["launcher.partition=gpu"], "launcher.partition does not apply to launcher=local: it is an option of "
-                                 "launcher=slurm, launcher=sbatch only"),
+    (
+        ["launcher=slurm", "launcher.dry_run=true"],
+        "launcher.dry_run does not apply to launcher=slurm: it is an option of launcher=sbatch only",
+    ),
+    (
+        ["launcher.partition=gpu"],
+        "launcher.partition does not apply to launcher=local: it is an option of launcher=slurm, launcher=sbatch only",
+    ),
     (["+launcher.partition=gpu"], "launcher.partition does not apply to launcher=local"),
     (["launcher=slurm", "launcher.cpu_slots=2"], "it is an option of launcher=local only"),
     (["launcher=sbatch", "launcher.nope=1"], "unknown key 'launcher.nope': valid keys for launcher=sbatch are"),
     # job setup, containers, mail (issue 15): the Slurm launchers' options, checked before anything is written
-    (["launcher.setup=[module load cuda]"], "launcher.setup does not apply to launcher=local: it is an option of "
-                                            "launcher=slurm, launcher=sbatch only"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.container.image={a.txt}.missing.sif"],
-     "launcher.container.image='{a.txt}.missing.sif': no such image file"),
-    (["launcher=slurm", "launcher.container.image={a.txt}", "launcher.container.runtime=docker"],
-     "launcher.container.runtime='docker' is not valid: choose one of apptainer, pyxis"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.mail_type=[END,FIAL]"],
-     "'FIAL' is not a Slurm mail type"),
+    (
+        ["launcher.setup=[module load cuda]"],
+        "launcher.setup does not apply to launcher=local: it is an option of launcher=slurm, launcher=sbatch only",
+    ),
+    (
+        ["launcher=sbatch", "launcher.dry_run=true", "launcher.container.image={a.txt}.missing.sif"],
+        "launcher.container.image='{a.txt}.missing.sif': no such image file",
+    ),
+    (
+        ["launcher=slurm", "launcher.container.image={a.txt}", "launcher.container.runtime=docker"],
+        "launcher.container.runtime='docker' is not valid: choose one of apptainer, pyxis",
+    ),
+    (["launcher=sbatch", "launcher.dry_run=true", "launcher.mail_type=[END,FIAL]"], "'FIAL' is not a Slurm mail type"),
     (["launcher=slurm", "launcher.mail_type=sometimes"], "'SOMETIMES' is not a Slurm mail type"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.container.image={a.txt}",
-      "launcher.container.mounts=['/data,/more']"], "launcher.container: launcher.container.mounts entry"),
+    (
+        [
+            "launcher=sbatch",
+            "launcher.dry_run=true",
+            "launcher.container.image={a.txt}",
+            "launcher.container.mounts=['/data,/more']",
+        ],
+        "launcher.container: launcher.container.mounts entry",
+    ),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.python="], "launcher.python is empty"),
-    (["experiment.seeds=2"], "experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: "
-                             "pick one with +experiment=NAME"),
+    (
+        ["experiment.seeds=2"],
+        "experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: "
+        "pick one with +experiment=NAME",
+    ),
     (["experiment=lora_ab"], "pick one with +experiment=NAME"),
     (["train.lr.x=1"], "train.lr is a number and has no keys under it: set train.lr=VALUE"),
     # hostile names: never run by a shell, never a path outside the run dir
@@ -206,8 +282,10 @@ CASES = [
     (["data=jsonl", "data.path={null.jsonl}"], "line 1 of {null.jsonl} is a JSON null, not an object"),
     (["data=jsonl", "data.path={string.jsonl}"], "line 2 of {string.jsonl} is a JSON string, not an object"),
     (["data=jsonl", "data.path={number.jsonl}"], "field 'text' is a number, not a string"),
-    (["data=jsonl", "data.path={nofield.jsonl}"], "has no field 'text' (its fields: 'body', 'id'): set "
-                                                  "data.text_field"),
+    (
+        ["data=jsonl", "data.path={nofield.jsonl}"],
+        "has no field 'text' (its fields: 'body', 'id'): set data.text_field",
+    ),
     (["data=jsonl", "data.path={deep.jsonl}"], "is JSON nested too deeply to read"),
     (["data=jsonl", "data.path={emptydir}"], "is a folder, not a file"),
     (["data=jsonl", "data.path={dangling.jsonl}"], "is a dangling symbolic link (to "),
@@ -216,22 +294,36 @@ CASES = [
     # local checkpoints: each missing piece named before anything is written (workers would find it later)
     (["model=hf", "model.name_or_path={hf}"], "has no model weights (none of model.safetensors"),
     (["model=hf", "model.name_or_path={hf_noweights}"], "hf_noweights has no model weights"),
-    (["model=hf", "model.name_or_path={hf_cut}"], "model.safetensors is truncated or damaged (81 bytes; its header "
-                                                  "declares 86)"),
+    (
+        ["model=hf", "model.name_or_path={hf_cut}"],
+        "model.safetensors is truncated or damaged (81 bytes; its header declares 86)",
+    ),
     (["model=hf", "model.name_or_path={hf_bin}"], "pytorch_model.bin is truncated (not a whole zip file)"),
     (["model=hf", "model.name_or_path={hf_shards}"], "model-00002-of-00002.safetensors is missing (1 of the 2 shards"),
     (["model=hf", "model.name_or_path={hf_noconfig}"], "hf_noconfig has no config.json"),
     (["model=hf", "model.name_or_path={hf_short}"], "data.max_len=256 exceeds the n_positions=16 of"),
-    (["model=hf", "model.name_or_path={hf_notok}"], "hf_notok has no tokenizer (none of tokenizer.json, "
-                                                    "tokenizer_config.json"),
-    (["model=hf", "model.name_or_path={hf_t5}"], "the checkpoint is a t5 model (T5Config), not a causal language "
-                                                 "model AutoModelForCausalLM can load"),
-    (["model=hf", "model.name_or_path={hf_llama}", "model.lora.target_modules=[q_proj,c_attn]"],
-     "model.lora.target_modules: 'c_attn' is not a layer of LlamaForCausalLM that LoRA can adapt: its layers are "
-     "embed_tokens, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"),
-    (["model=hf", "model.name_or_path={hf_llama}", "+variants.attn.model.lora.target_modules=[wq,wv]",
-      "+variants.linear.model.lora.target_modules=all-linear"],
-     "variants.attn: model.lora.target_modules: 'wq' is not a layer of LlamaForCausalLM"),
+    (
+        ["model=hf", "model.name_or_path={hf_notok}"],
+        "hf_notok has no tokenizer (none of tokenizer.json, tokenizer_config.json",
+    ),
+    (
+        ["model=hf", "model.name_or_path={hf_t5}"],
+        "the checkpoint is a t5 model (T5Config), not a causal language model AutoModelForCausalLM can load",
+    ),
+    (
+        ["model=hf", "model.name_or_path={hf_llama}", "model.lora.target_modules=[q_proj,c_attn]"],
+        "model.lora.target_modules: 'c_attn' is not a layer of LlamaForCausalLM that LoRA can adapt: its layers are "
+        "embed_tokens, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head",
+    ),
+    (
+        [
+            "model=hf",
+            "model.name_or_path={hf_llama}",
+            "+variants.attn.model.lora.target_modules=[wq,wv]",
+            "+variants.linear.model.lora.target_modules=all-linear",
+        ],
+        "variants.attn: model.lora.target_modules: 'wq' is not a layer of LlamaForCausalLM",
+    ),
     # run_root that cannot hold a run: found before anything is written (one line naming the path and the cause)
     (["run_root=/proc/slurm_router_test"], "run_root='/proc/slurm_router_test': cannot write in /proc"),
     (["run_root={a.txt}"], "a.txt is a file, not a folder: set run_root= to a folder you can write"),
@@ -244,16 +336,23 @@ CASES = [
     (["base.enabled=true", "base.cache_dir={readonly}"], "base.cache_dir="),
     (["base.enabled=true", "base.cache_dir={tiny_fs}"], "weights need about"),
     # a typo in a variant's name never adds a variant; dict-valued overrides as Hydra users write them
-    (["+experiment=lora_ab", "variants.r9.train.lr=1e-3"], "variants.r9.train.lr=1e-3: the experiment has no "
-     "variant 'r9' (its variants: r8, r32): fix the name, or add a new variant on purpose with "
-     "+variants.r9.train.lr=1e-3"),
+    (
+        ["+experiment=lora_ab", "variants.r9.train.lr=1e-3"],
+        "variants.r9.train.lr=1e-3: the experiment has no "
+        "variant 'r9' (its variants: r8, r32): fix the name, or add a new variant on purpose with "
+        "+variants.r9.train.lr=1e-3",
+    ),
     (["variants.r9.train.lr=1e-3"], "no variant 'r9' (it has none)"),
-    (["+experiment=lora_ab", "variants={r9: {train: {lr: 1e-3}}}"],
-     "no variant 'r9' (its variants: r8, r32): fix the name, or add a new variant on purpose with ++variants="),
+    (
+        ["+experiment=lora_ab", "variants={r9: {train: {lr: 1e-3}}}"],
+        "no variant 'r9' (its variants: r8, r32): fix the name, or add a new variant on purpose with ++variants=",
+    ),
     (["launcher.additional_parameters={nice: 10}"], "launcher.additional_parameters does not apply to launcher=local"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.additional_parameters={bad_key: 1}"], "extra_sbatch key"),
-    (["launcher=sbatch", "launcher.dry_run=true", "launcher.additional_parameters=5"],
-     "launcher.additional_parameters: Cannot assign int"),
+    (
+        ["launcher=sbatch", "launcher.dry_run=true", "launcher.additional_parameters=5"],
+        "launcher.additional_parameters: Cannot assign int",
+    ),
     (["train.lr=[1"], "cannot read the override 'train.lr=[1'"),
     # resume= of something that is not a resumable run
     (["resume=/nonexistent/run"], "no such directory"),
@@ -265,33 +364,81 @@ CASES = [
     # resume=RUN_DIR new_snapshot=true (issue 31): only with resume=, only true or false, not with launcher=local
     (["new_snapshot=true"], "new_snapshot=true goes with resume=RUN_DIR"),
     (["resume={broken_run}", "new_snapshot=maybe"], "new_snapshot=maybe: new_snapshot is true or false"),
-    (["resume={broken_run}", "new_snapshot=true", "launcher=local"], "with launcher=local the tasks run this "
-                                                                      "checkout as it is: drop one of the two"),
+    (
+        ["resume={broken_run}", "new_snapshot=true", "launcher=local"],
+        "with launcher=local the tasks run this checkout as it is: drop one of the two",
+    ),
     # prompt/completion, chat and parquet data (issue 13): found by build_corpus before anything is written
-    (["data=jsonl", "data.path={pc_nofield.jsonl}", "data.prompt_field=prompt", "data.completion_field=completion"],
-     "line 2 of {pc_nofield.jsonl} has no field 'completion' (its fields: 'prompt', 'answer'): set "
-     "data.completion_field"),
-    (["model=hf", "model.name_or_path={llama}", "data=jsonl", "data.path={chat_role.jsonl}",
-      "data.messages_field=messages"], "line 2 of {chat_role.jsonl}: message 2 has the role 'bot', not one of "
-                                       "system, user, assistant, tool"),
-    (["model=hf", "model.name_or_path={llama}", "data=jsonl", "data.path={chat_content.jsonl}",
-      "data.messages_field=messages"], "line 1 of {chat_content.jsonl}: message 1 (user) has content that is an "
-                                       "array, not a string"),
-    (["model=hf", "model.name_or_path={llama_nochat}", "data=jsonl", "data.path={chat.jsonl}",
-      "data.messages_field=messages"], "has no chat template, which data.messages_field needs: save one beside it"),
-    (["data=jsonl", "data.path={chat.jsonl}", "data.messages_field=messages"],
-     "model=gpt2 models (a byte-level tokenizer) have none: use model=hf"),
-    (["data=jsonl", "data.path={long_prompts.jsonl}", "data.prompt_field=prompt", "data.completion_field=completion",
-      "data.max_len=16"], "no training sample is left: data.max_len=16 cuts every target token out of 5 sample(s)"),
-    (["data=jsonl", "data.path={chat.jsonl}", "data.prompt_field=prompt"],
-     "data.prompt_field=prompt needs data.completion_field too"),
-    (["data=jsonl", "data.path={chat.jsonl}", "data.messages_field=messages", "data.prompt_field=p",
-      "data.completion_field=c"], "set only one of data.text_field (plain text), data.prompt_field + "
-                                  "data.completion_field, data.messages_field (chat)"),
+    (
+        ["data=jsonl", "data.path={pc_nofield.jsonl}", "data.prompt_field=prompt", "data.completion_field=completion"],
+        "line 2 of {pc_nofield.jsonl} has no field 'completion' (its fields: 'prompt', 'answer'): set "
+        "data.completion_field",
+    ),
+    (
+        [
+            "model=hf",
+            "model.name_or_path={llama}",
+            "data=jsonl",
+            "data.path={chat_role.jsonl}",
+            "data.messages_field=messages",
+        ],
+        "line 2 of {chat_role.jsonl}: message 2 has the role 'bot', not one of system, user, assistant, tool",
+    ),
+    (
+        [
+            "model=hf",
+            "model.name_or_path={llama}",
+            "data=jsonl",
+            "data.path={chat_content.jsonl}",
+            "data.messages_field=messages",
+        ],
+        "line 1 of {chat_content.jsonl}: message 1 (user) has content that is an array, not a string",
+    ),
+    (
+        [
+            "model=hf",
+            "model.name_or_path={llama_nochat}",
+            "data=jsonl",
+            "data.path={chat.jsonl}",
+            "data.messages_field=messages",
+        ],
+        "has no chat template, which data.messages_field needs: save one beside it",
+    ),
+    (
+        ["data=jsonl", "data.path={chat.jsonl}", "data.messages_field=messages"],
+        "model=gpt2 models (a byte-level tokenizer) have none: use model=hf",
+    ),
+    (
+        [
+            "data=jsonl",
+            "data.path={long_prompts.jsonl}",
+            "data.prompt_field=prompt",
+            "data.completion_field=completion",
+            "data.max_len=16",
+        ],
+        "no training sample is left: data.max_len=16 cuts every target token out of 5 sample(s)",
+    ),
+    (
+        ["data=jsonl", "data.path={chat.jsonl}", "data.prompt_field=prompt"],
+        "data.prompt_field=prompt needs data.completion_field too",
+    ),
+    (
+        [
+            "data=jsonl",
+            "data.path={chat.jsonl}",
+            "data.messages_field=messages",
+            "data.prompt_field=p",
+            "data.completion_field=c",
+        ],
+        "set only one of data.text_field (plain text), data.prompt_field + "
+        "data.completion_field, data.messages_field (chat)",
+    ),
     (["data.messages_field=messages"], "data.messages_field applies to data=jsonl and data=parquet only"),
     (["data=parquet"], "data.path is required with data=parquet"),
-    (["data=parquet", "data.path={nocol.parquet}"], "{nocol.parquet} has no column 'text' (its columns: 'body'): "
-                                                    "set data.text_field"),
+    (
+        ["data=parquet", "data.path={nocol.parquet}"],
+        "{nocol.parquet} has no column 'text' (its columns: 'body'): set data.text_field",
+    ),
     (["data=parquet", "data.path={nulls.parquet}"], "row 2 of {nulls.parquet}: field 'text' is null, not a string"),
     (["data=parquet", "data.path={emptydir}"], "is a folder with no .parquet files"),
     (["data=parquet", "data.path={corrupt.parquet}"], "{corrupt.parquet} is not a readable parquet file ("),
@@ -308,10 +455,14 @@ CASES = [
     (["+experiment=lora_ab", "variants.r8.seeds=2"], "variants.r8.seeds: seeds is set once, at the top level"),
     # prune=true (issue 14): decided at in-training evaluations, between variants, set once at the top level
     (["+experiment=lora_ab", "prune=true", "train.eval_every=5"], "prune=true needs seeds >= 2 (e.g. seeds=3)"),
-    (["+experiment=lora_ab", "prune=true", "seeds=2", "train.eval_every=0"], "error: prune=true needs train.eval_every > 0 and "
-                                                                  "below train.steps="),
-    (["+experiment=lora_ab", "prune=true", "seeds=2", "train.steps=10", "variants.r8.train.eval_every=10"],
-     "variants.r8: prune=true needs train.eval_every > 0 and below train.steps=10"),
+    (
+        ["+experiment=lora_ab", "prune=true", "seeds=2", "train.eval_every=0"],
+        "error: prune=true needs train.eval_every > 0 and below train.steps=",
+    ),
+    (
+        ["+experiment=lora_ab", "prune=true", "seeds=2", "train.steps=10", "variants.r8.train.eval_every=10"],
+        "variants.r8: prune=true needs train.eval_every > 0 and below train.steps=10",
+    ),
     (["prune=true", "train.eval_every=5"], "prune=true compares variants with each other, and this run has one"),
     (["+experiment=lora_ab", "+variants.r8.prune=true"], "variants.r8.prune: prune is set once, at the top level"),
     (["experiment.prune=true"], "seeds= and prune= are set at the top level"),
@@ -325,52 +476,86 @@ CASES = [
     (["-m", "train.lr=range(a,b)"], "cannot read the override 'train.lr=range(a,b)'"),
     (["-m", "train.lr=range(3,1)"], "train.lr=range(3,1): the sweep has no values"),
     (["-m", "train.lr=interval(0,1)"], "train.lr=interval(0,1): interval() draws from a continuous range"),
-    (["-m", "train.nope=1,2"], "train.nope=1,2: unknown key 'train.nope': valid keys under train are "
-                               "checkpoint_every, compile,"),
-    (["-m", "model.lora.rank=4,8"], "model.lora.rank=4,8: unknown key 'model.lora.rank': valid keys under "
-                                    "model.lora are alpha, dropout, enabled, r,"),
+    (
+        ["-m", "train.nope=1,2"],
+        "train.nope=1,2: unknown key 'train.nope': valid keys under train are checkpoint_every, compile,",
+    ),
+    (
+        ["-m", "model.lora.rank=4,8"],
+        "model.lora.rank=4,8: unknown key 'model.lora.rank': valid keys under "
+        "model.lora are alpha, dropout, enabled, r,",
+    ),
     (["-m", "lr=1e-3,3e-3"], "lr=1e-3,3e-3: unknown key 'lr': valid keys at the top level are"),
     (["-m", "train.steps=1.5,2"], "train.steps=1.5,2: train.steps: Value '1.5' of type 'float' could not be converted"),
     (["-m", "train.lr.x=1,2"], "train.lr.x=1,2: train.lr is a number and has no keys under it"),
     (["-m", "train.lr=0.001,1e-3"], "train.lr=0.001,1e-3: two of its values give the variant name part 'lr1e-3'"),
-    (["-m", "data=text_dir", "data.path='a/b','a b'"], "data.path='a/b','a b': two of its values give the "
-                                                        "variant name part 'path-a-b'"),
-    (["-m", "+experiment=lora_ab", "+variants.r8_path-a.train.lr=1e-3", "data=text_dir", "data.path=a_path-c,c"],
-     "gives two variants named 'r8_path-a_path-c'"),
+    (
+        ["-m", "data=text_dir", "data.path='a/b','a b'"],
+        "data.path='a/b','a b': two of its values give the variant name part 'path-a-b'",
+    ),
+    (
+        ["-m", "+experiment=lora_ab", "+variants.r8_path-a.train.lr=1e-3", "data=text_dir", "data.path=a_path-c,c"],
+        "gives two variants named 'r8_path-a_path-c'",
+    ),
     (["-m", "train.lr=1e-3,3e-3", "train.lr=1e-4,3e-4"], "train.lr=1e-4,3e-4: train.lr is swept twice"),
     (["-m", "train.lr=1e-3,3e-3", "train.lr=1e-4"], "train.lr=1e-3,3e-3: train.lr is also set to one value"),
     (["-m", "launcher=local,sbatch"], "launcher=local,sbatch: launcher cannot be swept: a run has one launcher"),
-    (["-m", "+experiment=lora_ab,other"], "+experiment=lora_ab,other: experiment cannot be swept: one experiment "
-                                          "per run"),
-    (["-m", "+experiment=lora_ab", "base.steps=10,20"], "base.steps=10,20: base.steps cannot be swept: the base "
-                                                        "stage is trained once"),
+    (
+        ["-m", "+experiment=lora_ab,other"],
+        "+experiment=lora_ab,other: experiment cannot be swept: one experiment per run",
+    ),
+    (
+        ["-m", "+experiment=lora_ab", "base.steps=10,20"],
+        "base.steps=10,20: base.steps cannot be swept: the base stage is trained once",
+    ),
     (["-m", "seeds=1,3"], "seeds=1,3: seeds cannot be swept"),
     (["-m", "prune=true,false"], "prune=true,false: prune cannot be swept: prune compares the variants"),
-    (["-m", "tracker=tensorboard,mlflow"], "tracker=tensorboard,mlflow: tracker cannot be swept: a run's trackers log "
-                                          "every variant: name several at once, e.g. tracker=[tensorboard,mlflow]"),
-    (["-m", "seed=1,3"], "seed=1,3: seed cannot be swept: seed is the base model's init and the held-out eval "
-                         "batches"),
-    (["-m", "+experiment=lora_ab", "model=gpt2_tiny,gpt2_small"], "variants.r8_model-gpt2_small: model.n_layer=12 "
-     "differs from the base stage's model.n_layer=2: every variant fine-tunes the one base"),
-    (["+experiment=lora_ab", "+variants.x.model.n_embd=64"], "variants.x: model.n_embd=64 differs from the base "
-                                                             "stage's model.n_embd=128"),
-    (["-m", "+experiment=lora_ab", "variants.r8.train.lr=1e-3,3e-3"], "variants.r8.train.lr=1e-3,3e-3: "
-                                                                      "variants.r8.train.lr cannot be swept"),
-    (["-m", "router=round_robin,nope"], "router=round_robin,nope: router=nope: no such router in conf/router/; "
-                                        "choose one of: affinity, balanced, least_loaded, round_robin"),
+    (
+        ["-m", "tracker=tensorboard,mlflow"],
+        "tracker=tensorboard,mlflow: tracker cannot be swept: a run's trackers log "
+        "every variant: name several at once, e.g. tracker=[tensorboard,mlflow]",
+    ),
+    (["-m", "seed=1,3"], "seed=1,3: seed cannot be swept: seed is the base model's init and the held-out eval batches"),
+    (
+        ["-m", "+experiment=lora_ab", "model=gpt2_tiny,gpt2_small"],
+        "variants.r8_model-gpt2_small: model.n_layer=12 "
+        "differs from the base stage's model.n_layer=2: every variant fine-tunes the one base",
+    ),
+    (
+        ["+experiment=lora_ab", "+variants.x.model.n_embd=64"],
+        "variants.x: model.n_embd=64 differs from the base stage's model.n_embd=128",
+    ),
+    (
+        ["-m", "+experiment=lora_ab", "variants.r8.train.lr=1e-3,3e-3"],
+        "variants.r8.train.lr=1e-3,3e-3: variants.r8.train.lr cannot be swept",
+    ),
+    (
+        ["-m", "router=round_robin,nope"],
+        "router=round_robin,nope: router=nope: no such router in conf/router/; "
+        "choose one of: affinity, balanced, least_loaded, round_robin",
+    ),
     (["-m", "train.lr=glob(*)"], "train.lr=glob(*): glob() picks options of a config group"),
     (["-m", "train.lr=1e-3,-1"], "variants.lr-1: train.lr=-1.0 is out of range: it must be > 0"),
     (["-m", "resume={broken_run}", "train.lr=1,2"], "takes no other arguments"),
     # experiment trackers (issue 15): an unknown one, or one whose package is not installed, named before any write
-    (["tracker=nope"], "tracker=nope: no such tracker in conf/tracker/; choose one of: mlflow, none, tensorboard, "
-                       "wandb"),
+    (
+        ["tracker=nope"],
+        "tracker=nope: no such tracker in conf/tracker/; choose one of: mlflow, none, tensorboard, wandb",
+    ),
     (["tracker=[tensorboard,nope]"], "tracker=nope: no such tracker in conf/tracker/; choose one of: mlflow, none, "),
-    (["tracker=[tensorboard,wandb]", "run_root={without_wandb}"], "tracker=wandb needs the wandb package, which is "
-     "not installed: pip install 'wandb>=0.19' (or pip install -e '.[tracking]' for every tracker)"),
-    (["tracker=mlflow", "run_root={without_mlflow}"], "tracker=mlflow needs the mlflow package, which is not "
-                                                      "installed: pip install 'mlflow-skinny"),
-    (["tracker=wandb", "tracker.wandb_mode=cloud"], "tracker.wandb_mode='cloud' is not valid: choose one of offline, "
-                                                    "online"),
+    (
+        ["tracker=[tensorboard,wandb]", "run_root={without_wandb}"],
+        "tracker=wandb needs the wandb package, which is "
+        "not installed: pip install 'wandb>=0.19' (or pip install -e '.[tracking]' for every tracker)",
+    ),
+    (
+        ["tracker=mlflow", "run_root={without_mlflow}"],
+        "tracker=mlflow needs the mlflow package, which is not installed: pip install 'mlflow-skinny",
+    ),
+    (
+        ["tracker=wandb", "tracker.wandb_mode=cloud"],
+        "tracker.wandb_mode='cloud' is not valid: choose one of offline, online",
+    ),
     (["tracker=tensorboard", "tracker.dir={a.txt}"], "tracker.dir="),
 ]
 
@@ -422,7 +607,8 @@ def _tiny_llama(path: Path, chat_template: bool = True):
     import io
 
     from tiny_checkpoints import make_checkpoint
-    with contextlib.redirect_stderr(io.StringIO()):        # save_pretrained's progress bar
+
+    with contextlib.redirect_stderr(io.StringIO()):  # save_pretrained's progress bar
         folder = make_checkpoint(path, "llama", chat_template=chat_template)
     yield folder
 
@@ -431,6 +617,7 @@ def _tiny_llama(path: Path, chat_template: bool = True):
 def _without_module(path: Path, module: str):
     """A run_root folder, while `module` cannot be imported (sys.modules[module] = None: find_spec finds none)."""
     import sys
+
     path.mkdir()
     saved = sys.modules.get(module)
     sys.modules[module] = None
@@ -443,10 +630,14 @@ def _without_module(path: Path, module: str):
             sys.modules[module] = saved
 
 
-SPECIAL = {"readonly": _read_only_dir, "tiny_fs": _tiny_fs,     # made only for the rows that name them
-           "llama": _tiny_llama, "llama_nochat": lambda path: _tiny_llama(path, chat_template=False),
-           "without_wandb": lambda path: _without_module(path, "wandb"),
-           "without_mlflow": lambda path: _without_module(path, "mlflow")}
+SPECIAL = {
+    "readonly": _read_only_dir,
+    "tiny_fs": _tiny_fs,  # made only for the rows that name them
+    "llama": _tiny_llama,
+    "llama_nochat": lambda path: _tiny_llama(path, chat_template=False),
+    "without_wandb": lambda path: _without_module(path, "wandb"),
+    "without_mlflow": lambda path: _without_module(path, "mlflow"),
+}
 
 
 def _io_error_readable() -> bool:
@@ -489,8 +680,11 @@ def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys, args, ex
         assert expect in lines[0], lines[0]
         assert "Traceback" not in out + err
         for root in (runs, run_root):
-            written = [p for name in ("manifest.json", "config.yaml", "task.json", ".slurm_router-write-test-*")
-                       for p in (root.rglob(name) if root and root.is_dir() else [])]
+            written = [
+                p
+                for name in ("manifest.json", "config.yaml", "task.json", ".slurm_router-write-test-*")
+                for p in (root.rglob(name) if root and root.is_dir() else [])
+            ]
             assert not written, f"a run directory was half-made: {written}"
         assert not any(tmp_path.rglob("pwned")), "a hostile name ran a shell command"
 
@@ -501,6 +695,7 @@ def test_dict_overrides_reach_both_slurm_launchers():
     from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
     from slurm_router.launch.slurm.sbatch_render import sbatch_directives
     from slurm_router.launch.slurm.submitit_launcher import submitit_params
+
     for value in ("launcher.additional_parameters={nice: 10}", "launcher.additional_parameters.nice=10"):
         cfg = compose(["launcher=slurm", value])
         assert submitit_params(cfg, 1, "variants", None)["slurm_additional_parameters"]["nice"] == 10
@@ -514,13 +709,18 @@ def test_nodes_per_task_places_devices_over_nodes_for_both_slurm_launchers():
     from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
     from slurm_router.launch.slurm.sbatch_render import sbatch_directives
     from slurm_router.launch.slurm.submitit_launcher import submitit_params
+
     for nodes, per_node in ((2, 2), (1, 4)):
         args = ["launcher.srun_workers=true", "resources.devices_per_task=4", f"resources.nodes_per_task={nodes}"]
         params = submitit_params(compose(["launcher=slurm", *args]), 4, "variants", None)
         assert (params["nodes"], params["tasks_per_node"], params["slurm_gpus_per_task"]) == (nodes, per_node, 1)
         lines = sbatch_directives(sbatch_spec(compose(["launcher=sbatch", *args]), "/run", "variants", 1, 4, None))
-        assert {f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks=4", f"#SBATCH --ntasks-per-node={per_node}",
-                "#SBATCH --gpus-per-task=1"} <= set(lines)
+        assert {
+            f"#SBATCH --nodes={nodes}",
+            "#SBATCH --ntasks=4",
+            f"#SBATCH --ntasks-per-node={per_node}",
+            "#SBATCH --gpus-per-task=1",
+        } <= set(lines)
 
 
 def test_variants_are_overridden_by_name_and_added_with_plus():

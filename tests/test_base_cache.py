@@ -2,6 +2,7 @@
 model.safetensors has a sha256 sidecar and is checked before every use; a damaged, truncated or missing cache is
 named in one line and trained again, never used; a cache deleted before resume= is rebuilt by the resume; an
 unwritable or too small base.cache_dir stops the run before anything trains (exit 2, one line, no run dir)."""
+
 import json
 import subprocess
 from pathlib import Path
@@ -13,15 +14,26 @@ from slurm_router.artifacts import base_cache
 from slurm_router.errors import UserError
 
 # A base stage of 4 steps and one LoRA variant of 2: a run is two task start-ups (~40 s on 2 busy cores).
-FAST = ["base.enabled=true", "base.steps=4", "base.global_batch_size=8", "train.steps=2", "train.global_batch_size=8",
-        "train.eval_batch_size=8", "train.eval_batches=2", "data.max_len=64", "data.max_documents=60"]
+FAST = [
+    "base.enabled=true",
+    "base.steps=4",
+    "base.global_batch_size=8",
+    "train.steps=2",
+    "train.global_batch_size=8",
+    "train.eval_batch_size=8",
+    "train.eval_batches=2",
+    "data.max_len=64",
+    "data.max_documents=60",
+]
 
 
 def _model():
     """A GPT-2 of a few thousand weights, as a base stage would save one."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    return GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=16, n_embd=8, n_layer=1, n_head=2,
-                                      bos_token_id=256, eos_token_id=256))
+
+    return GPT2LMHeadModel(
+        GPT2Config(vocab_size=257, n_positions=16, n_embd=8, n_layer=1, n_head=2, bos_token_id=256, eos_token_id=256)
+    )
 
 
 def _flip_a_byte(path: Path) -> None:
@@ -31,22 +43,32 @@ def _flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage, why", [
-    (lambda w: None, None),
-    (_flip_a_byte, "sha256 mismatch"),
-    (lambda w: w.write_bytes(w.read_bytes()[:1000]), "1000 bytes, expected"),
-    (lambda w: w.unlink(), "model.safetensors is missing"),
-    (lambda w: w.with_name("model.json").unlink(), "no sidecar model.json"),
-    (lambda w: w.with_name("config.json").unlink(), "config.json is missing"),
-    (lambda w: w.with_name("tokenizer.json").unlink(), "tokenizer.json is missing"),
-    (lambda w: w.with_name("meta.json").unlink(), base_cache.ABSENT),
-], ids=["whole", "bit-flip", "truncated", "weights-deleted", "no-sidecar", "no-config", "no-tokenizer", "no-meta"])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda w: None, None),
+        (_flip_a_byte, "sha256 mismatch"),
+        (lambda w: w.write_bytes(w.read_bytes()[:1000]), "1000 bytes, expected"),
+        (lambda w: w.unlink(), "model.safetensors is missing"),
+        (lambda w: w.with_name("model.json").unlink(), "no sidecar model.json"),
+        (lambda w: w.with_name("config.json").unlink(), "config.json is missing"),
+        (lambda w: w.with_name("tokenizer.json").unlink(), "tokenizer.json is missing"),
+        (lambda w: w.with_name("meta.json").unlink(), base_cache.ABSENT),
+    ],
+    ids=["whole", "bit-flip", "truncated", "weights-deleted", "no-sidecar", "no-config", "no-tokenizer", "no-meta"],
+)
 def test_check_names_every_kind_of_damage(tmp_path, damage, why):
     folder = tmp_path / "abc"
     base_cache.save(_model(), folder, {"val_loss": 1.5})
     assert sorted(p.name for p in folder.iterdir()) == [
-        "config.json", "generation_config.json", "meta.json", "model.json", "model.safetensors", "tokenizer.json",
-        "tokenizer_config.json"]
+        "config.json",
+        "generation_config.json",
+        "meta.json",
+        "model.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert [p.name for p in tmp_path.iterdir()] == ["abc"], "no temp folder is left beside it"
     damage(base_cache.weights_file(folder))
     got = base_cache.check(folder)
@@ -59,13 +81,14 @@ def test_the_cache_is_a_checkpoint_transformers_loads_with_the_byte_tokenizer(tm
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slurm_router.train.data import ByteTokenizer
+    from slurm_router.train.tokenizer import ByteTokenizer
+
     model, folder = _model(), tmp_path / "abc"
     base_cache.save(model, folder, {"val_loss": 1.5})
     back = AutoModelForCausalLM.from_pretrained(folder)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
     tok = AutoTokenizer.from_pretrained(folder)
-    text = "def f(x):\n\treturn x  # héllo ☃ 日本 \U0001F600 <|endoftext|>"
+    text = "def f(x):\n\treturn x  # héllo ☃ 日本 \U0001f600 <|endoftext|>"
     assert tok.encode(text, add_special_tokens=False) == ByteTokenizer().encode(text).tolist()
     assert (tok.eos_token_id, tok.pad_token_id, len(tok)) == (256, 256, ByteTokenizer.vocab_size)
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
@@ -74,6 +97,7 @@ def test_the_cache_is_a_checkpoint_transformers_loads_with_the_byte_tokenizer(tm
 def test_an_older_cache_layout_is_never_read(tmp_path):
     """format 1 (model.pt, a torch.save state dict) hashes elsewhere, and a folder of that layout is not whole."""
     from slurm_router.__main__ import compose
+
     cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
     assert base_cache.weights_path(cfg) == tmp_path / "base" / base_cache.base_hash(cfg)
     old = tmp_path / "old"
@@ -86,7 +110,7 @@ def test_an_older_cache_layout_is_never_read(tmp_path):
 def test_a_worker_refuses_damaged_weights_in_one_line_and_unmarks_the_cache(tmp_path):
     folder = tmp_path / "abc"
     base_cache.save(_model(), folder, {"val_loss": 1.5})
-    base_cache.verify_before_load(folder)          # whole: nothing to say
+    base_cache.verify_before_load(folder)  # whole: nothing to say
     _flip_a_byte(base_cache.weights_file(folder))
     with pytest.raises(base_cache.BaseCacheError) as e:
         base_cache.verify_before_load(folder)
@@ -99,6 +123,7 @@ def test_the_plan_trains_a_truncated_cache_again_and_says_so(tmp_path, capsys):
     from slurm_router.__main__ import compose
     from slurm_router.config.variants import validate
     from slurm_router.launch.plan import make_plan
+
     cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
     variants = validate(cfg)
     folder = base_cache.weights_path(cfg)
@@ -116,8 +141,9 @@ def test_the_plan_trains_a_truncated_cache_again_and_says_so(tmp_path, capsys):
 def _real_cache(args: list[str]) -> Path:
     """The cache a base stage of this config writes (an untrained base: its weights are what matter here)."""
     from slurm_router.__main__ import compose
-    from slurm_router.train.data import make_tokenizer
+    from slurm_router.train.tokenizer import make_tokenizer
     from slurm_router.train.model import build_model
+
     cfg = compose(args)
     folder = base_cache.weights_path(cfg)
     model = build_model(cfg.model, make_tokenizer(cfg.model).vocab_size, cfg.seed, lora=False)
@@ -137,7 +163,7 @@ def rebuilt(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     args = [*FAST, f"base.cache_dir={root / 'cache'}", f"run_root={root}"]
     folder = _real_cache(args)
     assert base_cache.check(folder) is None
-    _flip_a_byte(base_cache.weights_file(folder))   # before: loaded silently, and the A/B result changed
+    _flip_a_byte(base_cache.weights_file(folder))  # before: loaded silently, and the A/B result changed
     return run_cli(*args, cwd=root), folder
 
 
@@ -202,9 +228,10 @@ def test_a_read_only_cache_dir_is_refused_before_anything_runs(tmp_path, tmpfs):
 
 def test_check_room_passes_for_a_roomy_writable_folder(tmp_path):
     from slurm_router.__main__ import compose
+
     cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
-    base_cache.check_room(cfg)              # nothing raised, and nothing left behind
+    base_cache.check_room(cfg)  # nothing raised, and nothing left behind
     assert list(tmp_path.iterdir()) == []
-    assert base_cache.estimate_bytes(cfg) > 2_000_000       # gpt2_tiny: ~2.1 MB of fp32 weights, plus margin
+    assert base_cache.estimate_bytes(cfg) > 2_000_000  # gpt2_tiny: ~2.1 MB of fp32 weights, plus margin
     with pytest.raises(UserError):
         base_cache.check_room(compose([*FAST, "base.cache_dir=/proc/nope"]))

@@ -1,5 +1,6 @@
 """Checkpoints and requeue bookkeeping, in process: atomic saves, last-K pruning, integrity checks and the
 fallback to an older checkpoint, exact state round trips, the requeue rule (time limits vs preemptions)."""
+
 import json
 import os
 import signal
@@ -22,15 +23,21 @@ from slurm_router.worker.checkpoint import (
 
 
 def _state(step: int) -> dict:
-    return {"step": step, "w": torch.arange(1000, dtype=torch.float32) * step, "rng": torch.get_rng_state().numpy().tobytes()}
+    return {
+        "step": step,
+        "w": torch.arange(1000, dtype=torch.float32) * step,
+        "rng": torch.get_rng_state().numpy().tobytes(),
+    }
 
 
 def test_save_keeps_the_newest_k_with_sidecars(tmp_path):
-    (tmp_path / ".step-00000001.pt.abc.tmp").write_bytes(b"half")        # an interrupted save, long ago
+    (tmp_path / ".step-00000001.pt.abc.tmp").write_bytes(b"half")  # an interrupted save, long ago
     os.utime(tmp_path / ".step-00000001.pt.abc.tmp", (0, 0))
     for step in range(1, 6):
         meta = save_checkpoint(tmp_path, step, _state(step), keep=3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step-{s:08d}.{ext}" for s in (3, 4, 5) for ext in ("json", "pt")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"step-{s:08d}.{ext}" for s in (3, 4, 5) for ext in ("json", "pt")
+    ]
     sidecar = json.loads((tmp_path / "step-00000005.json").read_text())
     assert sidecar["step"] == 5 and sidecar["sha256"] == meta["sha256"] and sidecar["bytes"] == meta["bytes"]
     assert verify_checkpoint(checkpoint_path(tmp_path, 5)) is None
@@ -39,13 +46,17 @@ def test_save_keeps_the_newest_k_with_sidecars(tmp_path):
     assert torch.equal(load_checkpoint(path, "cpu")["w"], _state(5)["w"])
 
 
-@pytest.mark.parametrize("damage, why", [
-    (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "truncated"),
-    (lambda p: p.write_bytes(bytes(b ^ 0xFF if i == 200 else b for i, b in enumerate(p.read_bytes()))), "sha256"),
-    (lambda p: p.with_suffix(".json").unlink(), "no sidecar"),
-    (lambda p: p.with_suffix(".json").write_text("{not json"), "unreadable sidecar"),
-    (lambda p: p.unlink(), "unreadable"),
-], ids=["truncated", "bit-flip", "no-sidecar", "bad-sidecar", "data-file-gone"])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "truncated"),
+        (lambda p: p.write_bytes(bytes(b ^ 0xFF if i == 200 else b for i, b in enumerate(p.read_bytes()))), "sha256"),
+        (lambda p: p.with_suffix(".json").unlink(), "no sidecar"),
+        (lambda p: p.with_suffix(".json").write_text("{not json"), "unreadable sidecar"),
+        (lambda p: p.unlink(), "unreadable"),
+    ],
+    ids=["truncated", "bit-flip", "no-sidecar", "bad-sidecar", "data-file-gone"],
+)
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage, why):
     for step in (2, 4):
         save_checkpoint(tmp_path, step, _state(step), keep=3)
@@ -87,12 +98,12 @@ def test_state_round_trip_continues_bitwise(tmp_path, process_group):
     def setup():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
-        model[0].weight.requires_grad_(False)          # frozen, as a LoRA base weight: not saved
+        model[0].weight.requires_grad_(False)  # frozen, as a LoRA base weight: not saved
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         return model, opt, Router(RouterSettings(policy="balanced"), 1)
 
     def step(model, opt, router, i):
-        x = torch.randn(4, 8)                          # consumes the RNG, as dropout does
+        x = torch.randn(4, 8)  # consumes the RNG, as dropout does
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
@@ -109,7 +120,7 @@ def test_state_round_trip_continues_bitwise(tmp_path, process_group):
     expected = [step(model, opt, router, i) for i in range(3, 6)]
 
     model2, opt2, router2 = setup()
-    torch.manual_seed(123)                             # a different RNG position before the restore
+    torch.manual_seed(123)  # a different RNG position before the restore
     loaded = load_checkpoint(checkpoint_path(tmp_path, 3), "cpu")
     next_step, losses = state.restore(loaded, model2, opt2, router2, 0, torch.device("cpu"), {"task": "t"})
     assert (next_step, losses) == (3, [1.0, 2.0, 3.0])
@@ -119,14 +130,26 @@ def test_state_round_trip_continues_bitwise(tmp_path, process_group):
 
 
 def _spec(tmp_path, **launcher) -> TaskSpec:
-    return TaskSpec(run_id="r", run_dir=str(tmp_path), experiment="e", name="v", stage="variants", variant="v",
-                    index=0, devices=1, config={"launcher": {"max_requeues": 2, "signal_delay_s": 120, **launcher},
-                                                "router": {"policy": "balanced"}},
-                    steps=10, lr=1e-3, global_batch_size=4, lora=True)
+    return TaskSpec(
+        run_id="r",
+        run_dir=str(tmp_path),
+        experiment="e",
+        name="v",
+        stage="variants",
+        variant="v",
+        index=0,
+        devices=1,
+        config={"launcher": {"max_requeues": 2, "signal_delay_s": 120, **launcher}, "router": {"policy": "balanced"}},
+        steps=10,
+        lr=1e-3,
+        global_batch_size=4,
+        lora=True,
+    )
 
 
 def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monkeypatch):
     from slurm_router.allocation import requeue
+
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -135,7 +158,7 @@ def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monke
     assert requeue.decide(spec, signal.SIGTERM).reason == "interrupted"
     monkeypatch.setattr(requeue, "time_left_s", lambda job: 3000.0)
     assert all(requeue.decide(spec, signal.SIGUSR2).reason == "preempted" for _ in range(5))
-    monkeypatch.setattr(requeue, "time_left_s", lambda job: 100.0)      # within signal_delay_s + margin
+    monkeypatch.setattr(requeue, "time_left_s", lambda job: 100.0)  # within signal_delay_s + margin
     decisions = [requeue.decide(spec, signal.SIGUSR2) for _ in range(3)]
     assert [d.requeue for d in decisions] == [True, True, False] and {d.reason for d in decisions} == {"timeout"}
     assert "launcher.max_requeues=2" in decisions[-1].detail
@@ -146,6 +169,7 @@ def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monke
 def test_attempts_count_and_slurm_restarts_are_logged_once(tmp_path, monkeypatch):
     from slurm_router.allocation import requeue
     from slurm_router.rundir import attempts
+
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
     assert [attempts.next_attempt(spec.task_dir) for _ in range(3)] == [0, 1, 2]
@@ -159,6 +183,7 @@ def test_attempts_count_and_slurm_restarts_are_logged_once(tmp_path, monkeypatch
 
 def test_a_torn_last_event_line_is_dropped_before_appending(tmp_path):
     from slurm_router.allocation.requeue import repair_torn_tail
+
     p = tmp_path / "events-rank0.jsonl"
     p.write_bytes(b'{"event":"step"}\n{"event":"mi')
     repair_torn_tail(p)
@@ -171,6 +196,7 @@ def test_requeue_names_the_array_task_not_the_array(monkeypatch):
     """Slurm may give one array task the array's own id: `scontrol requeue <that id>` would requeue every task
     of the array (found on the real cluster: a time-out of one variant killed its sibling mid-checkpoint)."""
     from slurm_router.allocation.requeue import slurm_job_ref
+
     monkeypatch.setenv("SLURM_JOB_ID", "467")
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "467")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
@@ -192,6 +218,7 @@ def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
     """The Ctrl-C race: a signal that lands while the workers are being spawned (blocked, delivered as soon as
     the mask is restored) must be forwarded to them, not only remembered."""
     from slurm_router.allocation.supervisor import TaskSupervisor
+
     old = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
     try:
         sup = TaskSupervisor().install()
@@ -213,35 +240,38 @@ def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
 
 def test_a_stop_before_the_start_stops_the_task_or_reaches_a_pack():
     from slurm_router.allocation.supervisor import TaskStopped, TaskSupervisor
+
     sup = TaskSupervisor()
     sup.on_signal(signal.SIGTERM)
     with pytest.raises(TaskStopped):
         sup.start(lambda: pytest.fail("a stopped task spawns nothing"))
-    pack = sup.start(_Children, stop_early=False)       # a pack's children each ask the after-stop policy
+    pack = sup.start(_Children, stop_early=False)  # a pack's children each ask the after-stop policy
     assert pack.got == [signal.SIGTERM]
 
 
 def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
     from slurm_router.allocation import requeue
     from slurm_router.rundir.lifecycle import TaskOutcome
+
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert requeue.after_stop(spec, signal.SIGINT, 4, "scontrol") is TaskOutcome.STOPPED     # a local Ctrl-C
+    assert requeue.after_stop(spec, signal.SIGINT, 4, "scontrol") is TaskOutcome.STOPPED  # a local Ctrl-C
     monkeypatch.setenv("SLURM_JOB_ID", "123")
-    monkeypatch.setattr(requeue, "time_left_s", lambda job: 3000.0)                   # a preemption
+    monkeypatch.setattr(requeue, "time_left_s", lambda job: 3000.0)  # a preemption
     calls = []
     monkeypatch.setattr(requeue.subprocess, "run", lambda *a, **k: calls.append(a[0]))
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "submitit") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "scontrol") is TaskOutcome.STOPPED
     assert calls == [["scontrol", "requeue", "123"]]
-    monkeypatch.setattr(requeue, "time_left_s", lambda job: 10.0)                     # the time limit, over budget
+    monkeypatch.setattr(requeue, "time_left_s", lambda job: 10.0)  # the time limit, over budget
     spec.config["launcher"] = {"max_requeues": 0}
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.FAILED
     rows = [json.loads(line) for line in TaskPaths(spec.task_dir).events(0).read_text().splitlines()]
     assert [(r["event"], r.get("exit_state")) for r in rows] == [("end", "interrupted")] + [("requeue", None)] * 3 + [
-        ("end", "failed")]
+        ("end", "failed")
+    ]
 
 
 def test_a_job_process_spawned_with_stop_signals_blocked_never_dies_of_an_early_one(tmp_path):
@@ -252,13 +282,18 @@ def test_a_job_process_spawned_with_stop_signals_blocked_never_dies_of_an_early_
     import sys
 
     from slurm_router.allocation.supervisor import stop_signals_blocked
+
     spec = _spec(tmp_path)
     paths = TaskPaths(spec.task_dir)
     paths.dir.mkdir(parents=True)
     paths.task_file.write_text(spec.to_json())
     with stop_signals_blocked():
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.allocation.job", str(paths.task_file)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slurm_router.allocation.job", str(paths.task_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 75, out

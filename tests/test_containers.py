@@ -6,6 +6,7 @@ requeued from outside the container, resumed, completed.
 
     pytest tests/test_containers.py       # UPDATE_GOLDEN=1 rewrites tests/golden/{array-*.sbatch,submitit-*.json}
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ from slurm_router.launch.slurm.sbatch_render import SbatchSpec, render_sbatch
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN = "/scratch/runs/lora_ab/2024-01-01_12-00-00"
-SLURM = pytest.mark.skipif(shutil.which("sbatch") is None,
-                           reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")
+SLURM = pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+)
 
 
 def _golden(name: str, text: str) -> None:
@@ -38,33 +40,52 @@ def _golden(name: str, text: str) -> None:
 
 
 def _spec(runtime: str, **changes) -> SbatchSpec:
-    container = ContainerSpec(runtime=runtime, image="/images/pytorch 24.01.sif" if runtime == "apptainer"
-                              else "nvcr.io#nvidia/pytorch:24.01-py3", binds=(RUN, "/data/corpus"),
-                              mounts=("/scratch/shared:/shared",), workdir=RUN if runtime == "pyxis" else None)
-    fields = dict(job_name="lora_ab-variants", run_dir=RUN, array_size=2, gpus_per_task=1, cpus_per_task=4,
-                  timeout_min=90, partition="gpu", python="python3", container=container,
-                  task_argv=("-m", "slurm_router.allocation.job", "--run-dir", RUN, "--stage", "variants"),
-                  setup=("module load cuda/12.1", "source /opt/venvs/lab/bin/activate"),
-                  pythonpath=f"{RUN}/code", mail_type="END,FAIL", mail_user="someone@example.org")
+    container = ContainerSpec(
+        runtime=runtime,
+        image="/images/pytorch 24.01.sif" if runtime == "apptainer" else "nvcr.io#nvidia/pytorch:24.01-py3",
+        binds=(RUN, "/data/corpus"),
+        mounts=("/scratch/shared:/shared",),
+        workdir=RUN if runtime == "pyxis" else None,
+    )
+    fields = dict(
+        job_name="lora_ab-variants",
+        run_dir=RUN,
+        array_size=2,
+        gpus_per_task=1,
+        cpus_per_task=4,
+        timeout_min=90,
+        partition="gpu",
+        python="python3",
+        container=container,
+        task_argv=("-m", "slurm_router.allocation.job", "--run-dir", RUN, "--stage", "variants"),
+        setup=("module load cuda/12.1", "source /opt/venvs/lab/bin/activate"),
+        pythonpath=f"{RUN}/code",
+        mail_type="END,FAIL",
+        mail_user="someone@example.org",
+    )
     return SbatchSpec(**{**fields, **changes})
 
 
 def test_golden_apptainer_sbatch():
     text = render_sbatch(_spec("apptainer"))
     _golden("array-apptainer.sbatch", text)
-    assert "exec --nv --bind /scratch/runs/lora_ab/2024-01-01_12-00-00,/data/corpus,/scratch/shared:/shared " \
-           "'/images/pytorch 24.01.sif' python3 -m slurm_router.allocation.job" in text
-    assert "#SBATCH --signal=B:USR2@120" in text            # the batch shell, outside, gets it and passes it on
+    assert (
+        "exec --nv --bind /scratch/runs/lora_ab/2024-01-01_12-00-00,/data/corpus,/scratch/shared:/shared "
+        "'/images/pytorch 24.01.sif' python3 -m slurm_router.allocation.job" in text
+    )
+    assert "#SBATCH --signal=B:USR2@120" in text  # the batch shell, outside, gets it and passes it on
 
 
 def test_golden_pyxis_sbatch_srun_workers():
     text = render_sbatch(_spec("pyxis", ntasks=2))
     _golden("array-pyxis.sbatch", text)
-    assert ("srun --ntasks=2 --cpus-per-task=4 --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=0 --gpus-per-task=1 "
-            "'--container-image=nvcr.io#nvidia/pytorch:24.01-py3' --container-mounts="
-            f"{RUN}:{RUN},/data/corpus:/data/corpus,/scratch/shared:/shared --container-workdir={RUN} "
-            "python3 -m slurm_router.allocation.job") in text
-    one = render_sbatch(_spec("pyxis"))         # one task: still a step (pyxis is srun's), with the job's GPUs
+    assert (
+        "srun --ntasks=2 --cpus-per-task=4 --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=0 --gpus-per-task=1 "
+        "'--container-image=nvcr.io#nvidia/pytorch:24.01-py3' --container-mounts="
+        f"{RUN}:{RUN},/data/corpus:/data/corpus,/scratch/shared:/shared --container-workdir={RUN} "
+        "python3 -m slurm_router.allocation.job"
+    ) in text
+    one = render_sbatch(_spec("pyxis"))  # one task: still a step (pyxis is srun's), with the job's GPUs
     assert "\nsrun --ntasks=1 --cpus-per-task=4 '--container-image=" in one and "--gpus-per-task" not in one
 
 
@@ -75,29 +96,42 @@ def test_golden_submitit_parameters(runtime, tmp_path):
     from slurm_router.__main__ import compose
     from slurm_router.launch.container import container_spec
     from slurm_router.launch.slurm.submitit_launcher import submitit_params, submitit_python, task_runner_python
+
     image = "/images/pytorch.sif" if runtime == "apptainer" else "nvcr.io#nvidia/pytorch:24.01-py3"
-    cfg = compose(["launcher=slurm", f"launcher.container.image='{image}'", f"launcher.container.runtime={runtime}",
-                   "launcher.container.mounts=[/scratch/shared]", "launcher.setup=['module load cuda/12.1']",
-                   "launcher.mail_type=[END,FAIL]", "launcher.mail_user=someone@example.org"])
+    cfg = compose(
+        [
+            "launcher=slurm",
+            f"launcher.container.image='{image}'",
+            f"launcher.container.runtime={runtime}",
+            "launcher.container.mounts=[/scratch/shared]",
+            "launcher.setup=['module load cuda/12.1']",
+            "launcher.mail_type=[END,FAIL]",
+            "launcher.mail_user=someone@example.org",
+        ]
+    )
     params = submitit_params(cfg, 1, "variants", "1234", RUN, f"{RUN}/code")
     wrapped = task_runner_python(cfg, RUN)
     python = submitit_python(cfg, container_spec(cfg, RUN, gpus=True))
-    golden = {"params": params, "task_runner_python": wrapped,
-              "submitit_python": "<sys.executable>" if python == sys.executable else python}
+    golden = {
+        "params": params,
+        "task_runner_python": wrapped,
+        "submitit_python": "<sys.executable>" if python == sys.executable else python,
+    }
     _golden(f"submitit-{runtime}.json", json.dumps(golden, indent=1, sort_keys=True) + "\n")
-    setup = params["slurm_setup"]         # the user's line as written, before ours (setup_lines.guarded around it)
+    setup = params["slurm_setup"]  # the user's line as written, before ours (setup_lines.guarded around it)
     assert "module load cuda/12.1" in setup and setup.index("module load cuda/12.1") < setup.index(
-        "export PYTHONSAFEPATH=1")
+        "export PYTHONSAFEPATH=1"
+    )
     assert "export PYTHONSAFEPATH=1" in params["slurm_setup"]
-    if runtime == "apptainer":      # submitit's own process stays outside (the submitter's interpreter)
+    if runtime == "apptainer":  # submitit's own process stays outside (the submitter's interpreter)
         assert wrapped[:3] == ["apptainer", "exec", "--nv"] and "slurm_srun_args" not in params
-    else:                           # pyxis wraps submitit's srun step: its process runs in the image
+    else:  # pyxis wraps submitit's srun step: its process runs in the image
         assert wrapped is None and params["slurm_srun_args"][0] == f"--container-image={image}"
 
 
 # ---- the batch shell outside the container, without Slurm -------------------------------------------------
 
-TASK = r'''import os, signal, sys, time
+TASK = r"""import os, signal, sys, time
 def stop(signum, frame):            # the task's verdict is a requeue: it asks the shell outside
     with open(os.environ["SLURM_ROUTER_REQUEUE_REQUEST"], "w") as f:
         f.write("{}")
@@ -110,7 +144,7 @@ if mode != "wait":
     sys.exit(int(mode))
 time.sleep(60)
 sys.exit(3)
-'''
+"""
 
 
 @pytest.mark.parametrize("mode, code", [("wait", 75), ("0", 0), ("1", 1)])
@@ -120,25 +154,37 @@ def test_batch_shell_requeues_from_outside(tmp_path, mode, code):
     bindir = tmp_path / "bin"
     runtime = install_fake_apptainer(tmp_path / "rt")
     bindir.mkdir()
-    (bindir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.txt\n")
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.txt\n')
     (bindir / "scontrol").chmod(0o755)
     task = tmp_path / "task"
     task.write_text(TASK)
     run_dir, image = tmp_path / "run", tmp_path / "image.sif"
     image.write_text("")
-    spec = SbatchSpec(job_name="j", run_dir=str(run_dir), array_size=1, python=sys.executable, task_argv=(str(task),),
-                      container=ContainerSpec("apptainer", str(image), binds=(str(run_dir),),
-                                              runtime_cmd=str(runtime)))
+    spec = SbatchSpec(
+        job_name="j",
+        run_dir=str(run_dir),
+        array_size=1,
+        python=sys.executable,
+        task_argv=(str(task),),
+        container=ContainerSpec("apptainer", str(image), binds=(str(run_dir),), runtime_cmd=str(runtime)),
+    )
     (run_dir / "logs").mkdir(parents=True)
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
-           "SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "1", "STARTED": str(tmp_path / "started"),
-           "MODE": mode}
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "42",
+        "SLURM_ARRAY_JOB_ID": "41",
+        "SLURM_ARRAY_TASK_ID": "1",
+        "STARTED": str(tmp_path / "started"),
+        "MODE": mode,
+    }
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if mode == "wait":
-        wait_until(lambda: (tmp_path / "started").is_file() and (tmp_path / "started").read_text(), "the task",
-                   timeout=30)
+        wait_until(
+            lambda: (tmp_path / "started").is_file() and (tmp_path / "started").read_text(), "the task", timeout=30
+        )
         proc.send_signal(signal.SIGUSR2)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, (out, err)
@@ -151,8 +197,14 @@ def test_batch_shell_requeues_from_outside(tmp_path, mode, code):
 
 # ---- the real cluster, with the stand-in runtime --------------------------------------------------------
 
-TRAIN = ["train.steps=12", "train.checkpoint_every=2", "train.eval_batches=2", "data.max_documents=60",
-         "router.device_slowdown=[4.0]", "launcher.timeout_min=10"]
+TRAIN = [
+    "train.steps=12",
+    "train.checkpoint_every=2",
+    "train.eval_batches=2",
+    "data.max_documents=60",
+    "router.device_slowdown=[4.0]",
+    "launcher.timeout_min=10",
+]
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -161,8 +213,9 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _sacct_state(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", job_id],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", job_id], capture_output=True, text=True
+    ).stdout
     return next((l.split("|")[1] for l in out.splitlines() if l.split("|")[0] == job_id), "")
 
 
@@ -188,36 +241,47 @@ def _run_in_container(tmp_path: Path, launcher: str, signal_args: list[str]) -> 
     image.parent.mkdir()
     image.write_text("")
     extra.mkdir()
-    proc = run_cli(*TRAIN, f"launcher={launcher}", f"run_root={tmp_path / 'runs'}",
-                   f"launcher.container.image={image}", f"launcher.container.runtime_cmd={runtime}",
-                   f"launcher.container.mounts=[{extra}]", f"launcher.python={sys.executable}",
-                   "launcher.setup=['export SETUP_MARK=from-setup']", "launcher.mail_type=[END,FAIL]",
-                   "launcher.mail_user=someone@example.org", cwd=tmp_path, timeout=300)
+    proc = run_cli(
+        *TRAIN,
+        f"launcher={launcher}",
+        f"run_root={tmp_path / 'runs'}",
+        f"launcher.container.image={image}",
+        f"launcher.container.runtime_cmd={runtime}",
+        f"launcher.container.mounts=[{extra}]",
+        f"launcher.python={sys.executable}",
+        "launcher.setup=['export SETUP_MARK=from-setup']",
+        "launcher.mail_type=[END,FAIL]",
+        "launcher.mail_user=someone@example.org",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
     job = json.loads((run_dir / "manifest.json").read_text())["tasks"]["main"]["job_id"]
     shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "MailUser=someone@example.org" in shown and "MailType=END,FAIL" in shown, shown
-    wait_until(lambda: any(r["event"] == "step" and r["step"] >= 3 for r in _rows(run_dir)), "step 3", timeout=180,
-               poll_s=0.3)
+    wait_until(
+        lambda: any(r["event"] == "step" and r["step"] >= 3 for r in _rows(run_dir)), "step 3", timeout=180, poll_s=0.3
+    )
     subprocess.run(["scancel", *signal_args, "--signal=USR2", job], check=True)
 
     def done():
         _start_requeued(job)
         return (run_dir / "tasks" / "main" / "result.json").is_file() and _sacct_state(job) == "COMPLETED"
+
     wait_until(done, "the requeued task to complete", timeout=240, poll_s=0.5)
     return run_dir, rt, job
 
 
 def _assert_requeued_in_the_image(run_dir: Path, rt: Path, packed: bool) -> None:
     made = calls(rt)
-    assert len(made) == 2 and not any(c["errors"] for c in made), made        # the first attempt and the requeued one
+    assert len(made) == 2 and not any(c["errors"] for c in made), made  # the first attempt and the requeued one
     for call in made:
         assert call["nv"] and call["binds"] == [str(run_dir), str(run_dir.parents[2] / "extra")], call
         assert call["image"] == str(run_dir.parents[2] / "images" / "lab.sif")
         assert call["command"][:3] == [sys.executable, "-m", "slurm_router.allocation.job"], call
-        assert call["env"]["SETUP_MARK"] == "from-setup"                     # launcher.setup ran first, outside
-        assert call["slurm_router"] == str(run_dir / "code" / "slurm_router" / "__init__.py")     # the snapshot
+        assert call["env"]["SETUP_MARK"] == "from-setup"  # launcher.setup ran first, outside
+        assert call["slurm_router"] == str(run_dir / "code" / "slurm_router" / "__init__.py")  # the snapshot
         assert call["env"]["PYTHONPATH"].split(":")[0] == str(run_dir / "code")
         assert bool(call["env"]["SLURM_ROUTER_PACKED"]) == packed
         # the job's end (launcher.timeout_min=10), worked out outside: squeue fails in there
@@ -225,11 +289,11 @@ def _assert_requeued_in_the_image(run_dir: Path, rt: Path, packed: bool) -> None
     assert not [c for c in slurm_calls(rt) if c.startswith("scontrol")], "scontrol ran inside the image"
     rows = _rows(run_dir)
     requeue = [r for r in rows if r["event"] == "requeue"]
-    assert [r["reason"] for r in requeue] == ["preempted"], requeue          # USR2 minutes before the limit
+    assert [r["reason"] for r in requeue] == ["preempted"], requeue  # USR2 minutes before the limit
     assert " s left: a preemption" in requeue[0]["detail"] and "? s" not in requeue[0]["detail"], requeue
     assert any(r["event"] == "checkpoint_loaded" and r["attempt"] == 1 for r in rows)
     assert any(r["event"] == "end" and r["exit_state"] == "completed" and r["attempt"] == 1 for r in rows)
-    assert len({r["step"] for r in rows if r["event"] == "step"}) == 12            # every step, once or twice
+    assert len({r["step"] for r in rows if r["event"] == "step"}) == 12  # every step, once or twice
     assert not list((run_dir / "logs").glob("requeue-request.*"))
 
 
@@ -261,15 +325,28 @@ def test_sbatch_srun_workers_in_a_container_meet_without_slurm_inside(tmp_path):
     rt = tmp_path / "rt"
     runtime = install_fake_apptainer(rt)
     (tmp_path / "lab.sif").write_text("")
-    proc = run_cli("launcher=sbatch", "launcher.srun_workers=true", "resources.devices_per_task=2", "train.steps=4",
-                   "train.eval_batches=2", "data.max_documents=40", f"run_root={tmp_path / 'runs'}",
-                   f"launcher.container.image={tmp_path / 'lab.sif'}", f"launcher.container.runtime_cmd={runtime}",
-                   f"launcher.python={sys.executable}", "launcher.wait=true", cwd=tmp_path, timeout=300)
+    proc = run_cli(
+        "launcher=sbatch",
+        "launcher.srun_workers=true",
+        "resources.devices_per_task=2",
+        "train.steps=4",
+        "train.eval_batches=2",
+        "data.max_documents=40",
+        f"run_root={tmp_path / 'runs'}",
+        f"launcher.container.image={tmp_path / 'lab.sif'}",
+        f"launcher.container.runtime_cmd={runtime}",
+        f"launcher.python={sys.executable}",
+        "launcher.wait=true",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
     made = calls(rt)
     assert len(made) == 2 and not any(c["errors"] for c in made), made
     assert not slurm_calls(rt), slurm_calls(rt)
     assert (run_dir / "tasks" / "main" / "result.json").is_file()
-    starts = [json.loads(f.read_text().splitlines()[0]) for f in (run_dir / "tasks" / "main").glob("events-rank*.jsonl")]
+    starts = [
+        json.loads(f.read_text().splitlines()[0]) for f in (run_dir / "tasks" / "main").glob("events-rank*.jsonl")
+    ]
     assert sorted((r["event"], r["device"], r["world"]) for r in starts) == [("start", 0, 2), ("start", 1, 2)]

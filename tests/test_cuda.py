@@ -9,6 +9,7 @@
 
     python -m pytest tests/test_cuda.py -v -s        # on a machine with an NVIDIA GPU
 """
+
 import json
 import signal
 import subprocess
@@ -21,19 +22,35 @@ import torch
 from conftest import run_cli, run_dir_of
 from test_requeue_local import _rows, last_attempt_losses
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)"),
+]
 
 STEPS = 120
-RESUME = ["base.enabled=false", "model=gpt2_small", "data=synthetic", "data.mean_len=200", "data.max_len=512",
-          f"train.steps={STEPS}", "train.checkpoint_every=25", "train.global_batch_size=16", "train.eval_batches=2",
-          "train.lr=1e-3"]
+RESUME = [
+    "base.enabled=false",
+    "model=gpt2_small",
+    "data=synthetic",
+    "data.mean_len=200",
+    "data.max_len=512",
+    f"train.steps={STEPS}",
+    "train.checkpoint_every=25",
+    "train.global_batch_size=16",
+    "train.eval_batches=2",
+    "train.lr=1e-3",
+]
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "slurm_router", *args, f"run_root={tmp_path}"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm_router", *args, f"run_root={tmp_path}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(tmp_path: Path, *args: str) -> Path:
@@ -74,17 +91,30 @@ def test_ctrl_c_on_cuda_checkpoints_and_resume_matches_the_uninterrupted_run(tmp
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     got = last_attempt_losses(task_dir)
     diff = _max_rel_diff(got, ref1)
-    print(f"\nCUDA resume: stopped at step {saved[-1]['step']}; max relative loss difference resumed vs "
-          f"uninterrupted {diff:.3g}; uninterrupted vs uninterrupted {noise:.3g}")
+    print(
+        f"\nCUDA resume: stopped at step {saved[-1]['step']}; max relative loss difference resumed vs "
+        f"uninterrupted {diff:.3g}; uninterrupted vs uninterrupted {noise:.3g}"
+    )
     if noise == 0:
         assert got == ref1, "deterministic kernels: a resumed run must match bitwise"
     else:
         assert diff <= 2 * noise, (diff, noise)
 
 
-OOM = ["base.enabled=false", "model=gpt2_small", "data=synthetic", "data.length_dist=fixed", "data.mean_len=1024",
-       "data.max_len=1024", "data.n_samples=2048", "train.global_batch_size=192", "train.steps=4",
-       "train.eval_batches=1", "train.eval_batch_size=8", "train.lr=1e-3"]
+OOM = [
+    "base.enabled=false",
+    "model=gpt2_small",
+    "data=synthetic",
+    "data.length_dist=fixed",
+    "data.mean_len=1024",
+    "data.max_len=1024",
+    "data.n_samples=2048",
+    "train.global_batch_size=192",
+    "train.steps=4",
+    "train.eval_batches=1",
+    "train.eval_batch_size=8",
+    "train.lr=1e-3",
+]
 
 
 def _step_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -99,15 +129,25 @@ def test_a_real_cuda_oom_is_halved_and_retried_without_losing_or_repeating_a_sam
     steps, micro = _step_rows(forced)
     assert sum(r["oom_retries"] for r in steps) >= 1, "headroom 4 should have planned a micro-batch that OOMs"
     from slurm_router.train.data import GlobalBatchSampler
-    sampler = GlobalBatchSampler(int(json.loads((forced / "tasks" / "main" / "events-rank0.jsonl")
-                                                .read_text().splitlines()[0])["n_train_samples"]), 192, 0)
+
+    sampler = GlobalBatchSampler(
+        int(
+            json.loads((forced / "tasks" / "main" / "events-rank0.jsonl").read_text().splitlines()[0])[
+                "n_train_samples"
+            ]
+        ),
+        192,
+        0,
+    )
     for r in steps:
         ids = [i for m in micro if m["step"] == r["step"] for i in m["sample_ids"]]
         assert sorted(ids) == sorted(sampler.batch(r["step"])), f"step {r['step']}: a sample lost or repeated"
     fit = {r["step"]: r["loss"] for r in steps_fit}
     got = {r["step"]: r["loss"] for r in steps}
     diff = _max_rel_diff(got, fit)
-    print(f"\nCUDA OOM: {sum(r['oom_retries'] for r in steps)} OOM retries, micro-batches per step "
-          f"{[r['n_micro'] for r in steps]}, max relative loss difference vs a fitting plan {diff:.3g}")
+    print(
+        f"\nCUDA OOM: {sum(r['oom_retries'] for r in steps)} OOM retries, micro-batches per step "
+        f"{[r['n_micro'] for r in steps]}, max relative loss difference vs a fitting plan {diff:.3g}"
+    )
     # bf16 autocast: a different micro-batch split changes GEMM shapes and so float rounding, not the math
     assert diff < 2e-3

@@ -21,7 +21,8 @@ from tiny_checkpoints import chat_rows, make_checkpoint, prompt_completion_rows,
 from slurm_router.config.schema import DataConfig, ModelConfig
 from slurm_router.errors import UserError
 from slurm_router.rundir.events import MicroRow, StepRow, read_events
-from slurm_router.train.data import ByteTokenizer, build_corpus, make_tokenizer
+from slurm_router.train.data import build_corpus
+from slurm_router.train.tokenizer import ByteTokenizer, make_tokenizer
 from slurm_router.train.loss import target_positions, token_loss_sum
 from slurm_router.worker.microbatch import batch_tensors
 
@@ -70,8 +71,9 @@ def test_checkpoint_tokenizer_special_tokens(tmp_path, checkpoints, arch, first,
     tok = _hf(checkpoints[arch])
     path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"line {i}\n\nmore words {i}"} for i in range(12)])
     corpus = build_corpus(_data(kind="jsonl", path=str(path)), tok)
-    assert {tok.tok.convert_ids_to_tokens(int(s.sample(i)[0])) for s in (corpus.train, corpus.val)
-            for i in range(len(s))} == {first}
+    assert {
+        tok.tok.convert_ids_to_tokens(int(s.sample(i)[0])) for s in (corpus.train, corpus.val) for i in range(len(s))
+    } == {first}
     assert tok.tok.convert_ids_to_tokens(tok.pad_id) == pad
 
 
@@ -85,13 +87,13 @@ def test_prompt_completion_targets_are_the_completion_and_its_end(tmp_path, chec
         expect[bytes([*p, *c])] = len(p)
     seen = 0
     for tokens, mask in _all_samples(byte):
-        assert tokens[0] == tokens[-1] == 256                          # end-of-text starts and ends it
+        assert tokens[0] == tokens[-1] == 256  # end-of-text starts and ends it
         n_prompt = expect[bytes(tokens[1:-1].astype(np.uint8))]
-        assert not mask[:1 + n_prompt].any() and mask[1 + n_prompt:].all()
+        assert not mask[: 1 + n_prompt].any() and mask[1 + n_prompt :].all()
         seen += 1
     assert seen == len(rows)
 
-    tok = _hf(checkpoints["llama"])                                     # Llama: BOS first, EOS a target
+    tok = _hf(checkpoints["llama"])  # Llama: BOS first, EOS a target
     llama = build_corpus(_data(kind="jsonl", path=str(path), max_len=512, **PC), tok)
     enc = tok.tok
     completions = {}
@@ -117,7 +119,7 @@ def test_chat_targets_are_the_assistant_turns_and_their_end_token(tmp_path, chec
     for tokens, mask in _all_samples(corpus):
         spans = [tok.tok.decode(tokens[a:b]) for a, b in _runs(mask)]
         assert all(s.startswith(lead) and s.endswith(turn_end) for s in spans), spans
-        found.add(tuple(s[len(lead):-len(turn_end)] for s in spans))
+        found.add(tuple(s[len(lead) : -len(turn_end)] for s in spans))
         assert int(mask.sum()) < len(tokens) // 2
     assert found == answers
 
@@ -125,8 +127,10 @@ def test_chat_targets_are_the_assistant_turns_and_their_end_token(tmp_path, chec
 def test_chat_template_that_is_not_prefix_consistent_is_named(tmp_path, checkpoints):
     tok = _hf(checkpoints["qwen2"])
     # renders the last turn apart: rendering up to an earlier answer is not the start of the whole conversation
-    tok.tok.chat_template = ("{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m['role'] + ': ' + "
-                             "m['content'] + '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    tok.tok.chat_template = (
+        "{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m['role'] + ': ' + "
+        "m['content'] + '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     path = write_jsonl(tmp_path / "chat.jsonl", chat_rows(4))
     with pytest.raises(UserError, match=r"line 1 of .*chat.jsonl: the chat template is not prefix-consistent"):
         build_corpus(_data(kind="jsonl", path=str(path), **CHAT), tok)
@@ -136,8 +140,7 @@ def test_chat_without_an_assistant_turn_and_an_opening_assistant_turn(tmp_path, 
     tok = _hf(checkpoints["qwen2"])
     rows = chat_rows(12)
     rows[3] = {"messages": [{"role": "user", "content": "Nobody answers."}]}
-    rows[5] = {"messages": [{"role": "assistant", "content": "I speak first."},
-                            {"role": "user", "content": "Fine."}]}
+    rows[5] = {"messages": [{"role": "assistant", "content": "I speak first."}, {"role": "user", "content": "Fine."}]}
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
     corpus = build_corpus(_data(kind="jsonl", path=str(path), max_len=512, **CHAT), tok)
     assert corpus.n_without_targets == 1 and len(corpus.train) + len(corpus.val) == 11
@@ -152,6 +155,7 @@ def test_chat_without_an_assistant_turn_and_an_opening_assistant_turn(tmp_path, 
 # ---- the loss counts the targets only ----------------------------------------------------------------------
 def test_masked_loss_is_the_cross_entropy_over_the_completions_only(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
+
     path = write_jsonl(tmp_path / "pc.jsonl", prompt_completion_rows(16))
     split = build_corpus(_data(kind="jsonl", path=str(path), max_len=512, **PC), ByteTokenizer()).train
     ids = list(range(min(6, len(split))))
@@ -163,7 +167,7 @@ def test_masked_loss_is_the_cross_entropy_over_the_completions_only(tmp_path):
     manual, count = torch.zeros((), dtype=torch.float64), 0
     for r, i in enumerate(ids):
         tokens, mask = split.sample(i), split.target_mask(i)
-        for j in np.flatnonzero(mask):            # token j predicted at position j - 1
+        for j in np.flatnonzero(mask):  # token j predicted at position j - 1
             manual += F.cross_entropy(logits[r, j - 1].double(), torch.tensor(int(tokens[j])))
             count += 1
     assert n == count == split.count_targets(ids) == sum(int(split.n_targets[i]) for i in ids)
@@ -176,8 +180,9 @@ def test_masked_loss_is_the_cross_entropy_over_the_completions_only(tmp_path):
     out = model(input_ids=inputs).logits
     out.retain_grad()
     flat_targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-    F.cross_entropy(out.reshape(-1, out.size(-1)), flat_targets.reshape(-1), ignore_index=-100,
-                    reduction="sum").backward()
+    F.cross_entropy(
+        out.reshape(-1, out.size(-1)), flat_targets.reshape(-1), ignore_index=-100, reduction="sum"
+    ).backward()
     grad_rows = out.grad.abs().sum(-1)
     assert (grad_rows[flat_targets == -100] == 0).all() and (grad_rows[flat_targets != -100] > 0).all()
     n_plain, _ = target_positions([len(split.sample(i)) for i in ids], inputs.size(1))
@@ -190,10 +195,22 @@ def test_a_run_counts_the_completion_tokens_only(tmp_path, checkpoints):
     (+ end-of-text) of the step's samples; n_tokens (the router's cost) counts every token."""
     rows = prompt_completion_rows(48)
     path = write_jsonl(tmp_path / "pc.jsonl", rows)
-    args = ["model=hf", f"model.name_or_path={checkpoints['llama']}", "data=jsonl", f"data.path={path}",
-            "data.prompt_field=prompt", "data.completion_field=completion", "data.max_len=128", "base.enabled=false",
-            "train.steps=3", "train.global_batch_size=8", "train.eval_batches=1", "train.eval_batch_size=4",
-            "resources.devices_per_task=2", f"run_root={tmp_path / 'runs'}"]
+    args = [
+        "model=hf",
+        f"model.name_or_path={checkpoints['llama']}",
+        "data=jsonl",
+        f"data.path={path}",
+        "data.prompt_field=prompt",
+        "data.completion_field=completion",
+        "data.max_len=128",
+        "base.enabled=false",
+        "train.steps=3",
+        "train.global_batch_size=8",
+        "train.eval_batches=1",
+        "train.eval_batch_size=4",
+        "resources.devices_per_task=2",
+        f"run_root={tmp_path / 'runs'}",
+    ]
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(prompt/completion): " in proc.stdout
@@ -205,7 +222,7 @@ def test_a_run_counts_the_completion_tokens_only(tmp_path, checkpoints):
         p = enc.encode(r["prompt"], add_special_tokens=False)
         c = enc.encode(r["completion"], add_special_tokens=False)
         full = [enc.bos_token_id, *p, *c, enc.eos_token_id]
-        completion_tokens[tuple(full[:128])] = min(len(full), 128) - (1 + len(p))     # data.max_len keeps the start
+        completion_tokens[tuple(full[:128])] = min(len(full), 128) - (1 + len(p))  # data.max_len keeps the start
     train = build_corpus(_data(kind="jsonl", path=str(path), max_len=128, **PC), _hf(checkpoints["llama"])).train
     steps = sorted((r for r in events if r["event"] == StepRow.KIND and r["device"] == 0), key=lambda r: r["step"])
     assert len(steps) == 3
@@ -231,15 +248,17 @@ def test_parquet_file_and_folder_give_the_jsonl_corpus(tmp_path, checkpoints, fm
     else:
         rows, fields, tok = chat_rows(50), CHAT, _hf(checkpoints["llama"])
     tok = tok or ByteTokenizer()
-    jsonl = build_corpus(_data(kind="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", rows)), max_len=256,
-                               **fields), tok)
+    jsonl = build_corpus(
+        _data(kind="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", rows)), max_len=256, **fields), tok
+    )
     (tmp_path / "parts").mkdir()
     one = _parquet(tmp_path / "d.parquet", rows)
     for k, (a, b) in enumerate([(0, 7), (7, 30), (30, 50)]):
         _parquet(tmp_path / "parts" / f"train-{k:05d}-of-00003.parquet", rows[a:b])
     if fmt == "chat":
         assert pq.read_schema(one).field("messages").type == pa.list_(
-            pa.struct([("role", pa.string()), ("content", pa.string())]))
+            pa.struct([("role", pa.string()), ("content", pa.string())])
+        )
     for path in (one, tmp_path / "parts"):
         got = build_corpus(_data(kind="parquet", path=str(path), max_len=256, **fields), tok)
         assert got.n_documents == jsonl.n_documents == 50
@@ -257,25 +276,37 @@ def test_truncation_keeps_the_start_and_counts_what_it_cut(tmp_path):
     truncated = dropped = 0
     for r in rows:
         n_prompt, n = len(r["prompt"].encode()), len(r["prompt"].encode()) + len(r["completion"].encode()) + 2
-        if n > max_len:                       # start + prompt fill max_len: no completion token is left
+        if n > max_len:  # start + prompt fill max_len: no completion token is left
             dropped, truncated = dropped + (1 + n_prompt >= max_len), truncated + (1 + n_prompt < max_len)
     assert truncated and dropped, "the rows should exercise both"
     corpus = build_corpus(_data(kind="jsonl", path=str(path), max_len=max_len, **PC), ByteTokenizer())
     assert (corpus.n_truncated, corpus.n_dropped) == (truncated, dropped)
     assert len(corpus.train) + len(corpus.val) == 60 - dropped
     assert corpus.train.lengths.max() == max_len and corpus.train.n_targets.min() >= 1
-    assert corpus.counts_note() == f"; {truncated} truncated to data.max_len=64, {dropped} dropped (no target " \
-                                   "tokens left)"
+    assert (
+        corpus.counts_note() == f"; {truncated} truncated to data.max_len=64, {dropped} dropped (no target tokens left)"
+    )
     with pytest.raises(UserError, match=r"no training sample is left: data.max_len=8 cuts every target token"):
         build_corpus(_data(kind="jsonl", path=str(path), max_len=8, **PC), ByteTokenizer())
 
 
 def test_the_data_line_reports_truncation(tmp_path, monkeypatch, capsys):
     from slurm_router.__main__ import main
+
     path = write_jsonl(tmp_path / "pc.jsonl", prompt_completion_rows(40))
     monkeypatch.chdir(tmp_path)
-    code = main(["data=jsonl", f"data.path={path}", "data.prompt_field=prompt", "data.completion_field=completion",
-                 "data.max_len=64", "launcher=sbatch", "launcher.dry_run=true", f"run_root={tmp_path / 'runs'}"])
+    code = main(
+        [
+            "data=jsonl",
+            f"data.path={path}",
+            "data.prompt_field=prompt",
+            "data.completion_field=completion",
+            "data.max_len=64",
+            "launcher=sbatch",
+            "launcher.dry_run=true",
+            f"run_root={tmp_path / 'runs'}",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out[-2000:]
     line = next(line for line in out.splitlines() if line.startswith("experiment "))
@@ -284,13 +315,16 @@ def test_the_data_line_reports_truncation(tmp_path, monkeypatch, capsys):
 
 
 # ---- choosing a format ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw, message", [
-    ({"prompt_field": "prompt"}, "data.prompt_field=prompt needs data.completion_field too"),
-    ({"completion_field": "c"}, "data.completion_field=c needs data.prompt_field too"),
-    ({**PC, **CHAT}, "set only one of data.text_field"),
-    ({"text_field": "body", **CHAT}, "data.text_field=body and data.messages_field are both set"),
-    ({"kind": "text_dir", **PC}, "data.prompt_field applies to data=jsonl and data=parquet only"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"prompt_field": "prompt"}, "data.prompt_field=prompt needs data.completion_field too"),
+        ({"completion_field": "c"}, "data.completion_field=c needs data.prompt_field too"),
+        ({**PC, **CHAT}, "set only one of data.text_field"),
+        ({"text_field": "body", **CHAT}, "data.text_field=body and data.messages_field are both set"),
+        ({"kind": "text_dir", **PC}, "data.prompt_field applies to data=jsonl and data=parquet only"),
+    ],
+)
 def test_one_format_at_a_time(tmp_path, kw, message):
     path = write_jsonl(tmp_path / "d.jsonl", prompt_completion_rows(4))
     with pytest.raises(UserError, match=message.replace(".", r"\.")):

@@ -2,6 +2,7 @@
 cause, with nothing half-written left behind: checkpoint.py's atomic writes (checkpoints, their sidecars,
 the base cache, the manifest, results), on real small file systems (tmpfs; root only). In a real run a
 checkpoint that does not fit ends its task with that line, not torch's 'unexpected pos'."""
+
 import json
 import math
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_and_leaves_no_file(tmpfs):
 def test_a_checkpoint_whose_sidecar_does_not_fit_is_removed_too(tmpfs, tmp_path):
     state = {"w": torch.zeros(30_000)}
     probe = save_checkpoint(tmp_path / "probe", 1, state, keep=3)
-    fs = tmpfs(f"{math.ceil(probe['bytes'] / 4096) * 4}k")         # room for the data file, not one page more
+    fs = tmpfs(f"{math.ceil(probe['bytes'] / 4096) * 4}k")  # room for the data file, not one page more
     with pytest.raises(WriteError) as e:
         save_checkpoint(fs / "ckpt", 1, state, keep=3)
     _one_line(e, fs / "ckpt" / "step-00000001.json", "No space left on device")
@@ -53,8 +54,9 @@ def test_a_manifest_write_on_a_read_only_file_system_is_one_line(tmpfs):
 
 def test_a_base_cache_that_does_not_fit_leaves_no_part_of_it(tmpfs):
     fs = tmpfs("64k")
-    weights = fs / "base" / "abc"       # a cache entry: a save_pretrained folder of ~400 kB of weights
+    weights = fs / "base" / "abc"  # a cache entry: a save_pretrained folder of ~400 kB of weights
     from transformers import GPT2Config, GPT2LMHeadModel
+
     model = GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=64, n_embd=64, n_layer=1, n_head=2))
     with pytest.raises(WriteError) as e:
         base_cache.save(model, weights, {"val_loss": 1.0})
@@ -67,9 +69,19 @@ def test_a_run_whose_checkpoint_does_not_fit_ends_the_task_with_one_line(tmpfs):
     """Full fine-tuning of the tiny model: a 6 MB checkpoint on a 3 MB file system (the run dir's other files
     fit). The task fails at its first checkpoint with the line, the run ends, and no temp file stays."""
     fs = tmpfs("3m")
-    proc = run_cli("base.enabled=false", "model.lora.enabled=false", "train.steps=2", "train.checkpoint_every=1",
-                   "train.global_batch_size=8", "train.eval_batch_size=8", "train.eval_batches=2", "data.max_len=64",
-                   "data.max_documents=60", f"run_root={fs}", cwd=fs)
+    proc = run_cli(
+        "base.enabled=false",
+        "model.lora.enabled=false",
+        "train.steps=2",
+        "train.checkpoint_every=1",
+        "train.global_batch_size=8",
+        "train.eval_batch_size=8",
+        "train.eval_batches=2",
+        "data.max_len=64",
+        "data.max_documents=60",
+        f"run_root={fs}",
+        cwd=fs,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
     ckpt = run_dir / "tasks" / "main" / "checkpoints" / "step-00000001.pt"

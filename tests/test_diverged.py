@@ -3,6 +3,7 @@
 exit_state=diverged), the other variants train on, the run exits 0 and the report compares the healthy ones
 and lists the diverged one; analysis never refuses its events or asks to delete them. A base stage that
 diverges fails (its variants would start from it) with one line naming base.lr."""
+
 import json
 from pathlib import Path
 
@@ -13,10 +14,24 @@ pytestmark = pytest.mark.integration
 
 # Tiny steps; r8 at lr 10 goes NaN at step 3 on the tiny model (30 steps keep its lr near 10 until then: it
 # stops there, so they cost nothing). r32 and r16 train 4 healthy steps. Three tasks side by side.
-FAST = ["train.steps=4", "train.warmup_steps=0", "train.global_batch_size=8", "train.eval_batch_size=8",
-        "train.eval_batches=2", "data.max_len=64", "data.max_documents=60"]
-DIVERGING = ["+experiment=lora_ab", "base.enabled=false", *FAST, "launcher.cpu_slots=3", "variants.r8.train.lr=10",
-             "variants.r8.train.steps=30", "+variants.r16.model.lora.r=16"]
+FAST = [
+    "train.steps=4",
+    "train.warmup_steps=0",
+    "train.global_batch_size=8",
+    "train.eval_batch_size=8",
+    "train.eval_batches=2",
+    "data.max_len=64",
+    "data.max_documents=60",
+]
+DIVERGING = [
+    "+experiment=lora_ab",
+    "base.enabled=false",
+    *FAST,
+    "launcher.cpu_slots=3",
+    "variants.r8.train.lr=10",
+    "variants.r8.train.steps=30",
+    "+variants.r16.model.lora.r=16",
+]
 
 
 def _rows(task_dir: Path) -> list[dict]:
@@ -30,8 +45,11 @@ def test_a_diverging_variant_is_a_result_and_the_others_are_compared(tmp_path):
     run_dir = run_dir_of(proc)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["state"] == "completed"
-    assert {n: t["state"] for n, t in manifest["tasks"].items()} == {"r8": "completed", "r32": "completed",
-                                                                     "r16": "completed"}
+    assert {n: t["state"] for n, t in manifest["tasks"].items()} == {
+        "r8": "completed",
+        "r32": "completed",
+        "r16": "completed",
+    }
     # the task: an end row and a result saying where it diverged, no traceback in its log
     end = _rows(run_dir / "tasks" / "r8")[-1]
     assert end["event"] == "end" and end["exit_state"] == "diverged", end
@@ -58,8 +76,16 @@ def test_a_diverging_variant_is_a_result_and_the_others_are_compared(tmp_path):
 
 
 def test_a_diverging_base_stage_fails_in_one_line_naming_base_lr(tmp_path):
-    proc = run_cli("base.enabled=true", "base.lr=10", "base.steps=30", "base.global_batch_size=8", *FAST,
-                   f"base.cache_dir={tmp_path / 'cache'}", f"run_root={tmp_path}", cwd=tmp_path)
+    proc = run_cli(
+        "base.enabled=true",
+        "base.lr=10",
+        "base.steps=30",
+        "base.global_batch_size=8",
+        *FAST,
+        f"base.cache_dir={tmp_path / 'cache'}",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
     manifest = json.loads((run_dir / "manifest.json").read_text())

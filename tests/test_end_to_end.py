@@ -1,4 +1,5 @@
 """The main command end to end: base stage (cached), two LoRA variants, report. Real processes."""
+
 import csv
 import json
 import time
@@ -50,3 +51,36 @@ def test_lora_ab_learns_reports_and_reuses_the_base(tmp_path, base_cache):
 def test_analysis_of_a_non_run_dir_is_a_clear_error(tmp_path):
     proc = run_cli(str(tmp_path), module="slurm_router.analysis")
     assert proc.returncode == 2 and "no manifest.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _main_task(proc) -> tuple[list[float], list[float], dict]:
+    """(step losses, held-out losses, result.json) of a run's one task, `main`."""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    task = run_dir_of(proc) / "tasks" / "main"
+    rows = [json.loads(line) for line in (task / "events-rank0.jsonl").read_text().splitlines()]
+    return (
+        [r["loss"] for r in rows if r["event"] == "step"],
+        [r["val_loss"] for r in rows if r["event"] == "eval"],
+        json.loads((task / "result.json").read_text()),
+    )
+
+
+@pytest.mark.integration
+def test_compile_trains_the_same_run(tmp_path):
+    """train.compile=true (the throughput switch): the worker really compiles (TorchInductor writes its graphs to
+    the cache folder it is given), the task completes and learns, and its losses are the eager run's."""
+    args = [
+        "base.enabled=false",
+        "train.steps=4",
+        "train.eval_batches=1",
+        "data.max_documents=40",
+        "launcher.cpu_slots=1",
+        f"run_root={tmp_path / 'runs'}",
+    ]
+    inductor = tmp_path / "inductor"
+    compiled = run_cli(*args, "train.compile=true", cwd=tmp_path, env={"TORCHINDUCTOR_CACHE_DIR": str(inductor)})
+    steps, evals, result = _main_task(compiled)
+    assert any((inductor / "fxgraph").rglob("*")), "train.compile=true compiled nothing"
+    assert len(steps) == 4 and result["steps"] == 4 and evals[-1] == result["val_loss"] < evals[0], (evals, result)
+    eager_steps, eager_evals, _ = _main_task(run_cli(*args, cwd=tmp_path))
+    assert steps == pytest.approx(eager_steps, rel=1e-4) and evals == pytest.approx(eager_evals, rel=1e-4)

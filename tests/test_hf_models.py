@@ -2,6 +2,7 @@
 tests/tiny_checkpoints.py), LoRA target layers (auto, all-linear, a list; a wrong name is one line listing the
 layers), frozen weights in bf16 with fp32 LoRA weights, gradient checkpointing, base weights from a folder, and
 the memory model's seed bound on GPT-2- and Llama-shaped models built on the meta device."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ from slurm_router.train.model import (
     trainable_parameters,
 )
 
-VOCAB = 512         # tiny_checkpoints' tokenizer size
+VOCAB = 512  # tiny_checkpoints' tokenizer size
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,9 @@ def _losses(model, steps: int = 3, seed: int = 0) -> list[float]:
     losses = []
     for _ in range(steps):
         logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
-                                                 ids[:, 1:].reshape(-1), reduction="sum")
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="sum"
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -66,24 +68,28 @@ def _losses(model, steps: int = 3, seed: int = 0) -> list[float]:
 
 
 # ---- architectures and target layers ---------------------------------------------------------------------
-@pytest.mark.parametrize("arch, adapted", [("llama", {"q_proj", "v_proj"}), ("qwen2", {"q_proj", "v_proj"}),
-                                           ("gpt2", {"c_attn"})])
+@pytest.mark.parametrize(
+    "arch, adapted", [("llama", {"q_proj", "v_proj"}), ("qwen2", {"q_proj", "v_proj"}), ("gpt2", {"c_attn"})]
+)
 def test_each_architecture_loads_with_peft_default_layers_and_trains(checkpoints, arch, adapted):
     cfg = _hf(checkpoints[arch])
     assert cfg.lora.target_modules == "auto"
     check_architecture(cfg)
     model = build_model(cfg, VOCAB, seed=0)
-    assert model.training and _adapted(model) == adapted         # peft's own defaults for the architecture
+    assert model.training and _adapted(model) == adapted  # peft's own defaults for the architecture
     losses = _losses(model)
     assert all(map(torch.isfinite, torch.tensor(losses))) and losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("targets, adapted", [
-    ("all-linear", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
-    (["q_proj", "o_proj"], {"q_proj", "o_proj"}),
-    ("k_proj", {"k_proj"}),                                       # one name alone
-    (["self_attn.v_proj"], {"v_proj"}),                           # peft's rule: a dotted suffix
-])
+@pytest.mark.parametrize(
+    "targets, adapted",
+    [
+        ("all-linear", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
+        (["q_proj", "o_proj"], {"q_proj", "o_proj"}),
+        ("k_proj", {"k_proj"}),  # one name alone
+        (["self_attn.v_proj"], {"v_proj"}),  # peft's rule: a dotted suffix
+    ],
+)
 def test_all_linear_and_explicit_lists(checkpoints, targets, adapted):
     cfg = _hf(checkpoints["llama"], **{"lora.target_modules": targets})
     check_architecture(cfg)
@@ -104,30 +110,38 @@ def test_a_layer_the_model_lacks_is_one_line_listing_its_layers(checkpoints):
     cfg = _hf(checkpoints["qwen2"], **{"lora.target_modules": ["q_proj", "c_attn"]})
     with pytest.raises(UserError) as e:
         check_architecture(cfg, where="variants.attn: ")
-    assert str(e.value) == ("variants.attn: model.lora.target_modules: 'c_attn' is not a layer of Qwen2ForCausalLM "
-                            "that LoRA can adapt: its layers are embed_tokens, q_proj, k_proj, v_proj, o_proj, "
-                            "gate_proj, up_proj, down_proj, lm_head (or use auto or all-linear)")
-    with pytest.raises(UserError, match="'self_attn' is not a layer of LlamaForCausalLM"):   # not a leaf layer
+    assert str(e.value) == (
+        "variants.attn: model.lora.target_modules: 'c_attn' is not a layer of Qwen2ForCausalLM "
+        "that LoRA can adapt: its layers are embed_tokens, q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj, lm_head (or use auto or all-linear)"
+    )
+    with pytest.raises(UserError, match="'self_attn' is not a layer of LlamaForCausalLM"):  # not a leaf layer
         check_architecture(_hf(checkpoints["llama"], **{"lora.target_modules": ["self_attn"]}))
     check_architecture(_hf(checkpoints["llama"], **{"lora.enabled": False, "lora.target_modules": ["nope"]}))
 
 
 def test_gpt2_builtin_models_are_checked_without_building_them():
     from transformers import GPT2Config, GPT2LMHeadModel
+
     with torch.device("meta"):
         model = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=64, n_head=4))
-    assert gpt2_lora_layers(3) == lora_layers(model)      # config.py's names are the real model's
+    assert gpt2_lora_layers(3) == lora_layers(model)  # config.py's names are the real model's
     from slurm_router.__main__ import compose
+
     validate(compose(["model.lora.target_modules=[c_attn,c_proj,c_fc]"]))
     validate(compose(["model.lora.target_modules=all-linear", "+variants.a.model.lora.target_modules=[attn.c_attn]"]))
     cfg = compose(["model.lora.target_modules=[c_attn,q_proj]"])
-    with pytest.raises(UserError, match="'q_proj' is not a layer of GPT2LMHeadModel that LoRA can adapt: its "
-                                        "layers are wte, wpe, c_attn, c_proj, c_fc, lm_head"):
+    with pytest.raises(
+        UserError,
+        match="'q_proj' is not a layer of GPT2LMHeadModel that LoRA can adapt: its "
+        "layers are wte, wpe, c_attn, c_proj, c_fc, lm_head",
+    ):
         validate(cfg)
 
 
 def test_a_checkpoint_that_is_not_a_causal_lm_is_one_line(tmp_path):
     from transformers import T5Config
+
     T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, vocab_size=64).save_pretrained(tmp_path / "t5")
     with pytest.raises(UserError, match=r"the checkpoint is a t5 model \(T5Config\), not a causal language model"):
         check_architecture(_hf(tmp_path / "t5"))
@@ -138,13 +152,16 @@ def test_a_checkpoint_that_is_not_a_causal_lm_is_one_line(tmp_path):
 
 
 def test_rslora_and_dora_reach_peft(checkpoints):
-    model = build_model(_hf(checkpoints["llama"], **{"lora.use_rslora": True, "lora.use_dora": True,
-                                                      "lora.r": 4, "lora.alpha": 8}), VOCAB, seed=0)
+    model = build_model(
+        _hf(checkpoints["llama"], **{"lora.use_rslora": True, "lora.use_dora": True, "lora.r": 4, "lora.alpha": 8}),
+        VOCAB,
+        seed=0,
+    )
     peft_cfg = model.peft_config["default"]
     assert peft_cfg.use_rslora and peft_cfg.use_dora
     q = model.get_base_model().model.layers[0].self_attn.q_proj
-    assert q.scaling["default"] == pytest.approx(8 / 4 ** 0.5)          # rank-stabilised: alpha / sqrt(r)
-    assert "default" in q.lora_magnitude_vector                          # DoRA's magnitudes
+    assert q.scaling["default"] == pytest.approx(8 / 4**0.5)  # rank-stabilised: alpha / sqrt(r)
+    assert "default" in q.lora_magnitude_vector  # DoRA's magnitudes
     losses = _losses(model)
     assert losses[-1] < losses[0]
     plain = build_model(_hf(checkpoints["llama"]), VOCAB, seed=0).peft_config["default"]
@@ -189,8 +206,10 @@ def test_gradient_checkpointing_gives_the_same_losses(checkpoints):
     cfg = _hf(checkpoints["llama"], **{"lora.target_modules": "all-linear"})
     plain = build_model(cfg, VOCAB, seed=0)
     recomputed = build_model(cfg, VOCAB, seed=0, gradient_checkpointing=True)
+
     def checkpointing(model) -> bool:
         return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
     assert checkpointing(recomputed) and not recomputed.get_base_model().config.use_cache
     assert not checkpointing(plain)
     a, b = _losses(plain, steps=4), _losses(recomputed, steps=4)
@@ -203,7 +222,7 @@ def test_base_weights_from_a_save_pretrained_folder(tmp_path):
     cfg.lora.target_modules = ["c_attn", "c_proj"]
     base = build_model(cfg, 257, seed=3, lora=False)
     with torch.no_grad():
-        base.transformer.h[0].mlp.c_fc.weight.add_(1.0)      # "trained": not what the seed builds
+        base.transformer.h[0].mlp.c_fc.weight.add_(1.0)  # "trained": not what the seed builds
     base.save_pretrained(tmp_path / "folder")
     want = base.state_dict()
     for lora in (False, True):
@@ -220,13 +239,21 @@ def test_base_weights_from_a_save_pretrained_folder(tmp_path):
 # ---- the memory model's seed: its stated bound, on the meta device ---------------------------------------
 GPT2_SMALL = dict(model_type="gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
 # Llama-3.2-1B's width (hidden, MLP, heads, grouped KV) with fewer layers: the bound is per layer
-LLAMA_1B = dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
-                num_key_value_heads=8, num_hidden_layers=4, vocab_size=32000)
+LLAMA_1B = dict(
+    model_type="llama",
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    num_hidden_layers=4,
+    vocab_size=32000,
+)
 
 
 def _meta_lora_model(shape: dict, dtype, targets, checkpointing: bool = False, n_layers: int | None = None):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
+
     shape = dict(shape)
     if n_layers is not None:
         shape["n_layer" if shape["model_type"] == "gpt2" else "num_hidden_layers"] = n_layers
@@ -248,20 +275,22 @@ def _saved_bytes(model, n: int, length: int) -> int:
         if id(t) not in params and id(t._base) not in params:
             saved[id(t)] = t.numel() * t.element_size()
         return t
+
     ids = torch.zeros(n, length, dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logits = model(input_ids=ids).logits
-        torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids.reshape(-1),
-                                          reduction="sum")
+        torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids.reshape(-1), reduction="sum")
     return sum(saved.values())
 
 
 def _seed(model, checkpointing: bool = False) -> MemoryModel:
     """The worker's own seed (train.model.memory_shape) for this model on CPU without autocast."""
     from slurm_router.train.model import memory_shape
+
     cfg = OmegaConf.create({"train": {"precision": "fp32", "gradient_checkpointing": checkpointing}})
-    return MemoryModel.from_model_bytes(**memory_shape(model, cfg, torch.device("cpu")),
-                                        vocab_size=model.config.vocab_size)
+    return MemoryModel.from_model_bytes(
+        **memory_shape(model, cfg, torch.device("cpu")), vocab_size=model.config.vocab_size
+    )
 
 
 @pytest.fixture
@@ -269,12 +298,16 @@ def meta_forward(monkeypatch):
     # transformers looks for packed sequences in the position ids with a host read (.all()): nothing to read on
     # the meta device, and none are packed here
     import transformers.masking_utils as masking
+
     monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda position_ids: None, raising=False)
 
 
 @pytest.mark.parametrize("shape", [GPT2_SMALL, LLAMA_1B], ids=["gpt2-small", "llama-1b-width"])
-@pytest.mark.parametrize("dtype, targets", [(torch.float32, None), (torch.bfloat16, None),
-                                            (torch.bfloat16, "all-linear")], ids=["fp32", "bf16", "bf16-all-linear"])
+@pytest.mark.parametrize(
+    "dtype, targets",
+    [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, "all-linear")],
+    ids=["fp32", "bf16", "bf16-all-linear"],
+)
 def test_memory_seed_within_its_stated_bound(meta_forward, shape, dtype, targets):
     model = _meta_lora_model(shape, dtype, targets)
     seed = _seed(model)
@@ -309,8 +342,9 @@ def test_memory_seed_bound_with_gradient_checkpointing(meta_forward, shape):
 
 def test_memory_seed_on_a_gpu_counts_autocast_copies_of_fp32_frozen_weights():
     from slurm_router.train.model import memory_shape
+
     cfg = OmegaConf.create({"train": {"precision": "auto", "gradient_checkpointing": False}})
-    gpu = torch.device("cuda", 0)           # only named: nothing is allocated on the meta device
+    gpu = torch.device("cuda", 0)  # only named: nothing is allocated on the meta device
     shapes = {d: memory_shape(_meta_lora_model(LLAMA_1B, d, None), cfg, gpu) for d in (torch.bfloat16, torch.float32)}
     bf16, fp32 = shapes[torch.bfloat16], shapes[torch.float32]
     assert bf16["compute_bytes"] == fp32["compute_bytes"] == 2 and bf16["workspace_bytes"] == 0
@@ -321,6 +355,7 @@ def test_memory_seed_on_a_gpu_counts_autocast_copies_of_fp32_frozen_weights():
 def test_memory_seed_fixed_term_is_what_training_holds(checkpoints):
     """On a real (tiny) model after an optimizer step: weights + gradients + Adam states, byte for byte."""
     from slurm_router.train.optim import make_optimizer
+
     model = build_model(_hf(checkpoints["llama"], dtype="bf16", **{"lora.target_modules": "all-linear"}), VOCAB, 0)
     params = trainable_parameters(model)
     optimizer = make_optimizer(params, 1e-3, 0.0, torch.device("cpu"))
@@ -335,21 +370,38 @@ def test_memory_seed_fixed_term_is_what_training_holds(checkpoints):
 # ---- the real command -----------------------------------------------------------------------------------
 @pytest.mark.integration
 def test_lora_ab_on_a_llama_checkpoint_attention_only_vs_all_linear(tmp_path, checkpoints):
-    proc = run_cli("model=hf", f"model.name_or_path={checkpoints['llama']}", "data=synthetic",
-                   "data.n_samples=96", "data.mean_len=24", "data.max_len=48", "base.enabled=false",
-                   "train.steps=3", "train.global_batch_size=8", "train.eval_batches=1", "train.eval_batch_size=4",
-                   "train.gradient_checkpointing=true", "model.lora.use_rslora=true",
-                   "+variants.attn.model.lora.target_modules=[q_proj,v_proj]",
-                   "+variants.linear.model.lora.target_modules=all-linear",
-                   f"run_root={tmp_path / 'runs'}", "launcher=local", cwd=tmp_path, timeout=300)
+    proc = run_cli(
+        "model=hf",
+        f"model.name_or_path={checkpoints['llama']}",
+        "data=synthetic",
+        "data.n_samples=96",
+        "data.mean_len=24",
+        "data.max_len=48",
+        "base.enabled=false",
+        "train.steps=3",
+        "train.global_batch_size=8",
+        "train.eval_batches=1",
+        "train.eval_batch_size=4",
+        "train.gradient_checkpointing=true",
+        "model.lora.use_rslora=true",
+        "+variants.attn.model.lora.target_modules=[q_proj,v_proj]",
+        "+variants.linear.model.lora.target_modules=all-linear",
+        f"run_root={tmp_path / 'runs'}",
+        "launcher=local",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
     trainable = {}
     for variant in ("attn", "linear"):
         losses = step_losses(run_dir / "tasks" / variant)
         assert len(losses) == 3 and all(x == x for x in losses)
-        start = next(json.loads(line) for line in (run_dir / "tasks" / variant / "events-rank0.jsonl").open()
-                     if json.loads(line)["event"] == "start")
+        start = next(
+            json.loads(line)
+            for line in (run_dir / "tasks" / variant / "events-rank0.jsonl").open()
+            if json.loads(line)["event"] == "start"
+        )
         trainable[variant] = start["n_trainable_params"]
     # rank 8 on q, v (64 -> 64 and 64 -> 32, 2 layers) vs every linear layer of the MLP and attention too
     assert trainable["attn"] == 2 * 8 * ((64 + 64) + (64 + 32))

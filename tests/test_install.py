@@ -1,5 +1,6 @@
 """conf/ and analysis/ work from any directory after `pip install .` (not only from the repo), whichever
 Python runs the suite: the system's, a venv's or a conda env's."""
+
 import os
 import site
 import subprocess
@@ -27,18 +28,34 @@ def test_non_editable_install_finds_conf_and_analysis(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    new_site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+    new_site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # Plain path lines: appended after the venv's own site-packages (so its slurm_router wins), and the .pth
     # files in them (the editable install's finder) are not run.
     Path(new_site, "_outer_env.pth").write_text("\n".join(_current_site_dirs()) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(REPO)], check=True,
-                   cwd=tmp_path, timeout=300, env=env)
-    where = subprocess.run([py, "-c", "import slurm_router.config.schema as c, slurm_router.analysis as a; "
-                            "print(c.conf_dir()); print(a.__file__)"], cwd=tmp_path, capture_output=True,
-                           text=True, check=True, env=env).stdout.split()
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", str(REPO)], check=True, cwd=tmp_path, timeout=300, env=env
+    )
+    where = subprocess.run(
+        [
+            py,
+            "-c",
+            "import slurm_router.config.schema as c, slurm_router.analysis as a; "
+            "print(c.conf_dir()); print(a.__file__)",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.split()
     assert all(str(venv) in w for w in where), where
-    proc = subprocess.run([py, "-m", "slurm_router", "+experiment=nope"], cwd=tmp_path, capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [py, "-m", "slurm_router", "+experiment=nope"], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 2 and "lora_ab" in proc.stderr, proc.stderr

@@ -3,16 +3,26 @@
 The loss curve of 1 device with round_robin equals that of several devices with any policy, heterogeneous
 speeds and micro-batch splitting, up to float reduction order. Real multi-process workers (gloo).
 """
+
 import pytest
 from conftest import run_cli, run_dir_of, step_losses
 
 from slurm_router.rundir.events import MicroRow, read_events
 
-COMMON = ["base.enabled=false", "train.steps=6", "train.global_batch_size=12", "train.warmup_steps=0",
-          "train.lr=1e-2", "train.eval_batches=1", "train.eval_batch_size=4", "data.max_documents=40",
-          "data.max_len=128", "launcher.cpu_slots=4"]
+COMMON = [
+    "base.enabled=false",
+    "train.steps=6",
+    "train.global_batch_size=12",
+    "train.warmup_steps=0",
+    "train.lr=1e-2",
+    "train.eval_batches=1",
+    "train.eval_batch_size=4",
+    "data.max_documents=40",
+    "data.max_len=128",
+    "launcher.cpu_slots=4",
+]
 RTOL = 2e-5
-OOM_CAP_BYTES = 16_000_000     # fp32; sums over a different split of the same samples differ only in reduction order
+OOM_CAP_BYTES = 16_000_000  # fp32; sums over a different split of the same samples differ only in reduction order
 
 
 def _losses(tmp_path, *args) -> list[float]:
@@ -34,21 +44,41 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("args", [
-    ["resources.devices_per_task=2", "router=round_robin"],
-    ["resources.devices_per_task=2", "router=balanced"],
-    ["resources.devices_per_task=3", "router=least_loaded"],
-    ["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[32,96]"],
-    # heterogeneous speeds and forced micro-batch splitting (gradient accumulation)
-    ["resources.devices_per_task=3", "router=balanced", "router.device_slowdown=[1.0,2.0,4.0]",
-     "router.max_tokens_per_microbatch=200"],
-    # a device memory cap the router's first estimate underrates: out-of-memory, halve, retry, learn
-    ["resources.devices_per_task=2", "router=balanced", f"router.cpu_memory_cap_bytes={OOM_CAP_BYTES}"],
-    # speed switches change the arithmetic's grouping only: chunked loss, padded widths, no prefetch
-    ["resources.devices_per_task=2", "router=balanced", "train.loss_chunk_tokens=64", "train.pad_to_multiple=32",
-     "train.prefetch=false"],
-], ids=["2dev-round_robin", "2dev-balanced", "3dev-least_loaded", "3dev-affinity", "3dev-balanced-hetero-split",
-        "2dev-oom-retry", "2dev-chunked-loss-padded"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["resources.devices_per_task=2", "router=round_robin"],
+        ["resources.devices_per_task=2", "router=balanced"],
+        ["resources.devices_per_task=3", "router=least_loaded"],
+        ["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[32,96]"],
+        # heterogeneous speeds and forced micro-batch splitting (gradient accumulation)
+        [
+            "resources.devices_per_task=3",
+            "router=balanced",
+            "router.device_slowdown=[1.0,2.0,4.0]",
+            "router.max_tokens_per_microbatch=200",
+        ],
+        # a device memory cap the router's first estimate underrates: out-of-memory, halve, retry, learn
+        ["resources.devices_per_task=2", "router=balanced", f"router.cpu_memory_cap_bytes={OOM_CAP_BYTES}"],
+        # speed switches change the arithmetic's grouping only: chunked loss, padded widths, no prefetch
+        [
+            "resources.devices_per_task=2",
+            "router=balanced",
+            "train.loss_chunk_tokens=64",
+            "train.pad_to_multiple=32",
+            "train.prefetch=false",
+        ],
+    ],
+    ids=[
+        "2dev-round_robin",
+        "2dev-balanced",
+        "3dev-least_loaded",
+        "3dev-affinity",
+        "3dev-balanced-hetero-split",
+        "2dev-oom-retry",
+        "2dev-chunked-loss-padded",
+    ],
+)
 def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
     losses = _losses(tmp_path, *args)
     assert len(losses) == len(reference) == 6
@@ -60,7 +90,7 @@ def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
     n_dev = int(args[0].split("=")[1])
     assert {r["device"] for r in micro} == set(range(n_dev))
     assert sum(r["n_samples"] for r in micro) == 6 * 12, "a sample was lost or computed twice"
-    for step in range(6):        # the ledger: every sample of every global batch computed exactly once
+    for step in range(6):  # the ledger: every sample of every global batch computed exactly once
         ids = [i for r in micro if r["step"] == step for i in r["sample_ids"]]
         assert len(ids) == len(set(ids)) == 12, f"step {step}: {sorted(ids)}"
     if any("cpu_memory_cap_bytes" in a for a in args):
@@ -81,24 +111,39 @@ MASKED = ["data=jsonl", "data.prompt_field=prompt", "data.completion_field=compl
 @pytest.fixture(scope="module")
 def masked_data(tmp_path_factory):
     from tiny_checkpoints import prompt_completion_rows, write_jsonl
+
     return write_jsonl(tmp_path_factory.mktemp("masked") / "pc.jsonl", prompt_completion_rows(80))
 
 
 @pytest.fixture(scope="module")
 def masked_reference(tmp_path_factory, masked_data):
-    return _losses(tmp_path_factory.mktemp("masked_ref"), *MASKED, f"data.path={masked_data}",
-                   "resources.devices_per_task=1", "router=round_robin")
+    return _losses(
+        tmp_path_factory.mktemp("masked_ref"),
+        *MASKED,
+        f"data.path={masked_data}",
+        "resources.devices_per_task=1",
+        "router=round_robin",
+    )
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("args", [
-    ["resources.devices_per_task=2", "router=round_robin"],
-    ["resources.devices_per_task=3", "router=least_loaded"],
-    ["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[64,96]"],
-    # balanced with heterogeneous speeds, split micro-batches and the chunked loss (its host-side target index)
-    ["resources.devices_per_task=3", "router=balanced", "router.device_slowdown=[1.0,2.0,4.0]",
-     "router.max_tokens_per_microbatch=300", "train.loss_chunk_tokens=64"],
-], ids=["masked-2dev-round_robin", "masked-3dev-least_loaded", "masked-3dev-affinity", "masked-3dev-balanced-split"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["resources.devices_per_task=2", "router=round_robin"],
+        ["resources.devices_per_task=3", "router=least_loaded"],
+        ["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[64,96]"],
+        # balanced with heterogeneous speeds, split micro-batches and the chunked loss (its host-side target index)
+        [
+            "resources.devices_per_task=3",
+            "router=balanced",
+            "router.device_slowdown=[1.0,2.0,4.0]",
+            "router.max_tokens_per_microbatch=300",
+            "train.loss_chunk_tokens=64",
+        ],
+    ],
+    ids=["masked-2dev-round_robin", "masked-3dev-least_loaded", "masked-3dev-affinity", "masked-3dev-balanced-split"],
+)
 def test_masked_targets_same_loss_curve(tmp_path, masked_reference, masked_data, args):
     losses = _losses(tmp_path, *MASKED, f"data.path={masked_data}", *args)
     assert len(losses) == len(masked_reference) == 6
@@ -107,8 +152,7 @@ def test_masked_targets_same_loss_curve(tmp_path, masked_reference, masked_data,
         assert b == pytest.approx(a, rel=RTOL), f"step {step}: {b} vs {a} with {args}"
     micro = _micro_rows(tmp_path)
     assert {r["device"] for r in micro} == set(range(int(args[0].split("=")[1])))
-    steps = [r for f in (tmp_path / "runs").rglob("events-rank0.jsonl") for r in read_events(f)
-             if r["event"] == "step"]
+    steps = [r for f in (tmp_path / "runs").rglob("events-rank0.jsonl") for r in read_events(f) if r["event"] == "step"]
     # only the completions are targets: far fewer than the tokens computed (n - 1 per sample without masks)
     assert all(0 < s["n_target_tokens"] < (s["n_tokens"] - s["n_samples"]) / 2 for s in steps)
 
@@ -118,13 +162,25 @@ def test_chat_targets_same_loss_curve_on_a_llama_checkpoint(tmp_path):
     """Chat data on a tiny Llama-architecture checkpoint (its tokenizer and chat template, assistant turns as
     the only targets): 1 device with round_robin and 3 with balanced, split micro-batches, give the same curve."""
     from tiny_checkpoints import chat_rows, make_checkpoint, write_jsonl
+
     ckpt = make_checkpoint(tmp_path / "llama", "llama")
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(60))
-    chat = ["model=hf", f"model.name_or_path={ckpt}", "data=jsonl", f"data.path={data}", "data.messages_field=messages",
-            "data.max_len=192"]
+    chat = [
+        "model=hf",
+        f"model.name_or_path={ckpt}",
+        "data=jsonl",
+        f"data.path={data}",
+        "data.messages_field=messages",
+        "data.max_len=192",
+    ]
     (tmp_path / "one").mkdir(), (tmp_path / "three").mkdir()
     reference = _losses(tmp_path / "one", *chat, "resources.devices_per_task=1", "router=round_robin")
-    losses = _losses(tmp_path / "three", *chat, "resources.devices_per_task=3", "router=balanced",
-                     "router.max_tokens_per_microbatch=400")
+    losses = _losses(
+        tmp_path / "three",
+        *chat,
+        "resources.devices_per_task=3",
+        "router=balanced",
+        "router.max_tokens_per_microbatch=400",
+    )
     assert reference[-1] < reference[0], "the reference run did not learn"
     assert losses == pytest.approx(reference, rel=RTOL)

@@ -5,6 +5,7 @@ and on the real cluster.
 
     pytest tests/test_job_setup.py
 """
+
 from __future__ import annotations
 
 import json
@@ -23,14 +24,14 @@ from slurm_router.launch.slurm.sbatch_render import SbatchSpec, render_sbatch
 from slurm_router.launch.slurm.submitit_launcher import job_setup, submitit_params, submitit_python
 
 SRUN = pytest.mark.skipif(shutil.which("srun") is None, reason="submitit's Slurm executor needs srun on the PATH")
-RECORDER = r'''#!{python}
+RECORDER = r"""#!{python}
 import json, os, sys
 with open({record!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv, "cwd": os.getcwd(), "SETUP_MARK": os.environ.get("SETUP_MARK"),
                         "PYTHONSAFEPATH": os.environ.get("PYTHONSAFEPATH"),
                         "HOSTILE": os.environ.get("HOSTILE"), "PYTHONPATH": os.environ.get("PYTHONPATH")}}) + "\n")
 os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-'''
+"""
 
 
 def _recorder(path: Path, record: Path) -> Path:
@@ -47,10 +48,16 @@ def test_setup_lines_run_as_written_and_nothing_else_does(tmp_path):
     python = _recorder(tmp_path / "py", record)
     run_dir = tmp_path / "run $(touch pwned)"
     hostile = "$(touch pwned) `touch pwned`"
-    spec = SbatchSpec(job_name="j", run_dir=str(run_dir), array_size=1, python=str(python),
-                      task_argv=("-c", "import sys; sys.exit(0)", hostile), env=(("HOSTILE", hostile),),
-                      setup=("export SETUP_MARK=$(echo ran-in)-$(basename \"$PWD\")", "true $UNSET_IS_FINE_HERE"),
-                      pythonpath=str(run_dir / "code"))
+    spec = SbatchSpec(
+        job_name="j",
+        run_dir=str(run_dir),
+        array_size=1,
+        python=str(python),
+        task_argv=("-c", "import sys; sys.exit(0)", hostile),
+        env=(("HOSTILE", hostile),),
+        setup=('export SETUP_MARK=$(echo ran-in)-$(basename "$PWD")', "true $UNSET_IS_FINE_HERE"),
+        pythonpath=str(run_dir / "code"),
+    )
     (run_dir / "logs").mkdir(parents=True)
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
@@ -69,35 +76,59 @@ def test_setup_lines_run_as_written_and_nothing_else_does(tmp_path):
 
 
 def test_both_launchers_take_the_same_options():
-    cfg = compose(["launcher=sbatch", "launcher.setup=['module load cuda/12.1', 'source ~/venv/bin/activate']",
-                   "launcher.python=/opt/py 3/bin/python", "launcher.mail_type=[end,fail]",
-                   "launcher.mail_user=someone@example.org"])
+    cfg = compose(
+        [
+            "launcher=sbatch",
+            "launcher.setup=['module load cuda/12.1', 'source ~/venv/bin/activate']",
+            "launcher.python=/opt/py 3/bin/python",
+            "launcher.mail_type=[end,fail]",
+            "launcher.mail_user=someone@example.org",
+        ]
+    )
     spec = sbatch_spec(cfg, "/r", "variants", 1, 1, None, pythonpath="/r/code")
     assert spec.python == "/opt/py 3/bin/python"
     assert spec.setup == ("module load cuda/12.1", "source ~/venv/bin/activate")
     text = render_sbatch(spec)
     assert "#SBATCH --mail-type=END,FAIL\n#SBATCH --mail-user=someone@example.org\n" in text
     assert "\nexec '/opt/py 3/bin/python' -m slurm_router.allocation.job --run-dir /r --stage variants\n" in text
-    report = report_script(cfg, "/r", "/r/code")       # the report job: the same setup, snapshot and interpreter
+    report = report_script(cfg, "/r", "/r/code")  # the report job: the same setup, snapshot and interpreter
     lines = report.splitlines()
-    at = lines.index("module load cuda/12.1")           # as written, each after the number of its line
-    assert lines[at - 1:at + 3] == ["_slurm_router_setup_line=1", "module load cuda/12.1", "_slurm_router_setup_line=2",
-                                    "source ~/venv/bin/activate"]
+    at = lines.index("module load cuda/12.1")  # as written, each after the number of its line
+    assert lines[at - 1 : at + 3] == [
+        "_slurm_router_setup_line=1",
+        "module load cuda/12.1",
+        "_slurm_router_setup_line=2",
+        "source ~/venv/bin/activate",
+    ]
     assert report.endswith("cd /r\nexec '/opt/py 3/bin/python' -m slurm_router.analysis /r")
 
-    cfg = compose(["launcher=slurm", "launcher.setup=['module load cuda/12.1']", "launcher.python=/opt/py 3/bin/python",
-                   "launcher.mail_type=END", "launcher.mail_user=someone@example.org"])
+    cfg = compose(
+        [
+            "launcher=slurm",
+            "launcher.setup=['module load cuda/12.1']",
+            "launcher.python=/opt/py 3/bin/python",
+            "launcher.mail_type=END",
+            "launcher.mail_user=someone@example.org",
+        ]
+    )
     params = submitit_params(cfg, 1, "variants", None, "/r", "/r/code")
-    setup = params["slurm_setup"]       # the user's line as written, in setup_lines.guarded's frame, then ours
-    assert setup[setup.index("module load cuda/12.1") - 2:] == [
-        "set -e", "_slurm_router_setup_line=1", "module load cuda/12.1", "set +e", "_slurm_router_setup_line=0",
+    setup = params["slurm_setup"]  # the user's line as written, in setup_lines.guarded's frame, then ours
+    assert setup[setup.index("module load cuda/12.1") - 2 :] == [
+        "set -e",
+        "_slurm_router_setup_line=1",
+        "module load cuda/12.1",
+        "set +e",
+        "_slurm_router_setup_line=0",
         '[ "$(trap -p EXIT)" != "$_slurm_router_trap" ] || trap - EXIT      # an EXIT trap of your own stays',
-        "rm -f /r/logs/setup-failed.\"$_slurm_router_job\"", "# ---- end of launcher.setup ----",
-        'export PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"', "export PYTHONSAFEPATH=1"]
+        'rm -f /r/logs/setup-failed."$_slurm_router_job"',
+        "# ---- end of launcher.setup ----",
+        'export PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"',
+        "export PYTHONSAFEPATH=1",
+    ]
     assert params["slurm_mail_type"] == "END" and params["slurm_mail_user"] == "someone@example.org"
     assert submitit_python(cfg, None) == "'/opt/py 3/bin/python'"
     default = compose(["launcher=sbatch"])
-    assert sbatch_spec(default, "/r", "v", 1, 1, None).python == sys.executable      # the submitter's, by default
+    assert sbatch_spec(default, "/r", "v", 1, 1, None).python == sys.executable  # the submitter's, by default
     assert job_setup(default, None) == []
 
 
@@ -105,36 +136,57 @@ def test_both_launchers_take_the_same_options():
 def test_submitit_renders_setup_python_and_mail(tmp_path):
     """The sbatch text submitit itself writes from these parameters (the real library)."""
     import submitit
-    cfg = compose(["launcher=slurm", "launcher.setup=['module load cuda/12.1']", "launcher.python=/opt/py 3/bin/python",
-                   "launcher.mail_type=[END,FAIL]", "launcher.mail_user=someone@example.org"])
+
+    cfg = compose(
+        [
+            "launcher=slurm",
+            "launcher.setup=['module load cuda/12.1']",
+            "launcher.python=/opt/py 3/bin/python",
+            "launcher.mail_type=[END,FAIL]",
+            "launcher.mail_user=someone@example.org",
+        ]
+    )
     ex = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="slurm", slurm_python=submitit_python(cfg, None))
     ex.update_parameters(**submitit_params(cfg, 1, "variants", None, "/r", "/r/code"))
     slurm = ex._executor
     text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")
     assert "#SBATCH --mail-type=END,FAIL\n" in text and "#SBATCH --mail-user=someone@example.org\n" in text
     assert "\n# setup\n# ---- launcher.setup" in text
-    assert ('\nmodule load cuda/12.1\nset +e\n' in text and '# ---- end of launcher.setup ----\n'
-            'export PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"\nexport PYTHONSAFEPATH=1\n') in text
+    assert (
+        "\nmodule load cuda/12.1\nset +e\n" in text
+        and "# ---- end of launcher.setup ----\n"
+        'export PYTHONPATH=/r/code"${PYTHONPATH:+:$PYTHONPATH}"\nexport PYTHONSAFEPATH=1\n'
+    ) in text
     assert "'/opt/py 3/bin/python' -u -m submitit.core._submit" in text
 
 
 @pytest.mark.slurm
-@pytest.mark.skipif(shutil.which("sbatch") is None,
-                    reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+)
 def test_submitit_job_runs_setup_then_launcher_python(tmp_path):
     """launcher=slurm on the real cluster: submitit's process is launcher.python (a wrapper that records its call),
     started after the setup line, in the submission directory, with the snapshot first on PYTHONPATH and
     PYTHONSAFEPATH=1 (tests/test_snapshot.py shows what that keeps out); the task completes."""
     record = tmp_path / "calls.jsonl"
     python = _recorder(tmp_path / "lab-python", record)
-    proc = run_cli("launcher=slurm", "train.steps=2", "train.eval_batches=2", "data.max_documents=40",
-                   f"run_root={tmp_path / 'runs'}", f"launcher.python={python}",
-                   "launcher.setup=['export SETUP_MARK=from-setup']", "launcher.mail_type=END", cwd=tmp_path,
-                   timeout=300)
+    proc = run_cli(
+        "launcher=slurm",
+        "train.steps=2",
+        "train.eval_batches=2",
+        "data.max_documents=40",
+        f"run_root={tmp_path / 'runs'}",
+        f"launcher.python={python}",
+        "launcher.setup=['export SETUP_MARK=from-setup']",
+        "launcher.mail_type=END",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
-    wait_until(lambda: (run_dir / "tasks" / "main" / "result.json").is_file(), "the task's result", timeout=180,
-               poll_s=0.5)
+    wait_until(
+        lambda: (run_dir / "tasks" / "main" / "result.json").is_file(), "the task's result", timeout=180, poll_s=0.5
+    )
     call = json.loads(record.read_text().splitlines()[0])
     assert call["argv"][1:4] == ["-u", "-m", "submitit.core._submit"], call
     assert call["SETUP_MARK"] == "from-setup" and call["cwd"] == str(tmp_path)

@@ -3,6 +3,7 @@ waits for the device to find them) must be exactly what the labels say.
 
     pytest tests/test_loss.py
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,19 +51,21 @@ def test_gradient_accumulation_is_all_or_nothing():
     the micro-batch is halved and retried, and a partial gradient would then be counted twice."""
     from slurm_router.worker.microbatch import SimulatedOOM
     from slurm_router.worker.microbatch import accumulate as _accumulate
+
     torch.manual_seed(0)
     first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
     params = [*first.parameters(), *second.parameters()]
     x = torch.randn(3, 4)
-    _accumulate(second(first(x)).sum(), params)                 # micro-batch 1
+    _accumulate(second(first(x)).sum(), params)  # micro-batch 1
     before = [p.grad.clone() for p in params]
 
     def fail(_):
         raise SimulatedOOM("out of memory in the middle of the backward pass")
+
     hidden = first(x)
-    hidden.register_hook(fail)                                  # after `second`'s gradients, before `first`'s
+    hidden.register_hook(fail)  # after `second`'s gradients, before `first`'s
     with pytest.raises(SimulatedOOM):
         _accumulate(second(hidden).sum(), params)
     assert all(torch.equal(p.grad, b) for p, b in zip(params, before))
-    _accumulate(second(first(x)).sum(), params)                 # the retry counts once
+    _accumulate(second(first(x)).sum(), params)  # the retry counts once
     assert all(torch.allclose(p.grad, 2 * b) for p, b in zip(params, before))

@@ -11,6 +11,7 @@ launcher.srun_workers=true resources.devices_per_task=2 resources.nodes_per_task
     sudo scripts/slurm_test_cluster.sh && sudo scripts/slurm_multinode_cluster.sh --nodes 2
     pytest -m slurm tests/test_multinode.py -s        # -s prints the per-step losses side by side
 """
+
 from __future__ import annotations
 
 import json
@@ -30,17 +31,32 @@ from slurm_router.allocation.supervisor import TaskFailed
 
 def cluster_test(fn):
     """A real run on the multi-node cluster (the mn_env fixture skips it unless the cluster is up)."""
-    return pytest.mark.slurm(pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch on PATH: run "
-                                                "scripts/slurm_test_cluster.sh (root + apt) first")(fn))
+    return pytest.mark.slurm(
+        pytest.mark.skipif(
+            shutil.which("sbatch") is None,
+            reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first",
+        )(fn)
+    )
+
 
 MN_CONF = Path("/etc/slurm-multinode/slurm.conf")
 NODES = 2
 # Fast settings (tests/test_slurm_launch.py); 12 steps so that a signal lands mid-run.
-SMALL = ["base.enabled=false", "train.steps=12", "train.checkpoint_every=4", "train.eval_batches=1",
-         "data.max_documents=40"]
+SMALL = [
+    "base.enabled=false",
+    "train.steps=12",
+    "train.checkpoint_every=4",
+    "train.eval_batches=1",
+    "data.max_documents=40",
+]
 # One worker per node (resources.nodes_per_task): 2 fake GPUs per node would otherwise fit both on mn1.
-TWO_NODES = ["launcher.srun_workers=true", "resources.devices_per_task=2", f"resources.nodes_per_task={NODES}",
-             "launcher.partition=mn", "launcher.timeout_min=10"]
+TWO_NODES = [
+    "launcher.srun_workers=true",
+    "resources.devices_per_task=2",
+    f"resources.nodes_per_task={NODES}",
+    "launcher.partition=mn",
+    "launcher.timeout_min=10",
+]
 TIMEOUT_S = 240
 
 
@@ -51,12 +67,20 @@ def mn_env() -> dict[str, str]:
         pytest.skip(f"no {MN_CONF}: run scripts/slurm_multinode_cluster.sh --nodes 2 (root) first")
     env = {"SLURM_CONF": str(MN_CONF)}
     try:
-        out = subprocess.run(["sinfo", "-h", "-p", "mn", "-o", "%t %D"], capture_output=True, text=True, timeout=20,
-                             env={**os.environ, **env}).stdout
+        out = subprocess.run(
+            ["sinfo", "-h", "-p", "mn", "-o", "%t %D"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env={**os.environ, **env},
+        ).stdout
     except subprocess.TimeoutExpired:
         pytest.skip("the multi-node cluster's slurmctld does not answer: run scripts/slurm_multinode_cluster.sh")
-    usable = sum(int(n) for state, n in (l.split() for l in out.splitlines() if l.strip())
-                 if state.rstrip("*~#") in ("idle", "mix", "alloc"))
+    usable = sum(
+        int(n)
+        for state, n in (l.split() for l in out.splitlines() if l.strip())
+        if state.rstrip("*~#") in ("idle", "mix", "alloc")
+    )
     if usable < NODES:
         pytest.skip(f"partition mn has {usable} usable nodes, not {NODES}: sinfo says {out.strip()!r}")
     return env
@@ -68,8 +92,7 @@ def _slurm(env: dict, *argv: str) -> str:
 
 def _rows(task_dir: Path, rank: int = 0) -> list[dict]:
     path = task_dir / f"events-rank{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.is_file() \
-        else []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.is_file() else []
 
 
 def _losses(task_dir: Path) -> dict[int, float]:
@@ -97,6 +120,7 @@ def _still_in_slurm(env: dict, run_dir: Path) -> list:
     def runner(argv: list[str]) -> str:
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
         return proc.stdout if proc.returncode == 0 else ""
+
     return live_tasks(json.loads((run_dir / "manifest.json").read_text()), runner)
 
 
@@ -109,16 +133,26 @@ def _at_step(task_dir: Path, step: int) -> bool:
 
 
 def _submit(tmp_path: Path, env: dict, *args: str, launcher: str = "sbatch") -> Path:
-    proc = run_cli(*SMALL, f"launcher={launcher}", *TWO_NODES, *args, f"run_root={tmp_path / 'mn'}", cwd=tmp_path,
-                   env=env, timeout=300)
+    proc = run_cli(
+        *SMALL,
+        f"launcher={launcher}",
+        *TWO_NODES,
+        *args,
+        f"run_root={tmp_path / 'mn'}",
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir_of(proc)
 
 
 def _hosts(task_dir: Path, attempt: int = 0) -> dict[int, str]:
     """rank -> the host its worker started on in that attempt."""
-    return {rank: next(r["host"] for r in _rows(task_dir, rank) if r["event"] == "start" and r["attempt"] == attempt)
-            for rank in range(NODES)}
+    return {
+        rank: next(r["host"] for r in _rows(task_dir, rank) if r["event"] == "start" and r["attempt"] == attempt)
+        for rank in range(NODES)
+    }
 
 
 @cluster_test
@@ -131,14 +165,21 @@ def test_two_node_task_matches_one_device_and_requeues_on_usr2(tmp_path, mn_env)
     subprocess.run(["scancel", "--signal=USR2", jobs["u2"]], check=True, env={**os.environ, **mn_env})  # the srun tasks
 
     # the same task on one device, while the two-node run goes on
-    local = run_cli(*SMALL, "launcher=local", "resources.devices_per_task=1", f"run_root={tmp_path / 'local'}",
-                    cwd=tmp_path, timeout=300)
+    local = run_cli(
+        *SMALL,
+        "launcher=local",
+        "resources.devices_per_task=1",
+        f"run_root={tmp_path / 'local'}",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
     one_device = _losses(run_dir_of(local) / "tasks" / "main")
 
     _wait(lambda: all((t / "result.json").is_file() for t in (ref, u2)), "both tasks to complete")
-    _wait(lambda: all(_sacct_state(mn_env, jobs[t]) == "COMPLETED" for t in ("ref", "u2")), "sacct COMPLETED",
-          timeout=60)
+    _wait(
+        lambda: all(_sacct_state(mn_env, jobs[t]) == "COMPLETED" for t in ("ref", "u2")), "sacct COMPLETED", timeout=60
+    )
 
     # one worker per node, gloo across the namespaces, the invariant across nodes
     assert _hosts(ref) == {0: "mn1", 1: "mn2"}
@@ -180,14 +221,19 @@ def test_killed_worker_on_one_node_fails_fast_and_resume_finishes(tmp_path, mn_e
     _wait(lambda: _at_step(task, 5), "main at step 5")
     node, address = f"mn{killed + 1}", f"10.231.0.{11 + killed}"
     start = next(r for r in _rows(task, killed) if r["event"] == "start")
-    in_node = subprocess.run(["ip", "netns", "pids", f"slmn-n{killed + 1}"], capture_output=True,
-                             text=True).stdout.split()
+    in_node = subprocess.run(
+        ["ip", "netns", "pids", f"slmn-n{killed + 1}"], capture_output=True, text=True
+    ).stdout.split()
     assert start["host"] == node and str(start["pid"]) in in_node, (start, in_node)
     t_kill = time.time()
     os.kill(start["pid"], signal.SIGKILL)
 
-    _wait(lambda: _sacct_state(mn_env, job) in ("FAILED", "CANCELLED", "COMPLETED"), "the task to end", timeout=120,
-          poll_s=0.1)
+    _wait(
+        lambda: _sacct_state(mn_env, job) in ("FAILED", "CANCELLED", "COMPLETED"),
+        "the task to end",
+        timeout=120,
+        poll_s=0.1,
+    )
     seconds = time.time() - t_kill
     print(f"\nkilled rank {killed} on {node}; the task ended {seconds:.1f} s later ({_sacct_state(mn_env, job)})")
     assert seconds < 60, f"the task took {seconds:.0f} s to end after its worker on {node} was killed"
@@ -206,8 +252,9 @@ def test_killed_worker_on_one_node_fails_fast_and_resume_finishes(tmp_path, mn_e
     _wait(lambda: not _still_in_slurm(mn_env, run_dir), "the failed job to leave Slurm's queue", timeout=120)
     proc = run_cli(f"resume={run_dir}", cwd=tmp_path, env=mn_env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    status = run_cli(str(run_dir), "--wait", "--poll-s", "1", "--json", module="slurm_router.status", env=mn_env,
-                     timeout=TIMEOUT_S)
+    status = run_cli(
+        str(run_dir), "--wait", "--poll-s", "1", "--json", module="slurm_router.status", env=mn_env, timeout=TIMEOUT_S
+    )
     assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
     states = {t["variant"]: t["state"] for t in json.loads(status.stdout)["tasks"]}
     assert states == {"main": "COMPLETED"}, states
@@ -223,9 +270,11 @@ def _balance(task_dir: Path, first: int) -> dict[str, float]:
     balance (the slowest device's busy time over the fastest's)."""
     steps = [r for r in _rows(task_dir) if r["event"] == "step" and r["step"] >= first]
     mean = lambda xs: round(sum(xs) / len(xs), 3)
-    return {"speed_ratio": mean([r["speed"][1] / r["speed"][0] for r in steps]),
-            "cost_balance": mean([r["cost_balance_ratio"] for r in steps]),
-            "time_balance": mean([max(r["busy_s_all"]) / min(r["busy_s_all"]) for r in steps])}
+    return {
+        "speed_ratio": mean([r["speed"][1] / r["speed"][0] for r in steps]),
+        "cost_balance": mean([r["cost_balance_ratio"] for r in steps]),
+        "time_balance": mean([max(r["busy_s_all"]) / min(r["busy_s_all"]) for r in steps]),
+    }
 
 
 @cluster_test
@@ -238,14 +287,22 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
     task = run_dir / "tasks" / "main"
     _wait(lambda: (task / "result.json").is_file(), "the 2-node task to complete")
     assert _hosts(task) == {0: "mn1", 1: "mn2"}
-    local = run_cli(*SMALL, *slow, "launcher=local", "resources.devices_per_task=2", "launcher.cpu_slots=2",
-                    f"run_root={tmp_path / 'local'}", cwd=tmp_path, timeout=300)
+    local = run_cli(
+        *SMALL,
+        *slow,
+        "launcher=local",
+        "resources.devices_per_task=2",
+        "launcher.cpu_slots=2",
+        f"run_root={tmp_path / 'local'}",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
     two_nodes, one_node = _balance(task, first=5), _balance(run_dir_of(local) / "tasks" / "main", first=5)
     print(f"\nfrom step 5 on: 2 nodes {two_nodes}\n                1 node  {one_node}")
     for where, b in (("2 nodes", two_nodes), ("1 node", one_node)):
-        assert b["speed_ratio"] < 0.7, (where, b)           # learned: device 1 is slower (measured 0.37-0.41)
-        assert b["cost_balance"] > 1.2, (where, b)          # so it gets less than half the cost
+        assert b["speed_ratio"] < 0.7, (where, b)  # learned: device 1 is slower (measured 0.37-0.41)
+        assert b["cost_balance"] > 1.2, (where, b)  # so it gets less than half the cost
     # as on one node; the one-node run's timings share this machine's 2 cores with the other test files
     # (scripts/test.sh runs 4 at once): 1.26-1.45 seen for the same 2:1 split
     assert abs(two_nodes["cost_balance"] - one_node["cost_balance"]) < 0.25, (two_nodes, one_node)
@@ -254,18 +311,19 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
 def test_who_records_the_end_when_a_peer_is_lost(monkeypatch):
     """Rank 0 records a lost peer; when rank 0's node is the one lost, the lowest rank on another node does."""
     from slurm_router.allocation.srun_worker import _speaks_for_the_task
+
     monkeypatch.setenv("SLURM_NTASKS", "4")
     assert _speaks_for_the_task(0, [2, 3])
     assert [r for r in range(1, 4) if _speaks_for_the_task(r, [0, 1])] == [2]
     assert [r for r in range(1, 4) if _speaks_for_the_task(r, [2, 3])] == []
-    assert [r for r in range(1, 4) if _speaks_for_the_task(r, [])] == []     # a peer on this node: rank 0 says
+    assert [r for r in range(1, 4) if _speaks_for_the_task(r, [])] == []  # a peer on this node: rank 0 says
 
 
 def test_unreachable_meeting_point_is_one_line_naming_address_and_port():
     """Item 3 of issue 16: a rank that cannot reach rank 0 says where it tried, within a time-out."""
     t0 = time.monotonic()
     with pytest.raises(TaskFailed) as e:
-        wait_for_master("127.0.0.1:1", "main: rank 1", timeout_s=1)      # nothing listens on port 1
+        wait_for_master("127.0.0.1:1", "main: rank 1", timeout_s=1)  # nothing listens on port 1
     assert time.monotonic() - t0 < 30
     msg = str(e.value)
     assert msg.startswith("main: rank 1: cannot reach rank 0 at 127.0.0.1:1 within 1 s") and "\n" not in msg, msg
@@ -278,25 +336,43 @@ def test_rendezvous_timeout_is_set_through_the_environment(tmp_path):
     import shlex
     import socket
     import sys
-    proc = run_cli("base.enabled=false", "launcher=sbatch", "launcher.dry_run=true", "launcher.srun_workers=true",
-                   "resources.devices_per_task=2", f"run_root={tmp_path}", cwd=tmp_path, timeout=120)
+
+    proc = run_cli(
+        "base.enabled=false",
+        "launcher=sbatch",
+        "launcher.dry_run=true",
+        "launcher.srun_workers=true",
+        "resources.devices_per_task=2",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_dir = run_dir_of(proc)
     srun = next(l for l in (run_dir / "submit.sbatch").read_text().splitlines() if l.startswith("srun "))
     argv = shlex.split(srun)
-    command = argv[next(i for i, a in enumerate(argv) if i > 0 and not a.startswith("-")):]     # after srun's options
+    command = argv[next(i for i, a in enumerate(argv) if i > 0 and not a.startswith("-")) :]  # after srun's options
     assert command[0] == sys.executable and "--run-dir" in command, command
-    with socket.socket() as s:             # a port nobody listens on
+    with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rank1 = {**os.environ, "PYTHONPATH": str(run_dir / "code"), "SLURM_JOB_ID": "1", "SLURM_ARRAY_TASK_ID": "0",
-             "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-             "SLURM_ROUTER_RENDEZVOUS_TIMEOUT_S": "4"}
+    rank1 = {
+        **os.environ,
+        "PYTHONPATH": str(run_dir / "code"),
+        "SLURM_JOB_ID": "1",
+        "SLURM_ARRAY_TASK_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "SLURM_ROUTER_RENDEZVOUS_TIMEOUT_S": "4",
+    }
     t0 = time.monotonic()
     worker = subprocess.run(command, cwd=run_dir, env=rank1, capture_output=True, text=True, timeout=100)
     took = time.monotonic() - t0
     assert worker.returncode == 1, worker.stdout[-2000:] + worker.stderr[-2000:]
     errors = [l for l in worker.stderr.splitlines() if l.strip()]
     assert len(errors) == 1 and errors[0].startswith(
-        f"error: main: rank 1: cannot reach rank 0 at 127.0.0.1:{port} within 4 s"), worker.stderr
-    assert 4 <= took < 60, f"gave up after {took:.1f} s"       # 4 s of trying (and start-up), not 120
+        f"error: main: rank 1: cannot reach rank 0 at 127.0.0.1:{port} within 4 s"
+    ), worker.stderr
+    assert 4 <= took < 60, f"gave up after {took:.1f} s"  # 4 s of trying (and start-up), not 120

@@ -10,6 +10,7 @@
 - the real command: per-step losses packed vs padded within 1e-5, on 1 and 2 devices, with no padding and one
   micro-batch per device.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,8 @@ from tiny_checkpoints import chat_rows, make_checkpoint, prompt_completion_rows,
 from slurm_router.config.schema import DataConfig, ModelConfig
 from slurm_router.router import MemoryModel, RouterSettings
 from slurm_router.router.packing import pack_rows, split_for_oom
-from slurm_router.train.data import ByteTokenizer, build_corpus, make_tokenizer
+from slurm_router.train.data import build_corpus
+from slurm_router.train.tokenizer import ByteTokenizer, make_tokenizer
 from slurm_router.train.loss import token_loss_sum
 from slurm_router.train.packed import enable, packed_tensors, why_not_packable
 from slurm_router.worker.microbatch import batch_tensors
@@ -38,19 +40,25 @@ def checkpoints(tmp_path_factory):
 
 def _gpt2(vocab: int = 257):
     from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=512, n_embd=32, n_layer=2, n_head=2,
-                                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=vocab, n_positions=512, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
+        )
+    )
 
 
 def _hf_model(folder):
     from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
 
 
 def _lora(model):
     from peft import LoraConfig, get_peft_model
+
     torch.manual_seed(1)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
     return model.train()
@@ -58,16 +66,18 @@ def _lora(model):
 
 def _split(tmp_path, kind: str, tokenizer):
     if kind == "plain":
-        return build_corpus(OmegaConf.structured(DataConfig(kind="stdlib", max_len=96, max_documents=40)),
-                            tokenizer).train
+        return build_corpus(
+            OmegaConf.structured(DataConfig(kind="stdlib", max_len=96, max_documents=40)), tokenizer
+        ).train
     if kind == "prompt_completion":
         path = write_jsonl(tmp_path / "pc.jsonl", prompt_completion_rows(24))
         fields = {"prompt_field": "prompt", "completion_field": "completion"}
     else:
         path = write_jsonl(tmp_path / "chat.jsonl", chat_rows(24))
         fields = {"messages_field": "messages"}
-    return build_corpus(OmegaConf.structured(DataConfig(kind="jsonl", path=str(path), max_len=256, **fields)),
-                        tokenizer).train
+    return build_corpus(
+        OmegaConf.structured(DataConfig(kind="jsonl", path=str(path), max_len=256, **fields)), tokenizer
+    ).train
 
 
 def _loss_and_grads(model, tensors, chunk: int, model_kwargs=None):
@@ -127,6 +137,7 @@ def test_a_packed_row_is_the_padded_batch_on_checkpoints(tmp_path, checkpoints, 
 def test_no_attention_crosses_a_sample_boundary(tmp_path):
     """Change every token of one sample: the other samples' per-token losses in the row stay bitwise the same."""
     import torch.nn.functional as F
+
     tok = ByteTokenizer()
     split = _split(tmp_path, "plain", tok)
     model = _gpt2().eval()
@@ -135,17 +146,19 @@ def test_no_attention_crosses_a_sample_boundary(tmp_path):
     inputs, labels, _, _, kwargs = packed_tensors(split, ids, CPU)
     spans = kwargs["packed_spans"]
     with torch.no_grad():
-        before = F.cross_entropy(model(input_ids=inputs, **kwargs).logits[0, :-1], labels[0, 1:],
-                                 ignore_index=-100, reduction="none")
+        before = F.cross_entropy(
+            model(input_ids=inputs, **kwargs).logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="none"
+        )
         changed = inputs.clone()
         s, e = spans[1]
         changed[0, s:e] = (changed[0, s:e] + 7) % 256
-        after = F.cross_entropy(model(input_ids=changed, **kwargs).logits[0, :-1], labels[0, 1:],
-                                ignore_index=-100, reduction="none")
+        after = F.cross_entropy(
+            model(input_ids=changed, **kwargs).logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="none"
+        )
     others = torch.ones_like(before, dtype=torch.bool)
-    others[s - 1:e] = False                 # the changed sample's positions (and the target of its first token)
+    others[s - 1 : e] = False  # the changed sample's positions (and the target of its first token)
     assert torch.equal(before[others], after[others])
-    assert not torch.equal(before[s:e - 1], after[s:e - 1])
+    assert not torch.equal(before[s : e - 1], after[s : e - 1])
     assert (labels[0, [a for a, _ in spans]] == -100).all(), "a sample's first token is never a target"
 
 
@@ -161,8 +174,16 @@ def test_pack_rows_uses_the_fewest_rows_the_cap_and_memory_allow():
     settings = RouterSettings(packed=True)
     one = pack_rows(range(len(lengths)), ids, lengths, costs, None, settings, _mem(), [])
     assert len(one) == 1 and one[0].n_tokens == one[0].n_padded_tokens == sum(lengths)
-    capped = pack_rows(range(len(lengths)), ids, lengths, costs, None,
-                       RouterSettings(packed=True, max_tokens_per_microbatch=400), _mem(), [])
+    capped = pack_rows(
+        range(len(lengths)),
+        ids,
+        lengths,
+        costs,
+        None,
+        RouterSettings(packed=True, max_tokens_per_microbatch=400),
+        _mem(),
+        [],
+    )
     assert all(mb.n_tokens <= 400 for mb in capped)
     assert len(capped) == -(-sum(lengths) // 400) == 3, "first-fit decreasing fills rows to the cap"
     assert sorted(i for mb in capped for i in mb.sample_ids) == ids
@@ -178,8 +199,16 @@ def test_pack_rows_uses_the_fewest_rows_the_cap_and_memory_allow():
 def test_an_out_of_memory_row_halves_by_tokens_with_every_sample_once():
     lengths = {1: 400, 2: 300, 3: 100, 4: 90, 5: 10}
     settings = RouterSettings(packed=True)
-    row = pack_rows(range(5), list(lengths), list(lengths.values()), [float(v) for v in lengths.values()], None,
-                    settings, _mem(), [])[0]
+    row = pack_rows(
+        range(5),
+        list(lengths),
+        list(lengths.values()),
+        [float(v) for v in lengths.values()],
+        None,
+        settings,
+        _mem(),
+        [],
+    )[0]
     a, b = split_for_oom(row, lengths, settings, _mem())
     assert sorted(a.sample_ids + b.sample_ids) == sorted(lengths)
     assert a.n_padded_tokens == a.n_tokens and b.n_padded_tokens == b.n_tokens
@@ -191,9 +220,18 @@ def test_an_out_of_memory_row_halves_by_tokens_with_every_sample_once():
 @pytest.mark.integration
 @pytest.mark.parametrize("devices,policy", [(1, "balanced"), (2, "round_robin"), (2, "least_loaded")])
 def test_the_job_packed_trains_the_padded_loss_curve(tmp_path, devices, policy):
-    common = ["base.enabled=false", "train.steps=5", "train.global_batch_size=12", "train.eval_batches=1",
-              "train.eval_batch_size=4", "data.max_documents=60", f"resources.devices_per_task={devices}",
-              f"router={policy}", f"run_root={tmp_path}", "launcher.cpu_slots=2"]
+    common = [
+        "base.enabled=false",
+        "train.steps=5",
+        "train.global_batch_size=12",
+        "train.eval_batches=1",
+        "train.eval_batch_size=4",
+        "data.max_documents=60",
+        f"resources.devices_per_task={devices}",
+        f"router={policy}",
+        f"run_root={tmp_path}",
+        "launcher.cpu_slots=2",
+    ]
     curves, rows = {}, {}
     for packing in ("false", "true"):
         out = run_cli(*common, f"train.packing={packing}", cwd=tmp_path)
@@ -201,14 +239,16 @@ def test_the_job_packed_trains_the_padded_loss_curve(tmp_path, devices, policy):
         task = run_dir_of(out) / "tasks" / "main"
         curves[packing] = step_losses(task)
         from slurm_router.rundir.events import read_events
+
         rows[packing] = [r for r in read_events(task / "events-rank0.jsonl") if r["event"] == "step"]
     assert len(curves["true"]) == 5
     for packed, padded in zip(curves["true"], curves["false"]):
         assert packed == pytest.approx(padded, rel=1e-5)
     assert all(r["n_pad_tokens"] == 0 for r in rows["true"]), "a packed row has no padding"
     assert all(n <= 1 for r in rows["true"] for n in r["n_micro"]), "one packed row per device"
-    assert any(r["n_pad_tokens"] > 0 or max(r["n_micro"]) > 1 for r in rows["false"]), \
+    assert any(r["n_pad_tokens"] > 0 or max(r["n_micro"]) > 1 for r in rows["false"]), (
         "the padded run pays padding or extra micro-batches (else this test shows nothing)"
+    )
 
 
 def test_a_model_packed_rows_would_change_trains_padded_and_says_why(capsys):
@@ -216,8 +256,18 @@ def test_a_model_packed_rows_would_change_trains_padded_and_says_why(capsys):
     from transformers import MistralConfig, MistralForCausalLM
 
     from slurm_router.train.packed import choose_packing
-    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=1, sliding_window=16))
+
+    model = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            sliding_window=16,
+        )
+    )
     train = OmegaConf.create({"packing": "auto", "compile": False})
     assert choose_packing(model, train, say=True) is False
     assert "sliding-window attention" in capsys.readouterr().out

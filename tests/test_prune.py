@@ -1,5 +1,6 @@
 """prune=true (slurm_router/worker/prune.py): a clear loser stops at an in-training evaluation, decided by the verdict's
 statistics; an equally good variant is rarely stopped; a variant that is not pruned trains exactly as alone."""
+
 from __future__ import annotations
 
 import json
@@ -29,11 +30,11 @@ def test_a_clear_loser_is_pruned_and_says_why_the_best_never_is():
 def test_one_seed_on_a_side_never_prunes_a_second_decides():
     """Eval-sample noise alone would stop equal variants (the benchmark: nearly always): wait for a 2nd seed."""
     rng = np.random.default_rng(1)
-    a, c = simulate(rng, 3, effects=(0.0, 0.3))     # 2 seeds paired: 1 df, so a large effect
+    a, c = simulate(rng, 3, effects=(0.0, 0.3))  # 2 seeds paired: 1 df, so a large effect
     assert prune.decide({"a": a, "c": {0: c[0]}}, "c", 4, 4) is None
     assert prune.decide({"a": a, "c": {0: c[0], 1: c[1]}}, "c", 4, 4) is not None
     assert prune.decide({"a": a, "c": {0: c[0]}}, "c", 4, 4, single_seed_ok=True) is not None
-    assert prune.decide({"c": c}, "c", 4, 4) is None           # nobody to compare with
+    assert prune.decide({"c": c}, "c", 4, 4) is None  # nobody to compare with
 
 
 def test_equally_good_variants_are_rarely_pruned_and_worse_ones_are():
@@ -44,14 +45,14 @@ def test_equally_good_variants_are_rarely_pruned_and_worse_ones_are():
     assert aa <= band(n)[1], aa
     false, caught = prune_rates(n, 12, effects=(0.0, 0.0, 0.02), n_seeds=3)
     assert false <= band(n)[1] and caught > 0.6, (false, caught)
-    assert prune_rates(100, 11, n_seeds=1, single_seed_ok=True)[0] > 0.5      # why one seed is refused
+    assert prune_rates(100, 11, n_seeds=1, single_seed_ok=True)[0] > 0.5  # why one seed is refused
 
 
 def test_read_step_pairs_seeds_and_skips_a_torn_line(tmp_path):
     for name, variant, seed in (("a-s0", "a", 0), ("a-s1", "a", 1), ("b-s0", "b", 0)):
         (tmp_path / "tasks" / name).mkdir(parents=True)
         prune.record(tmp_path / "tasks" / name, 5, variant, seed, [1.0, 2.0], [10, 10])
-    prune.record(tmp_path / "tasks" / "a-s1", 5, "a", 1, [1.5, 2.5], [10, 10])      # re-evaluated after a requeue
+    prune.record(tmp_path / "tasks" / "a-s1", 5, "a", 1, [1.5, 2.5], [10, 10])  # re-evaluated after a requeue
     prune.record(tmp_path / "tasks" / "a-s1", 10, "a", 1, [0.5, 0.5], [10, 10])
     with open(tmp_path / "tasks" / "b-s0" / "evals.jsonl", "a") as f:
         f.write('{"step": 5, "variant": "b", "se')
@@ -65,9 +66,19 @@ GOOD = "good: {train: {lr: 5e-3}}"
 # full fine-tuning on the whole training set each step (110 samples): no LoRA init, no data order, so its seeds
 # agree, and a learning rate that sets it far above the base for the first steps: a clear loser
 BAD = "bad: {model: {lora: {enabled: false}}, train: {lr: 1e-2, global_batch_size: 110}}"
-FAST = ["+experiment=lora_ab", "base.steps=30", "train.steps=4", "train.warmup_steps=1", "train.eval_every=2",
-        "train.eval_batches=16", "train.eval_batch_size=8", "data.max_documents=8", "data.val_fraction=0.5",
-        "data.max_len=128", "~variants"]
+FAST = [
+    "+experiment=lora_ab",
+    "base.steps=30",
+    "train.steps=4",
+    "train.warmup_steps=1",
+    "train.eval_every=2",
+    "train.eval_batches=16",
+    "train.eval_batch_size=8",
+    "data.max_documents=8",
+    "data.val_fraction=0.5",
+    "data.max_len=128",
+    "~variants",
+]
 
 
 def test_a_real_run_prunes_the_loser_and_the_survivor_trains_as_alone(tmp_path, base_cache):
@@ -77,17 +88,20 @@ def test_a_real_run_prunes_the_loser_and_the_survivor_trains_as_alone(tmp_path, 
     proc = run_cli(*common, f"+variants={{{GOOD}, {BAD}}}", "prune=true", "seeds=3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
-    results = {t: json.loads((run_dir / "tasks" / t / "result.json").read_text())
-               for t in (f"{v}-s{s}" for v in ("good", "bad") for s in range(3))}
+    results = {
+        t: json.loads((run_dir / "tasks" / t / "result.json").read_text())
+        for t in (f"{v}-s{s}" for v in ("good", "bad") for s in range(3))
+    }
     pruned = {t: r for t, r in results.items() if r.get("exit_state") == "pruned"}
     assert pruned and all(t.startswith("bad-") for t in pruned), results
     for t, r in pruned.items():
         assert r["best"] == "good" and r["step"] == 2 and r["n_seeds"] >= 2 and r["training_noise"]
-        assert len(step_losses(run_dir / "tasks" / t)) == r["step"]     # it stopped at that evaluation
+        assert len(step_losses(run_dir / "tasks" / t)) == r["step"]  # it stopped at that evaluation
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert sorted(line.split(":")[0] for line in summary["pruned"]) == sorted(pruned)
-    assert all(f"pruned at step {pruned[line.split(':')[0]]['step']}: worse than good by" in line
-               for line in summary["pruned"])
+    assert all(
+        f"pruned at step {pruned[line.split(':')[0]]['step']}: worse than good by" in line for line in summary["pruned"]
+    )
     assert summary["by_variant"]["bad"]["pruned"] and summary["winner"]["variant"] == "good"
     assert "pruned at step" in (run_dir / "report" / "report.md").read_text()
     assert not summary["missing"], summary["missing"]

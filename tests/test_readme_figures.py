@@ -2,6 +2,7 @@
 tagged `<!--fig:FILE:NAME-->VALUE<!--/fig-->`, and benchmarks/readme_figures.py computes each one from its file.
 Pure file reading: no benchmark runs here. After regenerating a results file, `python benchmarks/readme_figures.py
 --write` brings the README's tagged figures up to date (and the diff shows what moved)."""
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,8 @@ def test_each_quoted_figure_is_what_its_results_file_says(key, quoted):
     assert key in rf.FIGURES, f"README tags {key!r}, which benchmarks/readme_figures.py does not know"
     assert rf.compute(key) == quoted, (
         f"README says {quoted!r} for {key}, benchmarks/results/{key.rsplit(':', 1)[0]} says {rf.compute(key)!r}: "
-        "regenerate the file with the command at its top, or run `python benchmarks/readme_figures.py --write`")
+        "regenerate the file with the command at its top, or run `python benchmarks/readme_figures.py --write`"
+    )
 
 
 def test_every_known_figure_is_quoted():
@@ -43,12 +45,12 @@ def test_every_known_figure_is_quoted():
 def test_every_results_file_the_readme_names_has_its_figures_tagged():
     named = set(re.findall(r"benchmarks/results/([\w./-]+\w)", README))
     # "results in `benchmarks/results/throughput-cuda.md`, `packing.md`, ...": the names listed after a path too
-    named |= {m for m in re.findall(r"`([\w-]+\.(?:md|json|txt))`", README)
-              if (rf.RESULTS / m).exists()}
+    named |= {m for m in re.findall(r"`([\w-]+\.(?:md|json|txt))`", README) if (rf.RESULTS / m).exists()}
     tagged = {k.rsplit(":", 1)[0].split("/")[0] for k, _ in TAGS}
     stems = {Path(k.rsplit(":", 1)[0]).stem for k, _ in TAGS}
-    missing = sorted(n for n in named if n not in POINTED_TO_ONLY and n.rstrip("/") not in tagged
-                     and Path(n).stem not in stems)
+    missing = sorted(
+        n for n in named if n not in POINTED_TO_ONLY and n.rstrip("/") not in tagged and Path(n).stem not in stems
+    )
     assert not missing, f"the README names these results files but tags no figure from them: {missing}"
 
 
@@ -59,5 +61,6 @@ def test_each_results_file_starts_with_its_command_commit_machine_and_date(path)
     head = lines[2:6]
     assert [line.startswith(h) for line, h in zip(head, HEADER)] == [True] * 4, (
         f"{path} does not start with its regenerating command, commit, machine and date (benchmarks/provenance.py "
-        f"header): {head}")
+        f"header): {head}"
+    )
     assert re.match(r"Command: `python benchmarks/[\w.]+\.py[^`]*`", head[0]), head[0]

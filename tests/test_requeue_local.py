@@ -1,6 +1,7 @@
 """Never lose work, locally, with real processes: Ctrl-C checkpoints and resume=RUN_DIR continues bitwise
 exactly; a SIGKILLed worker stops its task within seconds with one clear line; a damaged newest checkpoint
 falls back to the previous one; none valid is a one-line error (exit 2)."""
+
 import json
 import os
 import signal
@@ -16,8 +17,15 @@ pytestmark = pytest.mark.integration
 
 # Steps of ~0.3-0.6 s (router.device_slowdown) leave time to act mid-run; checkpoints every 2 steps.
 STEPS = 8
-COMMON = ["base.enabled=false", f"train.steps={STEPS}", "train.checkpoint_every=2", "data.max_documents=60",
-          "train.eval_batches=2", "launcher.cpu_slots=2", "router.device_slowdown=[4.0]"]
+COMMON = [
+    "base.enabled=false",
+    f"train.steps={STEPS}",
+    "train.checkpoint_every=2",
+    "data.max_documents=60",
+    "train.eval_batches=2",
+    "launcher.cpu_slots=2",
+    "router.device_slowdown=[4.0]",
+]
 
 
 def _rows(task_dir: Path, rank: int = 0) -> list[dict]:
@@ -43,9 +51,15 @@ def _default_sigint() -> None:
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "slurm_router", *COMMON, *args, f"run_root={tmp_path}"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm_router", *COMMON, *args, f"run_root={tmp_path}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def _task_dirs(tmp_path: Path):
@@ -63,8 +77,12 @@ def _wait_for(tmp_path: Path, ready, what: str, timeout: float = 600) -> Path:
 
 
 def _wait_for_step(tmp_path: Path, step: int, rank: int = 0, timeout: float = 600) -> Path:
-    return _wait_for(tmp_path, lambda d: any(r["event"] == "step" and r["step"] >= step for r in _rows(d, rank)),
-                     f"step {step}", timeout)
+    return _wait_for(
+        tmp_path,
+        lambda d: any(r["event"] == "step" and r["step"] >= step for r in _rows(d, rank)),
+        f"step {step}",
+        timeout,
+    )
 
 
 def _task_running(task_dir: Path) -> bool:
@@ -86,8 +104,9 @@ class Reference:
         if self._losses is None:
             out, err = self.proc.communicate(timeout=900)
             assert self.proc.returncode == 0, out[-2000:] + err[-2000:]
-            self._losses = last_attempt_losses(run_dir_of(subprocess.CompletedProcess([], 0, out, err))
-                                               / "tasks" / "main")
+            self._losses = last_attempt_losses(
+                run_dir_of(subprocess.CompletedProcess([], 0, out, err)) / "tasks" / "main"
+            )
             assert sorted(self._losses) == list(range(STEPS))
         return self._losses
 
@@ -107,8 +126,11 @@ def reference(tmp_path_factory):
 CTRL_C_POINTS = {
     "before_first_step": ([], _task_running, None),
     "mid_step": ([], lambda d: any(r["event"] == "step" and r["step"] >= 3 for r in _rows(d)), 4),
-    "during_checkpoint": (["train.checkpoint_every=1"],
-                          lambda d: any(r["event"] == "step" and r["step"] >= 2 for r in _rows(d)), 4),
+    "during_checkpoint": (
+        ["train.checkpoint_every=1"],
+        lambda d: any(r["event"] == "step" and r["step"] >= 2 for r in _rows(d)),
+        4,
+    ),
 }
 
 
@@ -118,9 +140,9 @@ def ctrl_c_at(point: str, tmp_path: Path, reference_losses) -> None:
     extra, ready, min_step = CTRL_C_POINTS[point]
     proc = _start(tmp_path, *extra)
     task_dir = _wait_for(tmp_path, ready, point)
-    proc.send_signal(signal.SIGINT)                 # what Ctrl-C sends the launcher
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the launcher
     try:
-        out, err = proc.communicate(timeout=300)    # the step in flight ends first (slow on a loaded machine)
+        out, err = proc.communicate(timeout=300)  # the step in flight ends first (slow on a loaded machine)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -131,7 +153,7 @@ def ctrl_c_at(point: str, tmp_path: Path, reference_losses) -> None:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["state"] == "interrupted" and manifest["tasks"]["main"]["state"] == "interrupted"
     code = manifest["tasks"]["main"].get("exit_code")
-    assert code == 75, f"task exit code {code}: {log[-500:]}"     # stopped cleanly, never killed by the TERM
+    assert code == 75, f"task exit code {code}: {log[-500:]}"  # stopped cleanly, never killed by the TERM
     rows = _rows(task_dir)
     saved = [r for r in rows if r["event"] == "checkpoint_saved"]
     if min_step is None:
@@ -154,7 +176,7 @@ def ctrl_c_at(point: str, tmp_path: Path, reference_losses) -> None:
         assert {r["attempt"] for r in rows if r["event"] == "step" and r["step"] >= saved[-1]["step"]} >= {1}
     assert last_attempt_losses(task_dir) == reference_losses(), "an interrupted and resumed run must match bitwise"
     assert json.loads((run_dir / "manifest.json").read_text())["state"] == "completed"
-    again = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)       # nothing left: skips, says so
+    again = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)  # nothing left: skips, says so
     assert again.returncode == 0 and "main completed" in again.stdout
 
 
@@ -164,9 +186,9 @@ def test_ctrl_c_checkpoints_and_resume_is_bitwise_exact(point, tmp_path, referen
 
 
 def test_a_killed_worker_stops_the_task_fast_and_resume_falls_back_past_a_damaged_checkpoint(tmp_path, reference):
-    reference.losses()                                      # two workers: let the reference finish first
+    reference.losses()  # two workers: let the reference finish first
     proc = _start(tmp_path, "resources.devices_per_task=2")
-    task_dir = _wait_for_step(tmp_path, 4, rank=1)          # checkpoints at steps 2 and 4 exist by now
+    task_dir = _wait_for_step(tmp_path, 4, rank=1)  # checkpoints at steps 2 and 4 exist by now
     pid = next(r["pid"] for r in _rows(task_dir, 1) if r["event"] == "start")
     t0 = time.time()
     os.kill(pid, signal.SIGKILL)
@@ -184,8 +206,8 @@ def test_a_killed_worker_stops_the_task_fast_and_resume_falls_back_past_a_damage
     assert json.loads((run_dir / "manifest.json").read_text())["tasks"]["main"]["state"] == "failed"
 
     good = older.read_bytes()
-    newest.write_bytes(newest.read_bytes()[:1000])               # truncated
-    older.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))         # one flipped bit
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated
+    older.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one flipped bit
     bad = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
     err_lines = [line for line in bad.stderr.splitlines() if line.startswith("error")]
     assert bad.returncode == 2 and len(err_lines) == 1 and "no valid checkpoint" in err_lines[0], bad.stderr

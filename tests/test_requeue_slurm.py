@@ -12,6 +12,7 @@ per-step losses must match bitwise):
 
     sudo scripts/slurm_test_cluster.sh && pytest -m slurm tests/test_requeue_slurm.py
 """
+
 from __future__ import annotations
 
 import json
@@ -26,22 +27,33 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, run_dir_of
 
-pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(shutil.which("sbatch") is None,
-                                 reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+    ),
+]
 
 # r32 becomes a copy of r8 (the uninterrupted reference); u2 and k are more copies. ~0.5 s steps.
-SMALL = ["+experiment=lora_ab", "base.steps=10", "train.steps=12", "train.checkpoint_every=2", "train.eval_batches=2",
-         "data.max_documents=60", "router.device_slowdown=[4.0]", "launcher.timeout_min=10",
-         "variants.r32.model.lora.r=8", "variants.r32.model.lora.alpha=16"]
+SMALL = [
+    "+experiment=lora_ab",
+    "base.steps=10",
+    "train.steps=12",
+    "train.checkpoint_every=2",
+    "train.eval_batches=2",
+    "data.max_documents=60",
+    "router.device_slowdown=[4.0]",
+    "launcher.timeout_min=10",
+    "variants.r32.model.lora.r=8",
+    "variants.r32.model.lora.alpha=16",
+]
 COPIES = ["+variants.u2.model.lora.r=8", "+variants.k.model.lora.r=8"]
 TIMEOUT_S = 240
 
 
 def _rows(run_dir: Path, task: str) -> list[dict]:
     path = run_dir / "tasks" / task / "events-rank0.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.is_file() \
-        else []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.is_file() else []
 
 
 def _losses(run_dir: Path, task: str) -> dict[int, float]:
@@ -61,8 +73,9 @@ def _squeue(job_id: str) -> str:
 
 
 def _sacct_state(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", job_id],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", job_id], capture_output=True, text=True
+    ).stdout
     return next((l.split("|")[1] for l in out.splitlines() if l.split("|")[0] == job_id), "")
 
 
@@ -138,12 +151,16 @@ def test_sbatch_requeue_usr2_and_dead_worker(tmp_path, base_cache):
     requeued = [jobs["r8"], jobs["u2"], jobs["k"]]
     done = lambda: all((run_dir / "tasks" / t / "result.json").is_file() for t in ("r8", "r32", "u2", "k"))
     _wait(done, requeued, "every task to complete")
-    _wait(lambda: all(_sacct_state(jobs[t]) == "COMPLETED" for t in ("r8", "r32", "u2", "k")), requeued,
-          "sacct COMPLETED", timeout=60)
+    _wait(
+        lambda: all(_sacct_state(jobs[t]) == "COMPLETED" for t in ("r8", "r32", "u2", "k")),
+        requeued,
+        "sacct COMPLETED",
+        timeout=60,
+    )
 
     assert len(_losses(run_dir, "r32")) == 12
-    _assert_resumed_exactly(run_dir, "r8", "slurm")           # Slurm requeued it; the next attempt says so
-    _assert_resumed_exactly(run_dir, "u2", "preempted")       # USR2 long before the limit: a preemption
+    _assert_resumed_exactly(run_dir, "r8", "slurm")  # Slurm requeued it; the next attempt says so
+    _assert_resumed_exactly(run_dir, "u2", "preempted")  # USR2 long before the limit: a preemption
     u2_log = (run_dir / "logs" / f"{jobs['u2']}.out").read_text()
     assert "requeued" in u2_log and "resuming from" in u2_log
     k_log = (run_dir / "logs" / f"{jobs['k']}.err").read_text()
@@ -156,7 +173,7 @@ def test_submitit_usr2_checkpoints_and_requeues(tmp_path, base_cache):
     run_dir = _submit(tmp_path, base_cache, "launcher=slurm")
     jobs = _task_jobs(run_dir)
     _wait(lambda: _at_step(run_dir, "r8", 3), [], "r8 at step 3")
-    subprocess.run(["scancel", "--signal=USR2", jobs["r8"]], check=True)     # to the job step: submitit's signal
+    subprocess.run(["scancel", "--signal=USR2", jobs["r8"]], check=True)  # to the job step: submitit's signal
     done = lambda: all((run_dir / "tasks" / t / "result.json").is_file() for t in ("r8", "r32"))
     _wait(done, [jobs["r8"]], "both tasks to complete")
     _assert_resumed_exactly(run_dir, "r8", "preempted")
@@ -179,8 +196,11 @@ def test_resume_resubmits_only_the_unfinished_task(tmp_path, base_cache, launche
 
     _wait(lambda: _at_step(run_dir, "r32", 3), [], "r32 at step 3")
     subprocess.run(["scancel", jobs["r32"]], check=True)
-    _wait(lambda: _sacct_state(jobs["r32"]).startswith("CANCELLED") and _sacct_state(jobs["r8"]) == "COMPLETED",
-          [], "r32 cancelled and r8 completed")
+    _wait(
+        lambda: _sacct_state(jobs["r32"]).startswith("CANCELLED") and _sacct_state(jobs["r8"]) == "COMPLETED",
+        [],
+        "r32 cancelled and r8 completed",
+    )
     assert not (run_dir / "tasks" / "r32" / "result.json").exists()
 
     proc = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
@@ -190,19 +210,23 @@ def test_resume_resubmits_only_the_unfinished_task(tmp_path, base_cache, launche
     manifest = json.loads((run_dir / "manifest.json").read_text())
     again = manifest["jobs"][-1]
     assert [t["variant"] for t in again["tasks"]] == ["r32"] and manifest["resumed"] == 1
-    if launcher == "sbatch":                # only r32's array index, so the index still names the same task
+    if launcher == "sbatch":  # only r32's array index, so the index still names the same task
         assert re.search(r"^#SBATCH --array=1(%\d+)?$", (run_dir / "submit-resume1.sbatch").read_text(), re.M)
         assert again["tasks"][0]["job_id"] == f"{again['job_id']}_1"
 
     status = run_cli(str(run_dir), "--wait", "--poll-s", "1", "--json", module="slurm_router.status", timeout=TIMEOUT_S)
     assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
     states = {t["variant"]: (t["job_id"], t["state"]) for t in json.loads(status.stdout)["tasks"]}
-    assert states.pop("base", ("", "COMPLETED"))[1] in ("COMPLETED", "CACHED")     # trained here or cached
+    assert states.pop("base", ("", "COMPLETED"))[1] in ("COMPLETED", "CACHED")  # trained here or cached
     assert states == {"r8": (jobs["r8"], "COMPLETED"), "r32": (again["tasks"][0]["job_id"], "COMPLETED")}
     assert json.loads((run_dir / "tasks" / "r8" / "attempts.json").read_text())["attempts"] == 1, "r8 ran again"
     loaded = [r for r in _rows(run_dir, "r32") if r["event"] == "checkpoint_loaded"]
     assert loaded and loaded[-1]["attempt"] >= 1, "the resubmitted task did not continue from its checkpoint"
     assert _losses(run_dir, "r32") == _losses(run_dir, "r8"), "resumed losses differ from the uninterrupted run"
     summary = run_dir / "report" / "summary.json"
-    _wait(lambda: summary.is_file() and json.loads(summary.read_text())["variants"].get("r32", {}).get("val_loss"),
-          [], "the resubmitted report job", timeout=120)
+    _wait(
+        lambda: summary.is_file() and json.loads(summary.read_text())["variants"].get("r32", {}).get("val_loss"),
+        [],
+        "the resubmitted report job",
+        timeout=120,
+    )

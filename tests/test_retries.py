@@ -7,6 +7,7 @@ requeue itself once and end with the losses of an uninterrupted copy; a task who
 
     pytest tests/test_retries.py                       # the cluster test needs scripts/slurm_test_cluster.sh
 """
+
 from __future__ import annotations
 
 import json
@@ -34,16 +35,19 @@ def test_only_a_worker_killed_by_a_signal_is_not_its_own_error():
     assert SubmititLauncherConfig.max_failures == SbatchLauncherConfig.max_failures == 0
 
 
-@pytest.mark.parametrize("failed, nodes, exclude, kept", [
-    (["vm"], {"vm": "mix"}, [], ["vm"]),                                   # the test cluster: its only node stays
-    (["n1"], {"n1": "alloc", "n2": "idle"}, ["n1"], []),
-    (["n1"], {"n1": "alloc", "n2": "down*"}, [], ["n1"]),                  # the other node cannot run it
-    (["n1"], {"n1": "alloc", "n2": "drain"}, [], ["n1"]),
-    (["n1", "n2"], {"n1": "mix", "n2": "mix", "n3": "idle"}, ["n1", "n2"], []),
-    (["n1", "n2"], {"n1": "mix", "n2": "mix"}, ["n2"], ["n1"]),            # the newest failure is excluded first
-    (["gone", "n1"], {"n1": "idle", "n2": "idle"}, ["n1"], []),            # not in sinfo: not a node to name
-    (["n1"], {}, [], []),                                                  # sinfo said nothing
-])
+@pytest.mark.parametrize(
+    "failed, nodes, exclude, kept",
+    [
+        (["vm"], {"vm": "mix"}, [], ["vm"]),  # the test cluster: its only node stays
+        (["n1"], {"n1": "alloc", "n2": "idle"}, ["n1"], []),
+        (["n1"], {"n1": "alloc", "n2": "down*"}, [], ["n1"]),  # the other node cannot run it
+        (["n1"], {"n1": "alloc", "n2": "drain"}, [], ["n1"]),
+        (["n1", "n2"], {"n1": "mix", "n2": "mix", "n3": "idle"}, ["n1", "n2"], []),
+        (["n1", "n2"], {"n1": "mix", "n2": "mix"}, ["n2"], ["n1"]),  # the newest failure is excluded first
+        (["gone", "n1"], {"n1": "idle", "n2": "idle"}, ["n1"], []),  # not in sinfo: not a node to name
+        (["n1"], {}, [], []),  # sinfo said nothing
+    ],
+)
 def test_nodes_to_exclude_leave_a_node_to_run_on(failed, nodes, exclude, kept):
     assert retry.nodes_to_exclude(failed, nodes) == (exclude, kept)
 
@@ -52,8 +56,9 @@ def test_sinfo_and_sacct_outputs():
     assert retry.parse_sinfo("vm|mix\nn2|down*\nvm|mix\n\n") == {"vm": "mix", "n2": "down*"}
     assert retry.usable("idle") and retry.usable("mix") and retry.usable("alloc")
     assert not retry.usable("down*") and not retry.usable("idle*") and not retry.usable("drain")
-    sacct = ("42|NODE_FAIL|n3|2024-01-01T10:00:00\n42|REQUEUED|n1|2024-01-01T11:00:00\n"
-             "42|RUNNING|n2|2024-01-01T12:00:00\n")
+    sacct = (
+        "42|NODE_FAIL|n3|2024-01-01T10:00:00\n42|REQUEUED|n1|2024-01-01T11:00:00\n42|RUNNING|n2|2024-01-01T12:00:00\n"
+    )
     assert retry.parse_node_failures(sacct) == [("42@2024-01-01T10:00:00", "n3")]
 
 
@@ -63,18 +68,41 @@ def spec(tmp_path, monkeypatch):
     Slurm's commands answered by a fake (two usable nodes), the requeue recorded instead of run."""
     task_dir = tmp_path / "tasks" / "r8"
     task_dir.mkdir(parents=True)
-    s = TaskSpec(run_id="r", run_dir=str(tmp_path), experiment="e", name="r8", stage="variants", variant="r8",
-                 index=0, devices=1, config={"launcher": {"kind": "sbatch", "max_failures": 1}}, steps=10, lr=1e-3,
-                 global_batch_size=4, lora=True)
-    for key, value in {"SLURM_JOB_ID": "8", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0",
-                       "SLURMD_NODENAME": "n1", "SLURM_JOB_PARTITION": "gpu"}.items():
+    s = TaskSpec(
+        run_id="r",
+        run_dir=str(tmp_path),
+        experiment="e",
+        name="r8",
+        stage="variants",
+        variant="r8",
+        index=0,
+        devices=1,
+        config={"launcher": {"kind": "sbatch", "max_failures": 1}},
+        steps=10,
+        lr=1e-3,
+        global_batch_size=4,
+        lora=True,
+    )
+    for key, value in {
+        "SLURM_JOB_ID": "8",
+        "SLURM_ARRAY_JOB_ID": "7",
+        "SLURM_ARRAY_TASK_ID": "0",
+        "SLURMD_NODENAME": "n1",
+        "SLURM_JOB_PARTITION": "gpu",
+    }.items():
         monkeypatch.setenv(key, value)
-    for key in ("SLURM_RESTART_COUNT", "SLURM_ROUTER_PACKED", "SLURM_NTASKS", "SLURM_PROCID",
-                "SLURM_ROUTER_REQUEUE_REQUEST"):
+    for key in (
+        "SLURM_RESTART_COUNT",
+        "SLURM_ROUTER_PACKED",
+        "SLURM_NTASKS",
+        "SLURM_PROCID",
+        "SLURM_ROUTER_REQUEUE_REQUEST",
+    ):
         monkeypatch.delenv(key, raising=False)
     requeued = []
-    monkeypatch.setattr(retry, "requeue_self", lambda spec, decision, step, scontrol=True:
-                        requeued.append((decision, step, scontrol)))
+    monkeypatch.setattr(
+        retry, "requeue_self", lambda spec, decision, step, scontrol=True: requeued.append((decision, step, scontrol))
+    )
     s.requeued = requeued
     return s
 
@@ -107,10 +135,10 @@ def test_a_signal_death_is_retried_within_the_budget_and_its_own_error_never(spe
     said = str(retried)
     assert "retried after SIGKILL of worker rank 0 on node n1 (1/1)" in said and "excluding n1" in said
     assert retried.exit_code == 75
-    (decision, step, by_scontrol), = spec.requeued
+    ((decision, step, by_scontrol),) = spec.requeued
     assert (decision.requeue, decision.reason, step, by_scontrol) == (True, "failure", 4, True)
     assert ["scontrol", "update", "jobid=7_0", "ExcNodeList=n1"] in slurm.calls
-    first, = _failures(spec)
+    (first,) = _failures(spec)
     assert (first["node"], first["retried"], first["excluded"], first["job_id"]) == ("n1", True, ["n1"], "7_0")
 
     # the second one is over launcher.max_failures=1: the task fails as before, and says why
@@ -119,7 +147,7 @@ def test_a_signal_death_is_retried_within_the_budget_and_its_own_error_never(spe
     newest = _failures(spec)[-1]
     assert newest["retried"] is False and "launcher.max_failures=1 used up" in newest["detail"]
 
-    retry.renew(Path(spec.task_dir))          # resume=: the budget starts over, the records stay
+    retry.renew(Path(spec.task_dir))  # resume=: the budget starts over, the records stay
     assert retry.after_failure(spec, "worker rank 0 (pid 12) killed by SIGBUS", 8, FakeSlurm())
     assert len(spec.requeued) == 2 and len(_failures(spec)) == 3
 
@@ -129,6 +157,7 @@ def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, 
     ends with exit 76; the node is not excluded then."""
     from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV
     from slurm_router.rundir.lifecycle import EXIT_REQUEUE
+
     monkeypatch.setenv(REQUEUE_REQUEST_ENV, str(tmp_path / "requeue.json"))
     slurm = FakeSlurm()
     retried = retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, slurm)
@@ -139,7 +168,8 @@ def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, 
 
 def test_no_retry_outside_slurm_or_for_a_packed_task(spec, monkeypatch):
     from slurm_router.allocation.pack import PACKED_ENV
-    monkeypatch.setenv(PACKED_ENV, "1")          # a pack's task: a requeue would restart the pack's other tasks
+
+    monkeypatch.setenv(PACKED_ENV, "1")  # a pack's task: a requeue would restart the pack's other tasks
     assert retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, FakeSlurm()) is None
     monkeypatch.delenv(PACKED_ENV)
     monkeypatch.delenv("SLURM_JOB_ID")
@@ -151,7 +181,7 @@ def test_node_fail_is_counted_once_at_the_next_start_and_refused_beyond_the_budg
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     one = FakeSlurm("8|NODE_FAIL|n3|2024-01-01T10:00:00\n8|RUNNING|n1|2024-01-01T10:05:00\n")
     assert retry.count_node_failures(spec, one) is None
-    assert retry.count_node_failures(spec, one) is None                 # the same attempt is not counted twice
+    assert retry.count_node_failures(spec, one) is None  # the same attempt is not counted twice
     (record,) = _failures(spec)
     assert record["detail"] == "retried after NODE_FAIL on node n3 (1/1)"
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
@@ -159,7 +189,7 @@ def test_node_fail_is_counted_once_at_the_next_start_and_refused_beyond_the_budg
     refused = retry.count_node_failures(spec, two)
     assert refused and "NODE_FAIL on node n1" in refused and "launcher.max_failures=1" in refused
     assert f"resume={spec.run_dir}" in refused and "\n" not in refused
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")                     # a first start asks nothing of sacct
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # a first start asks nothing of sacct
     quiet = FakeSlurm()
     assert retry.count_node_failures(spec, quiet) is None and quiet.calls == []
 
@@ -168,10 +198,21 @@ def test_node_fail_is_counted_once_at_the_next_start_and_refused_beyond_the_budg
 
 # r32 is a copy of r8 (the uninterrupted reference); `bad` fails with its own error at its first step (a single
 # sample over its simulated memory cap). ~0.5 s steps, a checkpoint every 2.
-SMALL = ["+experiment=lora_ab", "base.steps=10", "train.steps=12", "train.checkpoint_every=2", "train.eval_batches=2",
-         "data.max_documents=60", "router.device_slowdown=[4.0]", "launcher.timeout_min=10",
-         "variants.r32.model.lora.r=8", "variants.r32.model.lora.alpha=16", "+variants.bad.model.lora.r=8",
-         "+variants.bad.router.cpu_memory_cap_bytes=1000", "launcher.max_failures=1"]
+SMALL = [
+    "+experiment=lora_ab",
+    "base.steps=10",
+    "train.steps=12",
+    "train.checkpoint_every=2",
+    "train.eval_batches=2",
+    "data.max_documents=60",
+    "router.device_slowdown=[4.0]",
+    "launcher.timeout_min=10",
+    "variants.r32.model.lora.r=8",
+    "variants.r32.model.lora.alpha=16",
+    "+variants.bad.model.lora.r=8",
+    "+variants.bad.router.cpu_memory_cap_bytes=1000",
+    "launcher.max_failures=1",
+]
 
 
 def _losses(task_dir: Path) -> dict[int, float]:
@@ -192,22 +233,27 @@ def _wait(cond, what: str, timeout: float = 300):
 @pytest.mark.slurm
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh")
 def test_a_killed_worker_is_retried_once_and_an_own_error_never(tmp_path, base_cache):
-    proc = run_cli(*SMALL, "launcher=sbatch", f"base.cache_dir={base_cache}", f"run_root={tmp_path}", cwd=tmp_path,
-                   timeout=300)
+    proc = run_cli(
+        *SMALL, "launcher=sbatch", f"base.cache_dir={base_cache}", f"run_root={tmp_path}", cwd=tmp_path, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
     tasks = {name: run_dir / "tasks" / name for name in ("r8", "r32", "bad")}
-    jobs = {t["variant"]: t["job_id"] for j in json.loads((run_dir / "manifest.json").read_text())["jobs"]
-            for t in j["tasks"]}
+    jobs = {
+        t["variant"]: t["job_id"]
+        for j in json.loads((run_dir / "manifest.json").read_text())["jobs"]
+        for t in j["tasks"]
+    }
     try:
         _wait(lambda: sum(r["event"] == "step" for r in event_rows(tasks["r8"])) >= 3, "r8 at step 3")
         pid = next(r["pid"] for r in event_rows(tasks["r8"]) if r["event"] == "start")
         os.kill(pid, signal.SIGKILL)
-        follow = run_cli(str(run_dir), "--follow", "--poll-s", "1", "--timeout-s", "400",
-                         module="slurm_router.status", timeout=500)
+        follow = run_cli(
+            str(run_dir), "--follow", "--poll-s", "1", "--timeout-s", "400", module="slurm_router.status", timeout=500
+        )
     finally:
         subprocess.run(["scancel", *set(j.split("_")[0] for j in jobs.values())], capture_output=True)
-    assert follow.returncode == 1, follow.stdout[-2000:] + follow.stderr[-2000:]     # `bad` did not complete
+    assert follow.returncode == 1, follow.stdout[-2000:] + follow.stderr[-2000:]  # `bad` did not complete
     lines = follow.stdout.splitlines()
     assert all(line.startswith(("[r8", "[r32", "[bad")) for line in lines), lines[:5]
     assert any(line.startswith("[r8:err] warning: r8: worker rank 0") for line in lines), lines
@@ -244,11 +290,22 @@ def test_a_requeued_array_task_gets_its_exclusion_from_slurm(monkeypatch):
     ran is held again, and its ExcNodeList names the node (excluding the cluster's only node is what the retry
     never does; here the held task is cancelled at once)."""
     node = retry.run_command(["sinfo", "-h", "-N", "-o", "%N"]).split()[0]
-    job = subprocess.run(["sbatch", "--parsable", "--requeue", "--array=0", "-o", "/dev/null", "--wrap", "sleep 120"],
-                         capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    job = (
+        subprocess.run(
+            ["sbatch", "--parsable", "--requeue", "--array=0", "-o", "/dev/null", "--wrap", "sleep 120"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     try:
-        _wait(lambda: "RUNNING" in retry.run_command(["squeue", "-h", "-j", f"{job}_0", "-o", "%T"]), "the job to run",
-              timeout=60)
+        _wait(
+            lambda: "RUNNING" in retry.run_command(["squeue", "-h", "-j", f"{job}_0", "-o", "%T"]),
+            "the job to run",
+            timeout=60,
+        )
         monkeypatch.setenv("SLURM_ARRAY_JOB_ID", job)
         monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
         subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True)

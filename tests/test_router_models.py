@@ -1,4 +1,5 @@
 """Router facade: speed model, memory model, OOM halving, checkpoints. No torch."""
+
 import json
 import pathlib
 
@@ -16,8 +17,8 @@ def test_speed_model_converges_and_fills_unseen():
         sm.observe(1, cost=1000.0, compute_s=4.0)
     s = sm.speeds()
     assert s[0] == pytest.approx(1000.0) and s[1] == pytest.approx(250.0)
-    assert s[2] == pytest.approx(625.0)          # unseen: mean of the seen
-    sm.observe(2, cost=0.0, compute_s=0.0)      # an idle step carries no information
+    assert s[2] == pytest.approx(625.0)  # unseen: mean of the seen
+    sm.observe(2, cost=0.0, compute_s=0.0)  # an idle step carries no information
     assert sm.speeds()[2] == pytest.approx(625.0)
 
 
@@ -27,8 +28,9 @@ def test_router_learns_speed_and_gives_slow_device_less():
     for _ in range(20):
         a = r.plan(range(64), lengths)
         for d, cost in enumerate(a.planned_cost()):
-            r.observe_step(d, cost, compute_s=cost / (100.0 if d == 0 else 50.0), peak_mem_bytes=None,
-                           microbatches=a.per_device[d])
+            r.observe_step(
+                d, cost, compute_s=cost / (100.0 if d == 0 else 50.0), peak_mem_bytes=None, microbatches=a.per_device[d]
+            )
     cost = r.plan(range(64), lengths).planned_cost()
     assert cost[1] / sum(cost) == pytest.approx(1 / 3, abs=0.02)
 
@@ -37,15 +39,15 @@ def test_memory_model_seed_is_sane():
     # GPT-2 small, full fine-tune in fp32
     mm = MemoryModel.from_model_sizes(124_000_000, 124_000_000, 768, 12, 50257)
     fixed, per_token, per_len2 = mm.coef
-    assert fixed == pytest.approx(1.95e9, abs=0.05e9)   # 124M x (4 + 4 + 8) bytes
-    assert 0.5e6 < per_token < 2e6               # ~0.6 MB activations + ~0.6 MB logits per token
+    assert fixed == pytest.approx(1.95e9, abs=0.05e9)  # 124M x (4 + 4 + 8) bytes
+    assert 0.5e6 < per_token < 2e6  # ~0.6 MB activations + ~0.6 MB logits per token
     assert per_len2 > 0
     assert mm.predict(8 * 512, 8, 512) > mm.predict(8 * 256, 8, 256) > fixed
 
 
 def test_memory_model_refits_to_observations():
     truth = MemoryModel(3_000_000, 5_000, 2.0)
-    mm = MemoryModel(1_000_000, 1_000, 0.0)      # a bad prior
+    mm = MemoryModel(1_000_000, 1_000, 0.0)  # a bad prior
     sizes = [(n, ln) for n in (1, 2, 4, 8) for ln in (64, 256, 512, 1024)]
     for n, ln in sizes:
         mm.observe(n * ln, n, ln, truth.predict(n * ln, n, ln))
@@ -56,7 +58,7 @@ def test_memory_model_refits_to_observations():
 
 def test_memory_model_few_points_scales_prior():
     mm = MemoryModel(1_000, 10, 0)
-    mm.observe(100, 1, 100, 4_000)               # prior says 2_000: everything doubles
+    mm.observe(100, 1, 100, 4_000)  # prior says 2_000: everything doubles
     assert mm.predict(200, 2, 100) == pytest.approx(6_000, rel=1e-6)
 
 

@@ -1,4 +1,5 @@
 """Routing policies: every sample exactly once, determinism, and each policy's own promise. No torch."""
+
 import random
 
 import pytest
@@ -51,11 +52,14 @@ def test_every_id_exactly_once_over_random_seeds(policy):
         n_dev = rng.choice([1, 2, 3, 4, 7, 16])
         n = rng.choice([0, 1, 2, n_dev - 1, n_dev, 5 * n_dev, 33])
         ids = rng.sample(range(10_000), max(0, n))
-        lengths = [rng.choice([1, 3, 64, 200, 512, 3000]) if rng.random() < 0.3 else rng.randint(1, 1500)
-                   for _ in ids]
-        settings = RouterSettings(policy=policy, max_tokens_per_microbatch=rng.choice([None, 4096, 10_000]),
-                                  cost=rng.choice(["tokens", "tokens_attention"]), attention_weight=1.0,
-                                  affinity_boundaries=rng.choice([(), (100, 1000)]))
+        lengths = [rng.choice([1, 3, 64, 200, 512, 3000]) if rng.random() < 0.3 else rng.randint(1, 1500) for _ in ids]
+        settings = RouterSettings(
+            policy=policy,
+            max_tokens_per_microbatch=rng.choice([None, 4096, 10_000]),
+            cost=rng.choice(["tokens", "tokens_attention"]),
+            attention_weight=1.0,
+            affinity_boundaries=rng.choice([(), (100, 1000)]),
+        )
         devices = random_devices(rng, n_dev, with_memory=seed % 2 == 0)
         a = Router(settings, n_dev, mm if seed % 3 else None).plan(ids, lengths, devices)
         assert a.n_devices == n_dev
@@ -73,6 +77,7 @@ def test_deterministic(policy):
     assert plans[0] == plans[1] == plans[2]
     # also through a fresh process-independent path: the pure policy function on copied inputs
     from slurm_router.router import POLICIES
+
     assert POLICIES[policy](list(lengths), list(ids), list(devices), settings, mm) == plans[0]
 
 
@@ -82,17 +87,24 @@ def test_round_robin_is_i_mod_d():
     a = round_robin(lengths, ids, [DeviceState(d) for d in range(4)], RouterSettings(policy="round_robin"))
     for d in range(4):
         assert a.sample_ids(d) == tuple(ids[i] for i in range(d, 23, 4))
-        assert len(a.per_device[d]) == 1   # one micro-batch when nothing limits it
+        assert len(a.per_device[d]) == 1  # one micro-batch when nothing limits it
 
 
 def test_round_robin_splits_into_equal_consecutive_chunks_under_token_cap():
     ids = list(range(16))
     lengths = [100] * 16
-    a = round_robin(lengths, ids, [DeviceState(0), DeviceState(1)],
-                    RouterSettings(policy="round_robin", max_tokens_per_microbatch=300))
+    a = round_robin(
+        lengths,
+        ids,
+        [DeviceState(0), DeviceState(1)],
+        RouterSettings(policy="round_robin", max_tokens_per_microbatch=300),
+    )
     for d in range(2):
-        assert [mb.sample_ids for mb in a.per_device[d]] == [tuple(range(d, 6, 2)), tuple(range(d + 6, 12, 2)),
-                                                             tuple(range(d + 12, 16, 2))]
+        assert [mb.sample_ids for mb in a.per_device[d]] == [
+            tuple(range(d, 6, 2)),
+            tuple(range(d + 6, 12, 2)),
+            tuple(range(d + 12, 16, 2)),
+        ]
 
 
 def test_balanced_ratio_at_8_samples_per_device_lognormal():
@@ -140,7 +152,7 @@ def test_memory_budget_splits_share_into_microbatches_never_drops():
     a = balanced(lengths, list(range(40)), devices, RouterSettings(), mm)
     check_consistent(a, list(range(40)), lengths)
     for mbs in a.per_device:
-        assert len(mbs) == 5                       # 20 samples, at most 4 per micro-batch
+        assert len(mbs) == 5  # 20 samples, at most 4 per micro-batch
         assert all(mm.predict_mb(mb) <= 5_000 for mb in mbs)
         assert all(mb.predicted_mem_bytes <= 5_000 for mb in mbs)
     assert a.oversize_ids == ()
@@ -195,10 +207,12 @@ def test_least_loaded_prefers_free_memory():
 
 def test_affinity_pins_long_bucket_to_biggest_device():
     lengths = [2000, 2100, 50, 60, 40, 70, 55, 65]
-    devices = [DeviceState(0, mem_budget_bytes=10), DeviceState(1, mem_budget_bytes=100),
-               DeviceState(2, mem_budget_bytes=50)]
-    a = Router(RouterSettings(policy="affinity", affinity_boundaries=(1024,)), 3).plan(list(range(8)), lengths,
-                                                                                     devices)
+    devices = [
+        DeviceState(0, mem_budget_bytes=10),
+        DeviceState(1, mem_budget_bytes=100),
+        DeviceState(2, mem_budget_bytes=50),
+    ]
+    a = Router(RouterSettings(policy="affinity", affinity_boundaries=(1024,)), 3).plan(list(range(8)), lengths, devices)
     # the long bucket is 92% of the cost: it gets the two biggest devices (1, then 2), the short one device 0
     assert set(a.sample_ids(1)) == {1} and set(a.sample_ids(2)) == {0}
     assert set(a.sample_ids(0)) == set(range(2, 8))
@@ -217,20 +231,30 @@ def test_same_plan_in_other_processes():
     """Workers are separate processes with their own hash seeds: the plan must not depend on them."""
     import subprocess
     import sys
-    code = ("from slurm_router.router import *; from workloads import lognormal_lengths as L; "
-            "ds=[DeviceState(d, 1.0 + (d % 3) / 4, 10**9, 9 * 10**8) for d in range(5)]; "
-            "mm=MemoryModel(10**8, 10**5, 10.0); "
-            "print([Router(RouterSettings(policy=p), 5, mm).plan(range(77), L(77, seed=9), ds) for p in POLICY_NAMES])")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**__import__("os").environ, "PYTHONHASHSEED": str(seed),
-                                "PYTHONPATH": str(BENCHMARKS)}).stdout
-            for seed in (1, 2, 3)}
+
+    code = (
+        "from slurm_router.router import *; from workloads import lognormal_lengths as L; "
+        "ds=[DeviceState(d, 1.0 + (d % 3) / 4, 10**9, 9 * 10**8) for d in range(5)]; "
+        "mm=MemoryModel(10**8, 10**5, 10.0); "
+        "print([Router(RouterSettings(policy=p), 5, mm).plan(range(77), L(77, seed=9), ds) for p in POLICY_NAMES])"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": str(BENCHMARKS)},
+        ).stdout
+        for seed in (1, 2, 3)
+    }
     assert len(outs) == 1 and "MicroBatch" in outs.pop()
 
 
 def test_fast_microbatch_builder_matches_the_plain_one():
     """The plan's hot loop (build_microbatches) builds exactly what build_microbatch builds."""
     from slurm_router.router.packing import build_microbatch, build_microbatches, sample_costs
+
     rng = random.Random(3)
     lengths = lognormal_lengths(200, seed=5)
     costs = sample_costs(lengths, RouterSettings(cost="tokens_attention"))
@@ -239,19 +263,22 @@ def test_fast_microbatch_builder_matches_the_plain_one():
     groups, i = [], 0
     while i < len(order):
         k = rng.choice([1, 1, 2, 3, 7])
-        groups.append(order[i:i + k])
+        groups.append(order[i : i + k])
         i += k
     mm = MemoryModel(10**8, 10**5, 10.0)
     for model in (mm, None):
         fast = build_microbatches(groups, ids, lengths, costs, model)
         assert fast == tuple(build_microbatch(g, ids, lengths, costs, model) for g in groups)
-        assert all(type(mb).__name__ == "MicroBatch" and mb.max_len == max(lengths[p] for p in g)
-                   for mb, g in zip(fast, groups))
+        assert all(
+            type(mb).__name__ == "MicroBatch" and mb.max_len == max(lengths[p] for p in g)
+            for mb, g in zip(fast, groups)
+        )
 
 
 def test_integer_lpt_is_the_same_lpt():
     """Whole-number costs take a faster heap; the assignment (ties included) must not change."""
     from slurm_router.router import partition as part
+
     rng = random.Random(11)
     for n_dev in (1, 3, 8, 64):
         costs = [float(rng.choice([8, 64, 64, 100, 512])) for _ in range(300)]
@@ -261,7 +288,7 @@ def test_integer_lpt_is_the_same_lpt():
         part._lpt_integer(order, costs, fast_loads, fast_bins)
         h = [(start[d], d) for d in range(n_dev)]
         slow_loads, slow_bins = list(start), [[] for _ in range(n_dev)]
-        for p in order:                         # the textbook tuple-heap LPT
+        for p in order:  # the textbook tuple-heap LPT
             d = min(h)[1]
             h.remove(min(h))
             slow_loads[d] += costs[p]

@@ -3,6 +3,7 @@ kill -9 of the launcher leaves nothing of the run alive 10 s later (by the pids 
 finishes it with the uninterrupted run's losses; status tells a dead local run from a live one and --wait
 returns; two resumes at once: one trains, the other exits 2 naming it; a stale lock is taken over with one line;
 concurrent manifest writers never lose each other's fields."""
+
 import json
 import os
 import shutil
@@ -21,9 +22,16 @@ pytestmark = pytest.mark.integration
 
 # Two workers, steps of ~0.5-1 s (router.device_slowdown), a checkpoint every 2 steps.
 STEPS = 8
-COMMON = ["base.enabled=false", f"train.steps={STEPS}", "train.checkpoint_every=2", "data.max_documents=60",
-          "train.eval_batches=2", "launcher.cpu_slots=2", "router.device_slowdown=[4.0]",
-          "resources.devices_per_task=2"]
+COMMON = [
+    "base.enabled=false",
+    f"train.steps={STEPS}",
+    "train.checkpoint_every=2",
+    "data.max_documents=60",
+    "train.eval_batches=2",
+    "launcher.cpu_slots=2",
+    "router.device_slowdown=[4.0]",
+    "resources.devices_per_task=2",
+]
 
 
 def losses(task_dir: Path) -> dict[int, float]:
@@ -52,6 +60,7 @@ def reference(tmp_path_factory):
             cache.update(losses(run_dir_of(subprocess.CompletedProcess([], 0, out, err)) / "tasks" / "main"))
             assert sorted(cache) == list(range(STEPS))
         return cache
+
     yield get
     if proc.poll() is None:
         proc.kill()
@@ -64,11 +73,17 @@ def _run_dir(tmp_path: Path) -> Path | None:
 
 def _after_step(tmp_path: Path, step: int):
     """The run dir once both ranks have logged step `step` (checkpoint step-2 exists after step 1)."""
+
     def ready():
         run_dir = _run_dir(tmp_path)
         task = run_dir / "tasks" / "main" if run_dir else None
-        return run_dir if task and all(any(r["event"] == "step" and r["step"] >= step for r in event_rows(task, k))
-                                       for k in (0, 1)) else None
+        return (
+            run_dir
+            if task
+            and all(any(r["event"] == "step" and r["step"] >= step for r in event_rows(task, k)) for k in (0, 1))
+            else None
+        )
+
     return wait_until(ready, f"step {step} on both ranks")
 
 
@@ -131,14 +146,14 @@ def test_status_tells_a_dead_local_run_and_two_resumes_at_once_run_it_once(tmp_p
         run_dir = _after_step(tmp_path, 0)
         pids = _recorded_pids(run_dir)
         tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        for pid in tree:                # every process of the run at once: nothing is left to record anything
+        for pid in tree:  # every process of the run at once: nothing is left to record anything
             os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     wait_until(lambda: not any(pid_alive(p) for p in tree), "end of the killed processes", timeout=30)
-    assert read_json(run_dir / "manifest.json")["tasks"]["main"]["state"] == "running"     # as it was left
+    assert read_json(run_dir / "manifest.json")["tasks"]["main"]["state"] == "running"  # as it was left
 
     row = json.loads(_status(run_dir, "--json").stdout)["tasks"][0]
     assert row["state"] == "CANCELLED" and row["terminal"], row
@@ -163,7 +178,7 @@ def test_status_tells_a_dead_local_run_and_two_resumes_at_once_run_it_once(tmp_p
     errors = [line for line in outs[loser][1].splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith(f"error: {run_dir} is in use by pid {winner} on "), errors
     assert f"resume={run_dir}" in errors[0] and f"kill {winner}" in errors[0], errors
-    assert read_json(run_dir / "tasks" / "main" / "attempts.json")["attempts"] == 2     # the first run + the winner
+    assert read_json(run_dir / "tasks" / "main" / "attempts.json")["attempts"] == 2  # the first run + the winner
     assert same_run(losses(run_dir / "tasks" / "main"), reference())
 
 
@@ -182,7 +197,7 @@ def test_status_cancel_stops_a_live_local_run_as_ctrl_c_does(tmp_path):
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["state"] == "interrupted" and manifest["tasks"]["main"]["exit_code"] == 75, manifest["tasks"]
     assert list((run_dir / "tasks" / "main" / "checkpoints").glob("step-*.pt")), "no checkpoint at the stop"
-    again = _status(run_dir, "--cancel")                # nothing of it runs any more: nothing to stop
+    again = _status(run_dir, "--cancel")  # nothing of it runs any more: nothing to stop
     assert "nothing to cancel" in again.stderr, again.stderr
 
 
@@ -198,7 +213,7 @@ HOLDER = textwrap.dedent("""
 def test_a_second_writer_is_refused_by_name_and_a_stale_lock_is_taken_over(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "manifest.json").write_text(json.dumps({"stages": [], "tasks": {}}))    # config.yaml missing
+    (run_dir / "manifest.json").write_text(json.dumps({"stages": [], "tasks": {}}))  # config.yaml missing
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -215,9 +230,10 @@ def test_a_second_writer_is_refused_by_name_and_a_stale_lock_is_taken_over(tmp_p
     taken = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
     lines = [line for line in taken.stderr.splitlines() if line.strip()]
     assert lines[0].startswith(f"note: {run_dir}: its last holder, pid {holder.pid} on ") and lines[0].endswith(
-        "is gone without releasing it: taking it over"), lines
+        "is gone without releasing it: taking it over"
+    ), lines
     assert taken.returncode == 2 and lines[1:] == [f"error: resume={run_dir}: config.yaml is missing or damaged"], lines
-    assert read_json(run_dir / "run.lock")["released"]                   # a clean end says so: no note next time
+    assert read_json(run_dir / "run.lock")["released"]  # a clean end says so: no note next time
     again = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
     assert "note:" not in again.stderr and again.returncode == 2, again.stderr
 
@@ -239,22 +255,32 @@ def test_concurrent_manifest_writers_never_lose_each_others_fields(tmp_path):
     assert tasks == {"a": {"count": 149}, "b": {"count": 149}}
 
     from slurm_router.rundir.manifest import Manifest
+
     mine, theirs = Manifest.load(tmp_path), Manifest.load(tmp_path)
-    theirs.set_task("b", pid=123)                    # another process's field, after `mine` was read
-    mine.data["tasks"]["a"]["state"] = "running"     # a change made in place, then saved whole
+    theirs.set_task("b", pid=123)  # another process's field, after `mine` was read
+    mine.data["tasks"]["a"]["state"] = "running"  # a change made in place, then saved whole
     mine.save()
-    assert read_json(tmp_path / "manifest.json")["tasks"] == {"a": {"count": 149, "state": "running"},
-                                                             "b": {"count": 149, "pid": 123}}
+    assert read_json(tmp_path / "manifest.json")["tasks"] == {
+        "a": {"count": 149, "state": "running"},
+        "b": {"count": 149, "pid": 123},
+    }
 
 
 @pytest.mark.slurm
-@pytest.mark.skipif(shutil.which("sbatch") is None,
-                    reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+)
 def test_two_resumes_of_a_slurm_run_at_once_submit_it_once(tmp_path):
     """The second resume= either finds the run in use (the first holds its lock while it submits) or, after,
     reads the first's jobs from the manifest and refuses while they are in Slurm: never a second submission."""
-    small = ["base.enabled=false", "train.steps=2", "data.max_documents=60", "train.eval_batches=2",
-             "launcher=sbatch", "launcher.timeout_min=10"]
+    small = [
+        "base.enabled=false",
+        "train.steps=2",
+        "data.max_documents=60",
+        "train.eval_batches=2",
+        "launcher=sbatch",
+        "launcher.timeout_min=10",
+    ]
     first = run_cli(*small, f"run_root={tmp_path}", cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     run_dir = run_dir_of(first)
@@ -269,12 +295,13 @@ def test_two_resumes_of_a_slurm_run_at_once_submit_it_once(tmp_path):
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and ("is in use by pid" in errors[0] or "still in Slurm" in errors[0]), err
         jobs = read_json(run_dir / "manifest.json")["jobs"]
-        assert len(jobs) == 2, jobs                     # the run's own array job and one resubmission
+        assert len(jobs) == 2, jobs  # the run's own array job and one resubmission
         from slurm_router.launch.slurm.status import query_slurm
+
         squeue, _ = query_slurm(jobs[0]["job_id"] + "," + jobs[1]["job_id"])
         live = {k: r.state for k, r in squeue.items() if r.state in ("PENDING", "RUNNING")}
         assert all(k.startswith(jobs[1]["job_id"]) for k in live), live
-        third = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)      # after: the manifest names them
+        third = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)  # after: the manifest names them
         assert third.returncode == 2 and "still in Slurm" in third.stderr, third.stdout + third.stderr
     finally:
         _status(run_dir, "--cancel")

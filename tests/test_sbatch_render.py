@@ -1,7 +1,8 @@
 """sbatch rendering: golden file, validation, and shell-injection safety (the rendered script is executed).
 
-    pytest tests/test_sbatch_render.py                     # UPDATE_GOLDEN=1 rewrites tests/golden/array.sbatch
+pytest tests/test_sbatch_render.py                     # UPDATE_GOLDEN=1 rewrites tests/golden/array.sbatch
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,10 +73,14 @@ def test_directives_minimal_and_srun_mode():
     assert "#SBATCH --nodes=1" in lines and "#SBATCH --ntasks-per-node=4" in lines
     assert not any("--gres" in line for line in lines)
     assert "#SBATCH --signal=USR2@120" in lines and "#SBATCH --no-requeue" in lines
-    assert render_sbatch(srun).rstrip().endswith(
-        "srun --ntasks=4 --cpus-per-task=1 --nodes=1 --ntasks-per-node=4 --kill-on-bad-exit=0 --gpus-per-task=1 /py x"
+    assert (
+        render_sbatch(srun)
+        .rstrip()
+        .endswith(
+            "srun --ntasks=4 --cpus-per-task=1 --nodes=1 --ntasks-per-node=4 --kill-on-bad-exit=0 --gpus-per-task=1 /py x"
+        )
     )
-    two_nodes = dataclasses.replace(srun, nodes=2)      # resources.nodes_per_task=2: 2 srun tasks on each node
+    two_nodes = dataclasses.replace(srun, nodes=2)  # resources.nodes_per_task=2: 2 srun tasks on each node
     lines = sbatch_directives(two_nodes)
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=2" in lines and "#SBATCH --ntasks=4" in lines
     assert "srun --ntasks=4 --cpus-per-task=1 --nodes=2 --ntasks-per-node=2 " in render_sbatch(two_nodes)
@@ -186,8 +191,16 @@ def test_hostile_values_cannot_inject_shell(tmp_path, ntasks):
     assert calls[0]["HOSTILE"] == hostile
     if ntasks > 1:
         srun_argv = json.loads(srun_record.read_text())
-        assert srun_argv == ["--ntasks=2", "--cpus-per-task=1", "--nodes=1", "--ntasks-per-node=2",
-                             "--kill-on-bad-exit=0", "--gpus-per-task=1", fake_python, *argv]
+        assert srun_argv == [
+            "--ntasks=2",
+            "--cpus-per-task=1",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--kill-on-bad-exit=0",
+            "--gpus-per-task=1",
+            fake_python,
+            *argv,
+        ]
     else:
         assert not srun_record.exists()
     assert not list(tmp_path.rglob("pwned")), "an injected command ran"

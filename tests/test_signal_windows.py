@@ -4,6 +4,7 @@ exit 130 (or the task's 75), one line, no traceback, finished work recorded as f
 Windows: before anything is written (imports, compose, data loading: a loop of delays hits them); worker
 start-up, just after a task wrote its result, and the report (made wide enough to hit every time by
 SLURM_ROUTER_TEST_PAUSE, which only tests set: supervisor.test_pause sleeps there)."""
+
 import json
 import signal
 import subprocess
@@ -17,8 +18,14 @@ from conftest import event_rows, read_json, run_cli, start_cli, wait_until
 
 pytestmark = pytest.mark.integration
 
-FAST = ["base.enabled=false", "train.steps=2", "train.checkpoint_every=1", "data.max_documents=60",
-        "train.eval_batches=2", "launcher.cpu_slots=2"]
+FAST = [
+    "base.enabled=false",
+    "train.steps=2",
+    "train.checkpoint_every=1",
+    "data.max_documents=60",
+    "train.eval_batches=2",
+    "launcher.cpu_slots=2",
+]
 PAUSE = "SLURM_ROUTER_TEST_PAUSE"
 
 
@@ -75,7 +82,7 @@ def _workers(job_pid: int) -> list[int]:
     workers = []
     for child in psutil.Process(job_pid).children():
         cmdline = " ".join(child.cmdline())
-        if "forkserver" in cmdline:             # its children (same command line: forked) are the workers
+        if "forkserver" in cmdline:  # its children (same command line: forked) are the workers
             workers += [c.pid for c in child.children()]
         elif "resource_tracker" not in cmdline:
             workers.append(child.pid)
@@ -84,19 +91,25 @@ def _workers(job_pid: int) -> list[int]:
 
 # Who gets the stop signal during the workers' start-up: the launcher (Ctrl-C, `kill`), which stops the job
 # process with SIGTERM; or the job process and its workers at once, as Slurm signals a job step.
-STARTUP_CASES = {"ctrl_c": ("launcher", signal.SIGINT), "kill": ("launcher", signal.SIGTERM),
-                 "INT_to_the_task": ("task", signal.SIGINT), "TERM_to_the_task": ("task", signal.SIGTERM)}
+STARTUP_CASES = {
+    "ctrl_c": ("launcher", signal.SIGINT),
+    "kill": ("launcher", signal.SIGTERM),
+    "INT_to_the_task": ("task", signal.SIGINT),
+    "TERM_to_the_task": ("task", signal.SIGTERM),
+}
 
 
 @pytest.mark.parametrize("case", list(STARTUP_CASES))
 def test_a_stop_during_worker_start_up_is_a_clean_stop(case, tmp_path):
     target, sig = STARTUP_CASES[case]
-    proc = start_cli(*FAST, "resources.devices_per_task=2", f"run_root={tmp_path}", cwd=tmp_path,
-                     env={PAUSE: "worker_startup=4"})
+    proc = start_cli(
+        *FAST, "resources.devices_per_task=2", f"run_root={tmp_path}", cwd=tmp_path, env={PAUSE: "worker_startup=4"}
+    )
 
     def log() -> str:
         path = (_run_dir(tmp_path) or tmp_path) / "logs" / "main.log"
         return path.read_text() if path.is_file() else ""
+
     try:
         wait_until(lambda: log().count("test pause: worker_startup") == 2, "two workers in start-up")
         run_dir = _run_dir(tmp_path)
@@ -111,10 +124,10 @@ def test_a_stop_during_worker_start_up_is_a_clean_stop(case, tmp_path):
         if proc.poll() is None:
             proc.kill()
     task = read_json(run_dir / "manifest.json")["tasks"]["main"]
-    assert task["exit_code"] == 75, f"task exit {task['exit_code']}: {log()[-1500:]}"   # never killed by the signal
+    assert task["exit_code"] == 75, f"task exit {task['exit_code']}: {log()[-1500:]}"  # never killed by the signal
     assert "Traceback" not in out + err + log() and "killed by" not in log(), out + err + log()
     assert event_rows(run_dir / "tasks" / "main")[-1]["exit_state"] == "interrupted"
-    assert not list((run_dir / "tasks" / "main").glob("checkpoints/step-*.pt"))     # stopped before the first step
+    assert not list((run_dir / "tasks" / "main").glob("checkpoints/step-*.pt"))  # stopped before the first step
     assert read_json(run_dir / "manifest.json")["state"] == "interrupted"
     assert f"resume={run_dir}" in out + err
     if target == "launcher":
@@ -141,8 +154,9 @@ def test_ctrl_c_before_anything_is_written_is_one_line(tmp_path):
         sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
         root = tmp_path / f"attempt{i}"
         proc = start_cli(*FAST, f"run_root={root}", cwd=tmp_path)
-        wait_until(lambda: _handles_sigterm(proc.pid) or proc.poll() is not None, "the command's handlers", 120,
-                   poll_s=0.005)
+        wait_until(
+            lambda: _handles_sigterm(proc.pid) or proc.poll() is not None, "the command's handlers", 120, poll_s=0.005
+        )
         try:
             proc.wait(timeout=delay)
         except subprocess.TimeoutExpired:
@@ -157,7 +171,7 @@ def test_ctrl_c_before_anything_is_written_is_one_line(tmp_path):
             assert not root.exists() or not any(root.rglob("*.json")), what
             hits["nothing written"] += 1
         else:
-            if read_json(run_dir / "manifest.json")["state"] == "completed":     # a fast machine: in the report
+            if read_json(run_dir / "manifest.json")["state"] == "completed":  # a fast machine: in the report
                 assert "interrupted before the report was written: every task has ended" in out, what
             else:
                 assert read_json(run_dir / "manifest.json")["state"] == "interrupted", what
@@ -195,10 +209,11 @@ def _assert_completed_report_left(proc, run_dir: Path, out: str, err: str) -> No
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 def test_ctrl_c_just_after_a_task_wrote_its_result_keeps_it_completed(sig, tmp_path):
-    proc, run_dir, out, err = _stop_after(tmp_path, sig, "after_result=4",
-                                          lambda r: (r / "tasks" / "main" / "result.json").is_file())
+    proc, run_dir, out, err = _stop_after(
+        tmp_path, sig, "after_result=4", lambda r: (r / "tasks" / "main" / "result.json").is_file()
+    )
     _assert_completed_report_left(proc, run_dir, out, err)
-    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=600)   # every task completed: writes the report
+    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=600)  # every task completed: writes the report
     assert resumed.returncode == 0 and "writing the report" in resumed.stdout, resumed.stdout + resumed.stderr
     assert json.loads((run_dir / "report" / "summary.json").read_text())
     again = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
@@ -207,8 +222,9 @@ def test_ctrl_c_just_after_a_task_wrote_its_result_keeps_it_completed(sig, tmp_p
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 def test_ctrl_c_during_the_report_keeps_the_run_completed(sig, tmp_path):
-    proc, run_dir, out, err = _stop_after(tmp_path, sig, "report=6",
-                                          lambda r: read_json(r / "manifest.json", {}).get("state") == "completed")
+    proc, run_dir, out, err = _stop_after(
+        tmp_path, sig, "report=6", lambda r: read_json(r / "manifest.json", {}).get("state") == "completed"
+    )
     _assert_completed_report_left(proc, run_dir, out, err)
     analysis = run_cli(str(run_dir), module="slurm_router.analysis", cwd=tmp_path, timeout=600)
     assert analysis.returncode == 0 and (run_dir / "report" / "summary.json").is_file(), analysis.stderr
@@ -222,7 +238,7 @@ def _signal_dropped_in_a_callback(sig: signal.Signals) -> None:
     class SignalledWhileCollected:
         def __del__(self):
             os.kill(os.getpid(), sig)
-            sum(range(1000))                # the handler runs here, inside the callback
+            sum(range(1000))  # the handler runs here, inside the callback
 
     SignalledWhileCollected()
 
@@ -237,9 +253,9 @@ def test_a_ctrl_c_the_interpreter_drops_is_raised_again_at_the_launchers_next_lo
     before = signal.signal(signal.SIGINT, raise_stop)
     try:
         forget_stops()
-        raise_if_stop_dropped()             # nothing raised yet: nothing to raise again
+        raise_if_stop_dropped()  # nothing raised yet: nothing to raise again
         _signal_dropped_in_a_callback(signal.SIGINT)
-        reached = True                      # the Ctrl-C did not stop this code
+        reached = True  # the Ctrl-C did not stop this code
         with pytest.raises(KeyboardInterrupt):
             raise_if_stop_dropped()
     finally:
@@ -266,5 +282,5 @@ def test_an_error_that_a_dropped_ctrl_c_caused_is_reported_as_the_interrupt(monk
     assert err.strip().splitlines()[-1] == "interrupted: nothing was written" and "unknown key" not in err, err
 
     monkeypatch.setattr(cli, "run", lambda argv, multirun: (_ for _ in ()).throw(UserError("a real mistake")))
-    assert cli.main(["train.steps=2"]) == 2             # no stop this time: the error is the user's
+    assert cli.main(["train.steps=2"]) == 2  # no stop this time: the error is the user's
     assert capsys.readouterr().err.strip() == "error: a real mistake"

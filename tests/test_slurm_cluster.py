@@ -1,7 +1,8 @@
 """Integration tests against the real single-node Slurm test cluster (8 fake GPUs, accounting on).
 
-    sudo scripts/slurm_test_cluster.sh && pytest -m slurm tests/test_slurm_cluster.py
+sudo scripts/slurm_test_cluster.sh && pytest -m slurm tests/test_slurm_cluster.py
 """
+
 from __future__ import annotations
 
 import json
@@ -20,20 +21,28 @@ from slurm_router.rundir.manifest import Manifest
 
 pytestmark = [
     pytest.mark.slurm,
-    pytest.mark.skipif(shutil.which("sbatch") is None,
-                       reason="sbatch not on PATH: bring the test cluster up with scripts/slurm_test_cluster.sh"),
+    pytest.mark.skipif(
+        shutil.which("sbatch") is None,
+        reason="sbatch not on PATH: bring the test cluster up with scripts/slurm_test_cluster.sh",
+    ),
 ]
 REPO = Path(__file__).resolve().parents[1]
 PARTITION = os.environ.get("SLURM_TEST_PARTITION", "debug")
 # Prints the task's view as one JSON line: argv, array index, the GPUs Slurm gave it, its cwd.
-PROBE = ("import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'task': os.environ.get('SLURM_ARRAY_TASK_ID'), "
-         "'procid': os.environ.get('SLURM_PROCID'), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES'), "
-         "'cwd': os.getcwd()}), flush=True); sys.exit(int(os.environ.get('EXIT_' + os.environ['SLURM_ARRAY_TASK_ID'], 0)))")
+PROBE = (
+    "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'task': os.environ.get('SLURM_ARRAY_TASK_ID'), "
+    "'procid': os.environ.get('SLURM_PROCID'), 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES'), "
+    "'cwd': os.getcwd()}), flush=True); sys.exit(int(os.environ.get('EXIT_' + os.environ['SLURM_ARRAY_TASK_ID'], 0)))"
+)
 
 
 def sacct_rows(job_id: str) -> dict[str, str]:
-    out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-j", job_id, "--format=JobID,State"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "--parsable2", "-j", job_id, "--format=JobID,State"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return {line.split("|")[0]: st.normalize_state(line.split("|")[1]) for line in out.splitlines() if "|" in line}
 
 
@@ -53,6 +62,7 @@ def test_submitit_array_one_gpu_per_task(tmp_path):
     submitit = pytest.importorskip("submitit")
     executor = submitit.AutoExecutor(folder=tmp_path / "submitit")
     assert executor.cluster == "slurm"
+
     def cuda_visible_devices(_: int) -> str:  # nested: cloudpickle ships it by value, no import of tests/
         import os
 
@@ -69,24 +79,45 @@ def test_submitit_array_one_gpu_per_task(tmp_path):
 
 
 def _spec(run_dir: Path, **kw) -> SbatchSpec:
-    defaults = dict(job_name="slurm_router-test", run_dir=str(run_dir), array_size=2, partition=PARTITION,
-                    timeout_min=2, mem_gb=0.5, python=sys.executable)
+    defaults = dict(
+        job_name="slurm_router-test",
+        run_dir=str(run_dir),
+        array_size=2,
+        partition=PARTITION,
+        timeout_min=2,
+        mem_gb=0.5,
+        python=sys.executable,
+    )
     return SbatchSpec(**(defaults | kw))
 
 
 def _manifest(run_dir: Path, job_id: str, n: int, launcher: str = "sbatch") -> None:
     logs = run_dir / "logs"
-    tasks = [{"variant": f"v{i}", "array_index": i, "log_path": str(logs / f"{job_id}_{i}.out"),
-              "err_path": str(logs / f"{job_id}_{i}.err")} for i in range(n)]
-    manifest = {"run_id": "t", "experiment": "test", "run_dir": str(run_dir), "launcher": launcher,
-                "jobs": [{"stage": "variants", "job_id": job_id, "array": True, "tasks": tasks}], "tasks": {},
-                "stages": [{"name": "variants", "tasks": [t["variant"] for t in tasks]}]}   # Manifest.load needs it
+    tasks = [
+        {
+            "variant": f"v{i}",
+            "array_index": i,
+            "log_path": str(logs / f"{job_id}_{i}.out"),
+            "err_path": str(logs / f"{job_id}_{i}.err"),
+        }
+        for i in range(n)
+    ]
+    manifest = {
+        "run_id": "t",
+        "experiment": "test",
+        "run_dir": str(run_dir),
+        "launcher": launcher,
+        "jobs": [{"stage": "variants", "job_id": job_id, "array": True, "tasks": tasks}],
+        "tasks": {},
+        "stages": [{"name": "variants", "tasks": [t["variant"] for t in tasks]}],
+    }  # Manifest.load needs it
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
 
 
 def status_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slurm_router.status", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_router.status", *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 @pytest.mark.parametrize("ntasks", [1, 2])
@@ -107,7 +138,7 @@ def test_rendered_sbatch_with_hostile_run_dir(tmp_path, ntasks):
         seen = [json.loads(line) for line in lines]
         assert len(seen) == ntasks
         assert all(s["argv"] == list(argv[2:]) and s["task"] == str(i) and s["cwd"] == str(run_dir) for s in seen)
-        assert all(s["gpus"].isdigit() for s in seen), seen        # one GPU each
+        assert all(s["gpus"].isdigit() for s in seen), seen  # one GPU each
         if ntasks > 1:  # srun: one GPU per task, different ones
             assert len({s["gpus"] for s in seen}) == ntasks and {s["procid"] for s in seen} == {"0", "1"}
     assert not list(tmp_path.rglob("pwned")), "an injected command ran"
@@ -129,8 +160,21 @@ def test_status_reports_failure_with_log_tail(tmp_path):
 
 
 def test_status_cancel_only_this_run(tmp_path):
-    other = subprocess.run(["sbatch", "--parsable", "--hold", f"--partition={PARTITION}", "--time=1",
-                            "--output=/dev/null", "--wrap", "true"], capture_output=True, text=True, check=True)
+    other = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--hold",
+            f"--partition={PARTITION}",
+            "--time=1",
+            "--output=/dev/null",
+            "--wrap",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     other_id = other.stdout.strip()
     try:
         run_dir = tmp_path / "run"

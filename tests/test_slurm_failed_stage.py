@@ -8,6 +8,7 @@ itself never reads it. resume= from an environment without it is the fix.
 
     sudo scripts/slurm_test_cluster.sh && pytest -m slurm tests/test_slurm_failed_stage.py
 """
+
 from __future__ import annotations
 
 import json
@@ -21,21 +22,35 @@ from conftest import run_cli, run_dir_of
 
 from slurm_router.launch.slurm.submitit_launcher import submitit_params
 
-needs_slurm = pytest.mark.skipif(shutil.which("sbatch") is None,
-                                 reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")
+needs_slurm = pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+)
 
-SMALL = ["+experiment=lora_ab", "base.steps=4", "train.steps=2", "train.eval_batches=1", "data.max_documents=60",
-         "launcher.timeout_min=10"]
+SMALL = [
+    "+experiment=lora_ab",
+    "base.steps=4",
+    "train.steps=2",
+    "train.eval_batches=1",
+    "data.max_documents=60",
+    "launcher.timeout_min=10",
+]
 BREAK_WORKERS = {"SLURM_ROUTER_COLLECTIVE_TIMEOUT_S": "not-a-number"}
 # what a run submitted before --kill-on-invalid-dep (or a cluster that ignores it) does: dependants stay PENDING
 KEEP_PENDING = "+launcher.additional_parameters.kill_on_invalid_dep=no"
 BLAME = "DependencyNeverSatisfied: stage base failed (base FAILED)"
-WAIT_S = 180            # generous: a failed base ends within seconds of its start
+WAIT_S = 180  # generous: a failed base ends within seconds of its start
 
 
 def _submit(tmp_path: Path, *args: str) -> Path:
-    proc = run_cli(*SMALL, *args, f"base.cache_dir={tmp_path / 'cache'}", f"run_root={tmp_path}", cwd=tmp_path,
-                   env=BREAK_WORKERS, timeout=300)
+    proc = run_cli(
+        *SMALL,
+        *args,
+        f"base.cache_dir={tmp_path / 'cache'}",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        env=BREAK_WORKERS,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir_of(proc)
 
@@ -50,8 +65,9 @@ def _wait_json(run_dir: Path) -> tuple[int, dict]:
 
 
 def _squeue(job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i %T %r"], capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i %T %r"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _wait_for(cond, what: str, timeout_s: float = WAIT_S):
@@ -91,26 +107,42 @@ def _resume_to_the_end(run_dir: Path) -> str:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert all(f"{t} from step 0" in proc.stdout for t in ("base", "r8", "r32")), proc.stdout
     again = json.loads((run_dir / "manifest.json").read_text())
-    assert [j["stage"] for j in again["jobs"][len(manifest["jobs"]):]] == ["base", "variants"]
+    assert [j["stage"] for j in again["jobs"][len(manifest["jobs"]) :]] == ["base", "variants"]
     rc, status = _wait_json(run_dir)
     assert rc == 0 and {t["variant"]: t["state"] for t in status["tasks"]} == dict.fromkeys(
-        ("base", "r8", "r32"), "COMPLETED"), status
-    summary = _wait_for(lambda: (s := _summary(run_dir)) and s["variants"]["r8"].get("val_loss") and s,
-                        "the resumed run's report", timeout_s=120)
+        ("base", "r8", "r32"), "COMPLETED"
+    ), status
+    summary = _wait_for(
+        lambda: (s := _summary(run_dir)) and s["variants"]["r8"].get("val_loss") and s,
+        "the resumed run's report",
+        timeout_s=120,
+    )
     assert summary["variants"]["r32"]["val_loss"] > 0 and summary["base"]["val_loss"] > 0
     return proc.stdout
 
 
 def test_submitit_dependants_are_submitted_with_kill_on_invalid_dep():
     from omegaconf import OmegaConf
-    lc = {"timeout_min": 5, "cpus_per_task": 1, "array_parallelism": 4, "signal_delay_s": 30, "srun_workers": False,
-          "partition": None, "account": None, "qos": None, "constraint": None, "mem_gb": None}
+
+    lc = {
+        "timeout_min": 5,
+        "cpus_per_task": 1,
+        "array_parallelism": 4,
+        "signal_delay_s": 30,
+        "srun_workers": False,
+        "partition": None,
+        "account": None,
+        "qos": None,
+        "constraint": None,
+        "mem_gb": None,
+    }
     cfg = OmegaConf.create({"experiment": "e", "launcher": lc | {"additional_parameters": {"nice": 10}}})
     extra = submitit_params(cfg, 1, "variants", "41")["slurm_additional_parameters"]
     assert extra == {"nice": 10, "dependency": "afterok:41", "kill-on-invalid-dep": "yes"}
     assert submitit_params(cfg, 1, "base", None)["slurm_additional_parameters"] == {"nice": 10}
-    mine = OmegaConf.create({"experiment": "e",
-                             "launcher": lc | {"additional_parameters": {"kill_on_invalid_dep": "no"}}})
+    mine = OmegaConf.create(
+        {"experiment": "e", "launcher": lc | {"additional_parameters": {"kill_on_invalid_dep": "no"}}}
+    )
     extra = submitit_params(mine, 1, "variants", "41")["slurm_additional_parameters"]
     assert extra == {"kill_on_invalid_dep": "no", "dependency": "afterok:41"}, "the user's own choice wins"
 
@@ -130,8 +162,11 @@ def test_failed_base_cancels_its_dependants_and_resume_finishes_the_run(tmp_path
     missing = " | ".join(summary["missing"])
     assert "base: failed" in missing and "r8: never ran: stage base failed" in missing, missing
     assert "r32: never ran: stage base failed" in missing, missing
-    _wait_for(lambda: "PENDING" not in _squeue(report_job) and "RUNNING" not in _squeue(report_job),
-              "the report job to end", timeout_s=60)
+    _wait_for(
+        lambda: "PENDING" not in _squeue(report_job) and "RUNNING" not in _squeue(report_job),
+        "the report job to end",
+        timeout_s=60,
+    )
 
     _resume_to_the_end(run_dir)
 
@@ -154,8 +189,9 @@ def test_dependants_pending_forever_are_terminal_and_resume_cancels_them(tmp_pat
     line = [l for l in out.splitlines() if l.startswith("resume: cancelled")]
     assert len(line) == 1 and "2 task(s) that could never start" in line[0] and f"report job {report_job}" in line[0]
     assert BLAME in line[0], line
-    sacct = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", report_job],
-                           capture_output=True, text=True).stdout
+    sacct = subprocess.run(
+        ["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", report_job], capture_output=True, text=True
+    ).stdout
     assert sacct.startswith(f"{report_job}|CANCELLED"), "the old report job ran"
 
 
@@ -164,8 +200,17 @@ def test_dependants_pending_forever_are_terminal_and_resume_cancels_them(tmp_pat
 def test_launcher_wait_cancels_what_can_never_start_and_reports(tmp_path):
     """launcher.wait=true on such a cluster: the launcher cancels the stuck variants itself, so the report job
     (afterany) runs; it prints the report of the failure and exits 1."""
-    proc = run_cli(*SMALL, "launcher=slurm", "launcher.wait=true", KEEP_PENDING, f"base.cache_dir={tmp_path / 'cache'}",
-                   f"run_root={tmp_path}", cwd=tmp_path, env=BREAK_WORKERS, timeout=WAIT_S)
+    proc = run_cli(
+        *SMALL,
+        "launcher=slurm",
+        "launcher.wait=true",
+        KEEP_PENDING,
+        f"base.cache_dir={tmp_path / 'cache'}",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        env=BREAK_WORKERS,
+        timeout=WAIT_S,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("launcher.wait: cancelled")]
     assert len(line) == 1 and "2 task(s) that could never start" in line[0] and BLAME in line[0], proc.stdout

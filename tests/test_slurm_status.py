@@ -1,7 +1,8 @@
 """Status parsing on squeue/sacct outputs captured from Slurm 22.05 (tests/golden/slurm_outputs), and the CLI.
 
-    pytest tests/test_slurm_status.py
+pytest tests/test_slurm_status.py
 """
+
 from __future__ import annotations
 
 import json
@@ -24,18 +25,41 @@ def read(name: str) -> str:
 def manifest_for(job_id: str, n: int, run_dir: Path | None = None, launcher: str = "slurm") -> dict:
     logs = run_dir / "logs" if run_dir else Path("/nonexistent")
     return {
-        "run_id": "r1", "experiment": "exp", "run_dir": str(run_dir), "launcher": launcher,
-        "jobs": [{"stage": "variants", "job_id": job_id, "array": True,
-                  "tasks": [{"variant": f"v{i}", "array_index": i, "log_path": str(logs / f"{job_id}_{i}.out"),
-                             "err_path": str(logs / f"{job_id}_{i}.err")} for i in range(n)]}],
+        "run_id": "r1",
+        "experiment": "exp",
+        "run_dir": str(run_dir),
+        "launcher": launcher,
+        "jobs": [
+            {
+                "stage": "variants",
+                "job_id": job_id,
+                "array": True,
+                "tasks": [
+                    {
+                        "variant": f"v{i}",
+                        "array_index": i,
+                        "log_path": str(logs / f"{job_id}_{i}.out"),
+                        "err_path": str(logs / f"{job_id}_{i}.err"),
+                    }
+                    for i in range(n)
+                ],
+            }
+        ],
         "tasks": {},
     }
 
 
 @pytest.mark.parametrize(
     "raw, seconds",
-    [("00:01:09", 69), ("1:09", 69), ("0:00", 0), ("2-03:04:05", 183845), ("12:00:00", 43200),
-     ("INVALID", None), ("", None)],
+    [
+        ("00:01:09", 69),
+        ("1:09", 69),
+        ("0:00", 0),
+        ("2-03:04:05", 183845),
+        ("12:00:00", 43200),
+        ("INVALID", None),
+        ("", None),
+    ],
 )
 def test_parse_duration(raw, seconds):
     assert st.parse_duration(raw) == seconds
@@ -43,6 +67,7 @@ def test_parse_duration(raw, seconds):
 
 def test_format_duration_takes_the_local_launchers_float_seconds():
     from slurm_router.launch.slurm.parse import format_duration
+
     assert format_duration(3725.6) == "1:02:06" and format_duration(59) == "0:00:59" and format_duration(None) == "-"
 
 
@@ -59,7 +84,12 @@ def test_final_array_mixed_states():
     """Job 15: task 0 ok, 1 exit 3, 2 timed out, 3 requeued once then ok, 4 cancelled while running."""
     sacct = st.parse_sacct(read("sacct_final.txt"))
     assert {k: r.state for k, r in sacct.items()} == {
-        "15_0": "COMPLETED", "15_1": "FAILED", "15_2": "TIMEOUT", "15_3": "COMPLETED", "15_4": "CANCELLED"}
+        "15_0": "COMPLETED",
+        "15_1": "FAILED",
+        "15_2": "TIMEOUT",
+        "15_3": "COMPLETED",
+        "15_4": "CANCELLED",
+    }
     assert sacct["15_1"].exit_code == "3:0"
     assert sacct["15_2"].elapsed_s == 69
     assert sacct["15_3"].requeues == 1 and sacct["15_0"].requeues == 0
@@ -129,10 +159,15 @@ def test_single_item_array_submitted_as_plain_job():
 
 
 def test_local_manifest_states():
-    manifest = {"launcher": "local", "jobs": [], "tasks": {
-        "a": {"stage": "variants", "variant": "a", "state": "completed", "exit_code": 0},
-        "b": {"stage": "variants", "variant": "b", "state": "failed", "exit_code": 1, "log_path": "/x"},
-        "c": {"stage": "base", "variant": "c", "state": "cached"}}}
+    manifest = {
+        "launcher": "local",
+        "jobs": [],
+        "tasks": {
+            "a": {"stage": "variants", "variant": "a", "state": "completed", "exit_code": 0},
+            "b": {"stage": "variants", "variant": "b", "state": "failed", "exit_code": 1, "log_path": "/x"},
+            "c": {"stage": "base", "variant": "c", "state": "cached"},
+        },
+    }
     tasks = st.collect_status(manifest, runner=lambda argv: pytest.fail(f"ran {argv}"))
     assert [(t.variant, t.state) for t in tasks] == [("a", "COMPLETED"), ("b", "FAILED"), ("c", "CACHED")]
 
@@ -161,28 +196,39 @@ def test_collect_status_queries_only_this_runs_jobs_and_tails_failed_logs(tmp_pa
 
 
 def test_wait_polls_until_terminal():
-    outputs = iter([
-        "15_0|RUNNING|0:01|0|vm|None|\n15_1|PENDING|0:00|0||Resources|\n",
-        "15_0|COMPLETED|0:02|0|vm|None|\n15_1|RUNNING|0:01|0|vm|None|\n",
-        "15_0|COMPLETED|0:02|0|vm|None|\n15_1|OUT_OF_MEMORY|0:02|0|vm|OutOfMemory|\n",
-    ])
+    outputs = iter(
+        [
+            "15_0|RUNNING|0:01|0|vm|None|\n15_1|PENDING|0:00|0||Resources|\n",
+            "15_0|COMPLETED|0:02|0|vm|None|\n15_1|RUNNING|0:01|0|vm|None|\n",
+            "15_0|COMPLETED|0:02|0|vm|None|\n15_1|OUT_OF_MEMORY|0:02|0|vm|OutOfMemory|\n",
+        ]
+    )
     polls = []
-    tasks = st.wait_for_run(manifest_for("15", 2), lambda argv: next(outputs) if argv[0] == "squeue" else "",
-                            poll_s=0, on_poll=polls.append)
+    tasks = st.wait_for_run(
+        manifest_for("15", 2), lambda argv: next(outputs) if argv[0] == "squeue" else "", poll_s=0, on_poll=polls.append
+    )
     assert len(polls) == 3 and [t.state for t in tasks] == ["COMPLETED", "OUT_OF_MEMORY"]
 
 
 def test_resubmitted_task_is_the_latest_job():
     """resume= submits unfinished tasks again: each task is the job that submitted it last, and appears once."""
     manifest = manifest_for("15", 2)
-    manifest["jobs"].append({"stage": "variants", "job_id": "20", "array": True,
-                             "tasks": [{"variant": "v1", "array_index": 1, "job_id": "20_1"}]})
+    manifest["jobs"].append(
+        {
+            "stage": "variants",
+            "job_id": "20",
+            "array": True,
+            "tasks": [{"variant": "v1", "array_index": 1, "job_id": "20_1"}],
+        }
+    )
     squeue = st.parse_squeue("20_1|RUNNING|0:05|0|vm|None|\n")
     sacct = st.parse_sacct("15_0|15_0|COMPLETED|0:0|00:00:09|vm|t|t\n15_1|15_1|TIMEOUT|0:0|00:10:00|vm|t|t\n")
     tasks = st.merge_status(manifest, squeue, sacct)
     assert [(t.variant, t.job_id, t.state) for t in tasks] == [("v0", "15_0", "COMPLETED"), ("v1", "20_1", "RUNNING")]
-    assert [t.variant for t in st.live_tasks(manifest, lambda argv: "20_1|RUNNING|0:05|0|vm|None|\n"
-                                             if argv[0] == "squeue" else "")] == ["v1"]
+    assert [
+        t.variant
+        for t in st.live_tasks(manifest, lambda argv: "20_1|RUNNING|0:05|0|vm|None|\n" if argv[0] == "squeue" else "")
+    ] == ["v1"]
 
 
 def test_forgotten_job_state_comes_from_the_run_dir(tmp_path):
@@ -201,20 +247,36 @@ def test_forgotten_job_state_comes_from_the_run_dir(tmp_path):
 def test_wait_gives_up_on_a_task_slurm_has_forgotten():
     """A wait ends once a task has had no record anywhere for the grace period, instead of polling forever."""
     outputs = iter(["15_0|RUNNING|0:01|0|vm|None|\n"] + ["15_0|COMPLETED|0:02|0|vm|None|\n"] * 100)
-    tasks = st.wait_for_run(manifest_for("15", 2), lambda argv: next(outputs) if argv[0] == "squeue" else "",
-                            poll_s=0.01, unknown_grace_s=0.05)
+    tasks = st.wait_for_run(
+        manifest_for("15", 2),
+        lambda argv: next(outputs) if argv[0] == "squeue" else "",
+        poll_s=0.01,
+        unknown_grace_s=0.05,
+    )
     assert [t.state for t in tasks] == ["COMPLETED", "UNKNOWN"]
     assert "no record" in tasks[1].reason
 
 
 def failed_base_manifest(variants_job: str) -> dict:
     """A two-stage run whose base (job 220) failed; the variants (2 tasks) wait on it with afterok."""
-    return {"launcher": "sbatch", "tasks": {}, "report_job_id": "223",
-            "stages": [{"name": "base", "tasks": ["base"], "depends_on": []},
-                       {"name": "variants", "tasks": ["r8", "r32"], "depends_on": ["base"]}],
-            "jobs": [{"stage": "base", "job_id": "220", "array": False, "tasks": [{"variant": "base"}]},
-                     {"stage": "variants", "job_id": variants_job, "array": True,
-                      "tasks": [{"variant": v, "array_index": i} for i, v in enumerate(("r8", "r32"))]}]}
+    return {
+        "launcher": "sbatch",
+        "tasks": {},
+        "report_job_id": "223",
+        "stages": [
+            {"name": "base", "tasks": ["base"], "depends_on": []},
+            {"name": "variants", "tasks": ["r8", "r32"], "depends_on": ["base"]},
+        ],
+        "jobs": [
+            {"stage": "base", "job_id": "220", "array": False, "tasks": [{"variant": "base"}]},
+            {
+                "stage": "variants",
+                "job_id": variants_job,
+                "array": True,
+                "tasks": [{"variant": v, "array_index": i} for i, v in enumerate(("r8", "r32"))],
+            },
+        ],
+    }
 
 
 def test_dependency_never_satisfied_is_terminal_and_names_the_failed_stage():
@@ -250,8 +312,14 @@ def test_wait_returns_on_a_task_pending_forever():
     tasks = st.wait_for_run(failed_base_manifest("222"), runner, poll_s=0, timeout_s=5)
     assert [t.state for t in tasks] == ["FAILED", "PENDING", "PENDING"] and all(t.terminal for t in tasks)
     assert st.live_tasks(failed_base_manifest("222"), runner) == []
-    assert st.wait_for_job("223", lambda argv: "223|PENDING|0:00|0||DependencyNeverSatisfied|\n"
-                           if argv[0] == "squeue" else "", poll_s=0) == "PENDING (DependencyNeverSatisfied)"
+    assert (
+        st.wait_for_job(
+            "223",
+            lambda argv: "223|PENDING|0:00|0||DependencyNeverSatisfied|\n" if argv[0] == "squeue" else "",
+            poll_s=0,
+        )
+        == "PENDING (DependencyNeverSatisfied)"
+    )
 
 
 def test_cancel_never_runnable_cancels_only_those_and_the_waiting_report_job():
@@ -265,7 +333,7 @@ def test_cancel_never_runnable_cancels_only_those_and_the_waiting_report_job():
     assert [t.job_id for t in stuck] == ["222_0", "222_1"] and report == "223"
     assert calls[-1] == ["scancel", "223", "222_0", "222_1"]
     calls.clear()
-    stuck, report = st.cancel_never_runnable(failed_base_manifest("222"), runner)     # launcher.wait: keep the report
+    stuck, report = st.cancel_never_runnable(failed_base_manifest("222"), runner)  # launcher.wait: keep the report
     assert calls[-1] == ["scancel", "222_0", "222_1"] and report is None
     calls.clear()
     assert st.cancel_never_runnable(failed_base_manifest("221"), runner) == ([], None)  # Slurm cancelled them
@@ -274,8 +342,9 @@ def test_cancel_never_runnable_cancels_only_those_and_the_waiting_report_job():
 
 def test_table_names_the_failed_stage_and_the_tasks_it_took_down(capsys):
     manifest = failed_base_manifest("222") | {"run_id": "r", "experiment": "e", "run_dir": "/runs/e/1"}
-    tasks = st.merge_status(manifest, st.parse_squeue(read("squeue_never_satisfied.txt")),
-                            st.parse_sacct(read("sacct_never_satisfied.txt")))
+    tasks = st.merge_status(
+        manifest, st.parse_squeue(read("squeue_never_satisfied.txt")), st.parse_sacct(read("sacct_never_satisfied.txt"))
+    )
     cli_status.render_table(manifest, tasks)
     out = capsys.readouterr().out
     assert "2 task(s) never ran (r8, r32): stage base failed (base FAILED)" in out
@@ -283,8 +352,12 @@ def test_table_names_the_failed_stage_and_the_tasks_it_took_down(capsys):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slurm_router.status", *args], capture_output=True, text=True,
-                          cwd=Path(__file__).parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_router.status", *args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
 
 
 def test_cli_bad_run_dir(tmp_path):
@@ -299,9 +372,14 @@ def test_cli_bad_run_dir(tmp_path):
 
 
 def test_cli_local_run_json_and_table(tmp_path):
-    manifest = {"run_id": "r", "experiment": "e", "launcher": "local", "jobs": [],
-                "stages": [{"name": "variants", "tasks": ["a", "b"]}],   # what Manifest.load requires
-                "tasks": {"a": {"variant": "a", "state": "completed"}, "b": {"variant": "b", "state": "failed"}}}
+    manifest = {
+        "run_id": "r",
+        "experiment": "e",
+        "launcher": "local",
+        "jobs": [],
+        "stages": [{"name": "variants", "tasks": ["a", "b"]}],  # what Manifest.load requires
+        "tasks": {"a": {"variant": "a", "state": "completed"}, "b": {"variant": "b", "state": "failed"}},
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     proc = run_cli(str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr

@@ -6,6 +6,7 @@ that copy (on PYTHONPATH, as a user's checkout would be), edits it after the sub
 
     sudo scripts/slurm_test_cluster.sh && pytest tests/test_snapshot.py
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,10 @@ def _repo(root: Path, files: dict[str, str]) -> Path:
 def test_snapshot_of_a_dirty_checkout(tmp_path):
     """Working-tree content (uncommitted edits and new modules) is copied; ignored files and caches are not; the
     record names the commit, the diff and the untracked files; the import root is RUN_DIR/code."""
-    repo = _repo(tmp_path / "repo", {"pkg/__init__.py": "", "pkg/mod.py": "X = 1\n", ".gitignore": "*.log\n",
-                                     "README.md": "hello\n"})
+    repo = _repo(
+        tmp_path / "repo",
+        {"pkg/__init__.py": "", "pkg/mod.py": "X = 1\n", ".gitignore": "*.log\n", "README.md": "hello\n"},
+    )
     (repo / "pkg" / "mod.py").write_text("X = 2  # edited, not committed\n")
     (repo / "pkg" / "new.py").write_text("Y = 3\n")
     (repo / "pkg" / "debug.log").write_text("ignored\n")
@@ -84,10 +87,18 @@ def test_this_checkout_imports_whole_from_its_snapshot(tmp_path):
     from the snapshot too, through links inside code/slurm_router/."""
     (tmp_path / "run").mkdir()
     record = snapshot.take(tmp_path / "run")
-    probe = ("import slurm_router, slurm_router.analysis, slurm_router.conf, slurm_router.launch.snapshot as s; "
-             "print(slurm_router.__file__, slurm_router.analysis.__file__, s.__file__)")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path / "run", capture_output=True, text=True,
-                         env={"PYTHONPATH": record["pythonpath"], "PATH": "/usr/bin:/bin"}, check=True).stdout
+    probe = (
+        "import slurm_router, slurm_router.analysis, slurm_router.conf, slurm_router.launch.snapshot as s; "
+        "print(slurm_router.__file__, slurm_router.analysis.__file__, s.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path / "run",
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": record["pythonpath"], "PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout
     code = str(tmp_path / "run" / "code")
     assert all(path.startswith(code + "/slurm_router/") for path in out.split()), out
     # launcher=slurm's jobs start in the submission directory, often the checkout: PYTHONSAFEPATH=1 (set with the
@@ -95,27 +106,36 @@ def test_this_checkout_imports_whole_from_its_snapshot(tmp_path):
     checkout = tmp_path / "checkout"
     (checkout / "slurm_router").mkdir(parents=True)
     (checkout / "slurm_router" / "__init__.py").write_text("raise ImportError('the checkout was imported')\n")
-    probe = ["-m", "slurm_router.allocation.job", "--no-such-option"]         # imports the package, then a usage error
+    probe = ["-m", "slurm_router.allocation.job", "--no-such-option"]  # imports the package, then a usage error
     env = {"PYTHONPATH": record["pythonpath"], "PATH": "/usr/bin:/bin"}
     unsafe = subprocess.run([sys.executable, *probe], cwd=checkout, env=env, capture_output=True, text=True)
     assert "the checkout was imported" in unsafe.stderr
-    safe = subprocess.run([sys.executable, *probe], cwd=checkout, env={**env, "PYTHONSAFEPATH": "1"},
-                          capture_output=True, text=True)
+    safe = subprocess.run(
+        [sys.executable, *probe], cwd=checkout, env={**env, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True
+    )
     assert safe.returncode == 2 and "usage: python -m slurm_router.allocation.job" in safe.stderr, safe.stderr
 
 
 # ---- the real cluster ------------------------------------------------------------------------------------
 
 MARK = "job code from: "
-TRAIN = ["train.steps=10", "train.checkpoint_every=2", "train.eval_batches=2", "data.max_documents=60",
-         "router.device_slowdown=[4.0]", "launcher.timeout_min=10", "launcher=sbatch"]
+TRAIN = [
+    "train.steps=10",
+    "train.checkpoint_every=2",
+    "train.eval_batches=2",
+    "data.max_documents=60",
+    "router.device_slowdown=[4.0]",
+    "launcher.timeout_min=10",
+    "launcher=sbatch",
+]
 
 
 def _source_copy(root: Path) -> Path:
     """A git repository of this checkout's current source (tracked and new files), committed once; then made
     dirty: job.py prints where it was imported from (uncommitted), and an untracked module."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True,
-                            text=True, check=True).stdout.split("\n")
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     for name in filter(None, listed):
         if (REPO / name).is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -132,8 +152,9 @@ def _source_copy(root: Path) -> Path:
 
 
 def _sacct(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", job_id],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State", "-j", job_id], capture_output=True, text=True
+    ).stdout
     return next((l.split("|")[1] for l in out.splitlines() if l.split("|")[0] == job_id), "")
 
 
@@ -144,11 +165,12 @@ def _steps(run_dir: Path) -> set[int]:
 
 
 @pytest.mark.slurm
-@pytest.mark.skipif(shutil.which("sbatch") is None,
-                    reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+)
 def test_resume_after_an_edit_runs_the_submitted_code(tmp_path):
     src = _source_copy(tmp_path / "src")
-    env = {"PYTHONPATH": str(src)}                  # the user's checkout: the submitter imports it
+    env = {"PYTHONPATH": str(src)}  # the user's checkout: the submitter imports it
     proc = run_cli(*TRAIN, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
@@ -174,8 +196,12 @@ def test_resume_after_an_edit_runs_the_submitted_code(tmp_path):
     assert "snapshot: the jobs run the code submitted with this run" in resumed.stdout, resumed.stdout
     again = json.loads((run_dir / "manifest.json").read_text())["tasks"]["main"]["job_id"]
     assert again != first
-    wait_until(lambda: (run_dir / "tasks" / "main" / "result.json").is_file() and _sacct(again) == "COMPLETED",
-               "the resumed task to complete", timeout=240, poll_s=0.5)
+    wait_until(
+        lambda: (run_dir / "tasks" / "main" / "result.json").is_file() and _sacct(again) == "COMPLETED",
+        "the resumed task to complete",
+        timeout=240,
+        poll_s=0.5,
+    )
 
     logs = {p.name: p.read_text() for p in (run_dir / "logs").glob("*.out")}
     for job_id in (first, again):

@@ -1,6 +1,7 @@
 """The one stage loop (slurm_router.launch.base.submit_stages) against fake launchers, without Slurm: stage
 order, afterok chaining, the cached base, a failed stage skipping the next, resume of only the unfinished
 tasks, the manifest records, the report job last."""
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ from slurm_router.rundir.spec import Stage, TaskSpec
 
 class FakeSlurm(Launcher):
     """Queues nothing: numbers its jobs and logs every call."""
+
     schema = SubmititLauncherConfig
 
     def __init__(self, cfg, manifest):
@@ -27,8 +29,10 @@ class FakeSlurm(Launcher):
     def submit_stage(self, stage, after):
         job_id = str(100 + len(self.calls))
         self.calls.append(("stage", stage.name, [t.name for t in stage.tasks], after))
-        return StageJobs(job_id=job_id, tasks={t.name: TaskJob(f"{job_id}_{t.index}", f"/o/{t.name}", f"/e/{t.name}")
-                                               for t in stage.tasks})
+        return StageJobs(
+            job_id=job_id,
+            tasks={t.name: TaskJob(f"{job_id}_{t.index}", f"/o/{t.name}", f"/e/{t.name}") for t in stage.tasks},
+        )
 
     def report_job(self, after):
         self.calls.append(("report", after))
@@ -40,6 +44,7 @@ class FakeSlurm(Launcher):
 
 class FakeLocal(FakeSlurm):
     """Synchronous: every task of a stage ends in `outcome` (per task name), default completed."""
+
     schema = LocalLauncherConfig
     synchronous = True
 
@@ -57,22 +62,38 @@ class FakeLocal(FakeSlurm):
 
 
 def _task(run_dir, name, stage, index, save_weights=None):
-    return TaskSpec(run_id="r", run_dir=str(run_dir), experiment="e", name=name, stage=stage, variant=name,
-                    index=index, devices=1, config={}, steps=1, lr=1e-3, global_batch_size=1, lora=stage != "base",
-                    save_weights=save_weights)
+    return TaskSpec(
+        run_id="r",
+        run_dir=str(run_dir),
+        experiment="e",
+        name=name,
+        stage=stage,
+        variant=name,
+        index=index,
+        devices=1,
+        config={},
+        steps=1,
+        lr=1e-3,
+        global_batch_size=1,
+        lora=stage != "base",
+        save_weights=save_weights,
+    )
 
 
 def _run(tmp_path, cached_base=False):
     run_dir = tmp_path / "run"
     cache = tmp_path / "cache"
     cache.mkdir()
-    weights = cache / "abc"     # a cache entry: a save_pretrained folder (slurm_router/artifacts/base_cache.py)
-    if cached_base:             # a whole cache: weights, their sha256 sidecar, meta.json last
+    weights = cache / "abc"  # a cache entry: a save_pretrained folder (slurm_router/artifacts/base_cache.py)
+    if cached_base:  # a whole cache: weights, their sha256 sidecar, meta.json last
         from transformers import GPT2Config, GPT2LMHeadModel
+
         tiny = GPT2LMHeadModel(GPT2Config(vocab_size=257, n_positions=8, n_embd=8, n_layer=1, n_head=2))
         base_cache.save(tiny, weights, {"val_loss": 1.5})
-    stages = [Stage("base", [_task(run_dir, "base", "base", 0, str(weights))], cached=cached_base),
-              Stage("variants", [_task(run_dir, f"v{i}", "variants", i) for i in range(3)], depends_on=["base"])]
+    stages = [
+        Stage("base", [_task(run_dir, "base", "base", 0, str(weights))], cached=cached_base),
+        Stage("variants", [_task(run_dir, f"v{i}", "variants", i) for i in range(3)], depends_on=["base"]),
+    ]
     cfg = OmegaConf.create({"experiment": "e", "launcher": {"kind": "slurm"}})
     manifest = create_run_dir(cfg, "r", run_dir, stages, "slurm")
     return cfg, manifest, stages
@@ -82,8 +103,11 @@ def test_stages_in_order_chained_afterok_report_last_and_recorded(tmp_path):
     cfg, manifest, stages = _run(tmp_path)
     launcher = FakeSlurm(cfg, manifest)
     run = submit_stages(launcher, stages)
-    assert launcher.calls == [("stage", "base", ["base"], None), ("stage", "variants", ["v0", "v1", "v2"], "100"),
-                              ("report", "101")]
+    assert launcher.calls == [
+        ("stage", "base", ["base"], None),
+        ("stage", "variants", ["v0", "v1", "v2"], "100"),
+        ("report", "101"),
+    ]
     assert run.job_ids == ["100", "101"] and run.report_job_id == "999"
     data = Manifest.load(manifest.layout.root).data
     assert [j["stage"] for j in data["jobs"]] == ["base", "variants"]
@@ -110,7 +134,11 @@ def test_a_failed_stage_skips_the_next_and_records_skipped(tmp_path):
     assert launcher.calls == [("stage", "base", ["base"], None), ("report", None)]
     data = Manifest.load(manifest.layout.root).data
     assert {n: t["state"] for n, t in data["tasks"].items()} == {
-        "base": "failed", "v0": "skipped", "v1": "skipped", "v2": "skipped"}
+        "base": "failed",
+        "v0": "skipped",
+        "v1": "skipped",
+        "v2": "skipped",
+    }
     assert data["state"] == "failed" and not run.ok
 
 
@@ -126,13 +154,16 @@ def test_synchronous_launcher_records_final_states(tmp_path):
 def test_resume_submits_only_the_unfinished_tasks(tmp_path):
     """The base completed and v1 completed in the first run: resume's stages hold v0 and v2 only."""
     from slurm_router.launch.resume import plan_resume
+
     cfg, manifest, stages = _run(tmp_path, cached_base=True)
     manifest.layout.config.write_text(OmegaConf.to_yaml(cfg))
     for name in ("base", "v1"):
         manifest.layout.task(name).result.write_text("{}")
     manifest, cfg, stages = plan_resume(str(manifest.layout.root))
     assert [(s.name, s.cached, [t.name for t in s.tasks]) for s in stages] == [
-        ("base", True, []), ("variants", False, ["v0", "v2"])]
+        ("base", True, []),
+        ("variants", False, ["v0", "v2"]),
+    ]
     launcher = FakeSlurm(cfg, manifest)
     submit_stages(launcher, stages)
     assert launcher.calls == [("stage", "variants", ["v0", "v2"], None), ("report", "100")]
@@ -143,6 +174,7 @@ def test_resume_submits_only_the_unfinished_tasks(tmp_path):
 def test_the_registry_is_the_one_place_kinds_are_named():
     from slurm_router.config.schema import CHOICES
     from slurm_router.launch.registry import LAUNCHERS, launcher_class
+
     assert tuple(LAUNCHERS) == CHOICES["launcher.kind"] == ("local", "slurm", "sbatch")
     assert all(cls.schema.kind == kind for kind, cls in LAUNCHERS.items())
     with pytest.raises(Exception, match="no such launcher"):
@@ -152,10 +184,16 @@ def test_the_registry_is_the_one_place_kinds_are_named():
 def test_local_threads_follow_the_workers_that_run_side_by_side(tmp_path, monkeypatch):
     """One CPU task on an 8-slot pool gets every core; four tasks share them (slurm_router.worker.cpu)."""
     from slurm_router.launch import local
+
     seen = []
     monkeypatch.setattr(local, "device_pool", lambda cfg: ([f"cpu{i}" for i in range(8)], False))
-    monkeypatch.setattr(local, "_run_queue", lambda tasks, pool, on_gpu, layout, manifest, threads:
-                        seen.append(threads) or {t.name: TaskState.COMPLETED for t in tasks})
+    monkeypatch.setattr(
+        local,
+        "_run_queue",
+        lambda tasks, pool, on_gpu, layout, manifest, threads: (
+            seen.append(threads) or {t.name: TaskState.COMPLETED for t in tasks}
+        ),
+    )
     monkeypatch.setattr(local, "threads_per_worker", lambda n: 8 // n)
     cfg, manifest, stages = _run(tmp_path)
     launcher = local.LocalLauncher(cfg, manifest)
@@ -165,19 +203,24 @@ def test_local_threads_follow_the_workers_that_run_side_by_side(tmp_path, monkey
 
 
 @pytest.mark.parametrize("report_state", ["COMPLETED", "FAILED"])
-def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_path, monkeypatch, capsys,
-                                                                           report_state):
+def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_path, monkeypatch, capsys, report_state):
     """launcher.wait=true: the run's tasks, then the report job; the report it wrote is printed, not written
     again (one writer of report/); if it failed, say so and write it here."""
     from slurm_router.analysis import report
     from slurm_router.launch.slurm import status as slurm_status
     from slurm_router.launch.slurm.parse import TaskStatus
     from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
+
     cfg, manifest, _ = _run(tmp_path)
     cfg.launcher.wait = True
     order, written = [], []
-    monkeypatch.setattr(slurm_status, "wait_for_run", lambda m, poll_s: order.append("tasks") or [
-        TaskStatus(stage="variants", variant="v0", job_id="100_0", state="COMPLETED")])
+    monkeypatch.setattr(
+        slurm_status,
+        "wait_for_run",
+        lambda m, poll_s: (
+            order.append("tasks") or [TaskStatus(stage="variants", variant="v0", job_id="100_0", state="COMPLETED")]
+        ),
+    )
     monkeypatch.setattr(slurm_status, "wait_for_job", lambda job_id, poll_s: order.append(job_id) or report_state)
     monkeypatch.setattr(report, "write_report", lambda run_dir: written.append(run_dir) or {"from": "here"})
     monkeypatch.setattr(report, "print_table", lambda summary: print(f"table {summary}"))

@@ -2,6 +2,7 @@
 loss tables (hundreds of A/A and A/B experiments, no training: benchmarks/verdict_calibration.py has the
 simulation and writes the figures), its sentences and report on a synthetic run directory, and one real A/A
 run (two identical variants, several seeds) on this machine."""
+
 import json
 import re
 from pathlib import Path
@@ -30,14 +31,16 @@ def held_out(r) -> float:
 
 # ---- the statistics against scipy's textbook tests ---------------------------------------------------------------
 
+
 def test_one_seed_is_a_paired_t_test_over_eval_batches():
     a, b = simulate(np.random.default_rng(0), n_seeds=1, effects=(0.0, 0.004))
     r = stats.compare(a, b)
-    per_batch = stats.contributions(**a[0]) - stats.contributions(**b[0])     # exact: their mean is the diff
+    per_batch = stats.contributions(**a[0]) - stats.contributions(**b[0])  # exact: their mean is the diff
     t = sps.ttest_1samp(per_batch, 0.0)
     assert r.diff == pytest.approx(held_out(a[0]) - held_out(b[0]), abs=1e-12)
     assert r.p == pytest.approx(t.pvalue, rel=1e-6) and (r.ci_low, r.ci_high) == pytest.approx(
-        tuple(t.confidence_interval(0.95)), rel=1e-6)
+        tuple(t.confidence_interval(0.95)), rel=1e-6
+    )
     assert r.method == "batches" and not r.training_noise and r.n_batches == B
 
 
@@ -59,10 +62,10 @@ def test_seeds_alone_is_a_paired_t_test_over_seeds():
 def test_pairing_the_base_unshared_seeds_and_eval_batches_that_differ():
     rng = np.random.default_rng(3)
     a, b, base = simulate(rng, n_seeds=3, effects=(0.0, 0.0, 0.05))
-    r = stats.compare(a, {"base": base[0]}, b_fixed=True)         # one fixed model: pairs with every seed
+    r = stats.compare(a, {"base": base[0]}, b_fixed=True)  # one fixed model: pairs with every seed
     assert r.method == "crossed" and (r.n_seeds_a, r.n_seeds_b) == (3, 1)
     assert r.diff == pytest.approx(np.mean([held_out(x) for x in a.values()]) - held_out(base[0]))
-    shifted = {s + 10: x for s, x in b.items()}                   # other seeds: paired by eval batch only
+    shifted = {s + 10: x for s, x in b.items()}  # other seeds: paired by eval batch only
     assert stats.compare(a, shifted).method == "welch"
     assert stats.compare({0: a[0]}, shifted).method == "batches"  # one seed on one side: no training noise
     other = {0: rep(b[0]["loss_sums"], b[0]["tokens"] + 1)}
@@ -80,7 +83,7 @@ def test_holm_adjusts_step_down():
 # ---- calibration on simulated loss tables -------------------------------------------------------------------------
 
 DRAWS = 1000
-LO, HI = band(DRAWS)        # binomial 99% band of an observed rate over 1000 draws when the true rate is 5%
+LO, HI = band(DRAWS)  # binomial 99% band of an observed rate over 1000 draws when the true rate is 5%
 
 
 @pytest.mark.parametrize("regime", list(REGIMES))
@@ -89,15 +92,21 @@ def test_a_over_a_says_no_difference_at_most_at_the_stated_rate(regime, n_seeds)
     """Two equally good variants: 'a difference' in at most 5% of experiments (the upper end of the binomial
     99% band over 1000 draws, 6.9%), and not a test that never fires (at least 1.5%: it is conservative, down to
     ~2-3%, where the seeds and the eval batches both matter; benchmarks/results/verdict_calibration.md)."""
-    fpr = rate(lambda a, b: stats.compare(a, b).p < 0.05, DRAWS, seed=11 + n_seeds, n_seeds=n_seeds,
-               noise=REGIMES[regime])
+    fpr = rate(
+        lambda a, b: stats.compare(a, b).p < 0.05, DRAWS, seed=11 + n_seeds, n_seeds=n_seeds, noise=REGIMES[regime]
+    )
     assert 0.015 <= fpr <= HI, f"{regime}, {n_seeds} seeds: false-positive rate {fpr:.1%}"
 
 
 def test_a_over_a_is_exact_when_training_noise_dominates():
     """The seeds' part alone: the interval is Student's t over the seeds, false positives at 5% +- sampling."""
-    fpr = rate(lambda a, b: stats.compare(a, b).p < 0.05, DRAWS, seed=4, n_seeds=3,
-               noise=Noise(variant_batch=0.0, replicate_batch=0.0003))
+    fpr = rate(
+        lambda a, b: stats.compare(a, b).p < 0.05,
+        DRAWS,
+        seed=4,
+        n_seeds=3,
+        noise=Noise(variant_batch=0.0, replicate_batch=0.0003),
+    )
     assert LO <= fpr <= HI, f"{fpr:.1%} outside the 99% band [{LO:.1%}, {HI:.1%}]"
 
 
@@ -120,8 +129,10 @@ def test_a_real_effect_is_found_with_seeds():
 
 # ---- sentences and the report on a synthetic run directory -------------------------------------------------------
 
-def fake_run(root: Path, effects: dict, seeds: list[int], steps: int = 20, eval_every: int = 5,
-             seed_in_manifest: bool = True) -> Path:
+
+def fake_run(
+    root: Path, effects: dict, seeds: list[int], steps: int = 20, eval_every: int = 5, seed_in_manifest: bool = True
+) -> Path:
     """A run dir as slurm_router writes it (manifest, config.yaml, task.json, rank-0 events) with simulated
     eval tables: variants x seeds replicates (task <variant>-s<seed>; <variant> with one seed) and a base."""
     rng = np.random.default_rng(0)
@@ -135,30 +146,83 @@ def fake_run(root: Path, effects: dict, seeds: list[int], steps: int = 20, eval_
         d = root / "tasks" / name
         d.mkdir(parents=True)
         (d / "task.json").write_text(json.dumps({"name": name, "variant": variant, "stage": stage, "seed": seed}))
-        ident = {"host": "h", "run_id": "r", "task": name, "variant": variant, "stage": stage, "attempt": 0,
-                 "device": 0, "policy": "balanced"}
+        ident = {
+            "host": "h",
+            "run_id": "r",
+            "task": name,
+            "variant": variant,
+            "stage": stage,
+            "attempt": 0,
+            "device": 0,
+            "policy": "balanced",
+        }
         rows = [{"event": "start", **ident, "time": 0.0, "steps": steps, "world": 1, "device_type": "cpu"}]
         for step in range(steps + 1):
             if step % eval_every == 0 or step == steps:
                 sums = base_sums + (final_sums - base_sums) * step / steps
-                rows.append({"event": "eval", **ident, "time": step + 0.5, "step": step,
-                             "val_loss": sums.sum() / tokens.sum(), "val_tokens": int(tokens.sum()),
-                             "batch_loss_sums": sums.tolist(), "batch_tokens": tokens.tolist()})
+                rows.append(
+                    {
+                        "event": "eval",
+                        **ident,
+                        "time": step + 0.5,
+                        "step": step,
+                        "val_loss": sums.sum() / tokens.sum(),
+                        "val_tokens": int(tokens.sum()),
+                        "batch_loss_sums": sums.tolist(),
+                        "batch_tokens": tokens.tolist(),
+                    }
+                )
             if step < steps:
-                rows.append({"event": "step", **ident, "time": step + 1.0, "step": step, "loss": 2.7 - 0.01 * step,
-                             "n_tokens": 4000, "n_samples": 16, "t_step_s": 0.1, "busy_s_all": [0.09]})
+                rows.append(
+                    {
+                        "event": "step",
+                        **ident,
+                        "time": step + 1.0,
+                        "step": step,
+                        "loss": 2.7 - 0.01 * step,
+                        "n_tokens": 4000,
+                        "n_samples": 16,
+                        "t_step_s": 0.1,
+                        "busy_s_all": [0.09],
+                    }
+                )
         rows.append({"event": "end", **ident, "time": steps + 2.0, "exit_state": "completed"})
         (d / "events-rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tasks[name] = {"stage": stage, "variant": variant, "index": len(tasks), "devices": 1, "state": "completed",
-                       "task_dir": str(d), "elapsed_s": 3.0, **({"seed": seed} if seed_in_manifest else {})}
+        tasks[name] = {
+            "stage": stage,
+            "variant": variant,
+            "index": len(tasks),
+            "devices": 1,
+            "state": "completed",
+            "task_dir": str(d),
+            "elapsed_s": 3.0,
+            **({"seed": seed} if seed_in_manifest else {}),
+        }
+
     write("base", "base", "base", 0, base_sums)
     for (variant, _), table in zip(effects.items(), tables):
         for j, seed in enumerate(seeds):
-            write(variant if len(seeds) == 1 else f"{variant}-s{seed}", variant, "variants", seed,
-                  list(table.values())[j]["loss_sums"])
-    (root / "manifest.json").write_text(json.dumps({
-        "run_id": "r", "experiment": "lora_ab", "run_dir": str(root), "launcher": "local", "host": "h",
-        "state": "completed", "tasks": tasks, "jobs": []}))
+            write(
+                variant if len(seeds) == 1 else f"{variant}-s{seed}",
+                variant,
+                "variants",
+                seed,
+                list(table.values())[j]["loss_sums"],
+            )
+    (root / "manifest.json").write_text(
+        json.dumps(
+            {
+                "run_id": "r",
+                "experiment": "lora_ab",
+                "run_dir": str(root),
+                "launcher": "local",
+                "host": "h",
+                "state": "completed",
+                "tasks": tasks,
+                "jobs": [],
+            }
+        )
+    )
     return root
 
 
@@ -177,27 +241,32 @@ def test_a_one_seed_verdict_says_what_its_interval_leaves_out(tmp_path):
 
 def test_three_seeds_three_variants_verdict_and_report(tmp_path):
     run = fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.03, "r4": 0.0}, [0, 1, 2], seed_in_manifest=False)
-    s = write_report(run)             # seeds from task.json (the manifest entries have none here)
+    s = write_report(run)  # seeds from task.json (the manifest entries have none here)
     assert sorted(s["variants"]) == sorted(f"{v}-s{i}" for v in ("r8", "r32", "r4") for i in range(3))
     v = s["by_variant"]["r32"]
     losses = [s["variants"][f"r32-s{i}"]["val_loss"] for i in range(3)]
     assert v["n_seeds"] == 3 and v["seeds"] == [0, 1, 2] and v["val_loss_per_seed"] == pytest.approx(losses)
     assert v["val_loss_mean"] == pytest.approx(np.mean(losses)) and v["val_loss_std"] == pytest.approx(
-        np.std(losses, ddof=1))
+        np.std(losses, ddof=1)
+    )
     pairs = {(r["a"], r["b"]): r for r in s["ab"]}
-    assert set(pairs) == {("r8", "r32"), ("r8", "r4"), ("r32", "r4"), ("r8", "base"), ("r32", "base"),
-                          ("r4", "base")}
+    assert set(pairs) == {("r8", "r32"), ("r8", "r4"), ("r32", "r4"), ("r8", "base"), ("r32", "base"), ("r4", "base")}
     for (a, b), r in pairs.items():
         assert "3 seeds x 32 eval batches" in r["sentence"], r["sentence"]
         assert ("Holm-adjusted for 3 comparisons" in r["sentence"]) == (b != "base")
-        assert r["diff"] == pytest.approx(s["by_variant"][a]["val_loss_mean"] - (
-            s["base"]["val_loss"] if b == "base" else s["by_variant"][b]["val_loss_mean"]), abs=1e-9)
+        assert r["diff"] == pytest.approx(
+            s["by_variant"][a]["val_loss_mean"]
+            - (s["base"]["val_loss"] if b == "base" else s["by_variant"][b]["val_loss_mean"]),
+            abs=1e-9,
+        )
     assert pairs[("r8", "r32")]["significant"] and pairs[("r8", "r32")]["sentence"].startswith("r32 beats r8")
     w = s["winner"]
     best = min(range(3), key=lambda i: losses[i])
     assert (w["variant"], w["n_seeds"], w["seed"], w["task"]) == ("r32", 3, best, f"r32-s{best}")
-    assert "mean of 3 seeds" in w["sentence"] and f"(seed {best}: the lowest held-out loss of its 3 seeds)" in \
-        w["sentence"]
+    assert (
+        "mean of 3 seeds" in w["sentence"]
+        and f"(seed {best}: the lowest held-out loss of its 3 seeds)" in w["sentence"]
+    )
     report = run / "report"
     md = (report / "report.md").read_text()
     assert "## Variants over seeds" in md and re.search(r"\| r32 \| 3 \| 2\.\d{4} \| 0\.\d{4} \|", md), md
@@ -206,7 +275,7 @@ def test_three_seeds_three_variants_verdict_and_report(tmp_path):
 
 def test_seeds_of_a_run_made_before_replicates_come_from_its_config(tmp_path):
     run = fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.02}, [0], seed_in_manifest=False)
-    for task in (run / "tasks").iterdir():          # an old task.json: no seed field
+    for task in (run / "tasks").iterdir():  # an old task.json: no seed field
         spec = json.loads((task / "task.json").read_text())
         spec.pop("seed")
         (task / "task.json").write_text(json.dumps(spec))
@@ -218,19 +287,36 @@ def test_seeds_of_a_run_made_before_replicates_come_from_its_config(tmp_path):
 def test_a_replicate_not_trained_yet_is_left_out_and_the_count_says_so():
     def task(name, variant, seed, step, shift):
         t = Task(name, {"stage": "variants", "variant": variant}, seed=seed)
-        t.evals = pd.DataFrame([{"step": st, "val_loss": 3.0, "batch_loss_sums": [300 + sh, 310 + sh],
-                                 "batch_tokens": [100, 100]} for st, sh in ((0, 0), (step, shift))])
+        t.evals = pd.DataFrame(
+            [
+                {"step": st, "val_loss": 3.0, "batch_loss_sums": [300 + sh, 310 + sh], "batch_tokens": [100, 100]}
+                for st, sh in ((0, 0), (step, shift))
+            ]
+        )
         return t
-    tasks = [task("r8-s0", "r8", 0, 5, -10), task("r8-s1", "r8", 1, 5, -12), task("r8-s2", "r8", 2, 0, 0),
-             task("r32-s0", "r32", 0, 5, -11), task("r32-s1", "r32", 1, 5, -9)]
+
+    tasks = [
+        task("r8-s0", "r8", 0, 5, -10),
+        task("r8-s1", "r8", 1, 5, -12),
+        task("r8-s2", "r8", 2, 0, 0),
+        task("r32-s0", "r32", 0, 5, -11),
+        task("r32-s1", "r32", 1, 5, -9),
+    ]
     (row,) = [r for r in abtest.compare_all(tasks) if r["b"] == "r32"]
     assert row["n_seeds_a"] == 2 and row["n_seeds_paired"] == 2 and "2 seeds x 2 eval batches" in row["sentence"]
 
 
 # ---- one real A/A run ---------------------------------------------------------------------------------------------
 
-AA = ["base.enabled=true", "base.steps=8", "seeds=4", "train.steps=12", "train.eval_every=6", "train.eval_batches=8",
-      "data.max_documents=60"]
+AA = [
+    "base.enabled=true",
+    "base.steps=8",
+    "seeds=4",
+    "train.steps=12",
+    "train.eval_every=6",
+    "train.eval_batches=8",
+    "data.max_documents=60",
+]
 
 
 @pytest.mark.integration
@@ -259,6 +345,7 @@ def test_a_real_a_over_a_run_says_no_difference(tmp_path, base_cache):
 def test_one_eval_batch_of_one_seed_gives_no_verdict_rather_than_an_exact_one():
     """No spread to measure the noise by: the pair says so instead of a zero-width interval and p < 1e-6."""
     from slurm_router.analysis import stats
+
     a = {0: {"loss_sums": [40.0], "tokens": [10.0]}}
     b = {0: {"loss_sums": [41.0], "tokens": [10.0]}}
     with pytest.raises(ValueError, match="1 eval batch of 1 seed.*seeds=3"):
@@ -268,8 +355,11 @@ def test_one_eval_batch_of_one_seed_gives_no_verdict_rather_than_an_exact_one():
 def test_runs_side_by_side_compare_each_variant_over_its_seeds(tmp_path):
     """analysis RUN_A RUN_B: the same variant in two runs, over seeds and eval batches, paired by seed."""
     from slurm_router.analysis.compare import across_runs
-    runs = [load_run(fake_run(tmp_path / name, {"r8": 0.0, "r32": effect}, [0, 1, 2]))[1]
-            for name, effect in (("a", -0.03), ("b", -0.03), ("c", 0.0))]
+
+    runs = [
+        load_run(fake_run(tmp_path / name, {"r8": 0.0, "r32": effect}, [0, 1, 2]))[1]
+        for name, effect in (("a", -0.03), ("b", -0.03), ("c", 0.0))
+    ]
     lines = across_runs(["A", "B", "C"], runs)
     assert len(lines) == 4 and [line.split(":")[0] for line in lines] == ["r8", "r32", "r8", "r32"]
     assert all("no difference detectable" in line and "float rounding" in line for line in lines[:3]), lines

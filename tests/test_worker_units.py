@@ -3,6 +3,7 @@ comes from the one rule in slurm_router.worker.cpu, and the loop's files stay sm
 
     pytest tests/test_worker_units.py
 """
+
 import ast
 import dataclasses
 from pathlib import Path
@@ -17,11 +18,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_step_stats_round_trip_through_the_gathered_tensor():
-    s = StepStats(busy_s=0.123456789, compute_s=0.1, cost=1234.5, peak_bytes=81 * 2**30 + 7,
-                  free_bytes=2**52 + 1, oom_count=2, oom_padded=4096, oom_n=8, stop=15)
+    s = StepStats(
+        busy_s=0.123456789,
+        compute_s=0.1,
+        cost=1234.5,
+        peak_bytes=81 * 2**30 + 7,
+        free_bytes=2**52 + 1,
+        oom_count=2,
+        oom_padded=4096,
+        oom_n=8,
+        stop=15,
+    )
     row = s.pack()
     assert len(row) == StepStats.width() == len(dataclasses.fields(StepStats))
-    gathered = torch.tensor(row, dtype=torch.float64).tolist()      # what all_gather hands back
+    gathered = torch.tensor(row, dtype=torch.float64).tolist()  # what all_gather hands back
     back = StepStats.unpack(gathered)
     assert back == s
     assert all(type(getattr(back, f.name)) is (int if f.type == "int" else float) for f in dataclasses.fields(back))
@@ -37,7 +47,7 @@ def test_cpu_threads_come_from_the_launcher_else_the_workers_share(monkeypatch):
     monkeypatch.setenv(cpu.THREADS_ENV, "5")
     assert cpu.worker_threads(3) == 5
     # the worker asks the one rule, nothing else of its own
-    src = (REPO / "slurm_router" / "worker" / "worker.py").read_text()
+    src = (REPO / "slurm_router" / "worker" / "setup.py").read_text()
     assert "worker_threads(" in src and "SLURM_CPUS_PER_TASK" not in src and "SLURM_ROUTER_THREADS" not in src
 
 
@@ -47,7 +57,9 @@ def _functions(tree):
             yield node
 
 
-@pytest.mark.parametrize("name", ["worker/worker.py", "worker/microbatch.py", "worker/step_stats.py", "rundir/events.py"])
+@pytest.mark.parametrize(
+    "name", ["worker/worker.py", "worker/setup.py", "worker/microbatch.py", "worker/step_stats.py", "rundir/events.py"]
+)
 def test_worker_files_stay_small(name):
     path = REPO / "slurm_router" / name
     text = path.read_text()
@@ -58,6 +70,7 @@ def test_worker_files_stay_small(name):
 
 def test_worker_names_its_steps():
     from slurm_router.worker.worker import Worker, train
+
     for step in ("setup", "plan", "sync", "learn", "observe", "evaluate", "checkpoint", "run", "finish"):
         assert callable(getattr(Worker, step))
     assert list(__import__("inspect").signature(train).parameters) == ["spec", "rank", "world", "master", "resume"]

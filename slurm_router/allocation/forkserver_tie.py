@@ -19,6 +19,7 @@ the run may live (tests/test_run_ownership.py). Two ties, both Linux-only and sk
 
 Does nothing unless FORKSERVER_PARENT_ENV is set (the job process sets it only while it starts the forkserver).
 """
+
 import atexit
 import os
 import signal
@@ -32,11 +33,12 @@ def _die_with_parent(parent: int) -> None:
     if sys.platform.startswith("linux"):
         try:
             import ctypes
+
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:                  # the job process ended before the prctl: nobody needs us
+    if os.getppid() != parent:  # the job process ended before the prctl: nobody needs us
         os._exit(0)
 
 

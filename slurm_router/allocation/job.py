@@ -26,16 +26,18 @@ stopped within supervisor.ORPHAN_GRACE_S, and records its own end in the manifes
 Exit codes (slurm_router.rundir.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a packed task asks for a
 requeue, 1 failed, 2 bad arguments or unusable checkpoints.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import sys
 
-if __name__ == "__main__":      # the job process: take stop signals before the slower imports below
+if __name__ == "__main__":  # the job process: take stop signals before the slower imports below
     from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, TaskSupervisor
+
     _ENTRY_SUPERVISOR = TaskSupervisor().install()
-    if os.environ.get(LAUNCHER_PID_ENV):            # a local job ends with its launcher (supervisor.py)
+    if os.environ.get(LAUNCHER_PID_ENV):  # a local job ends with its launcher (supervisor.py)
         _ENTRY_SUPERVISOR.watch_launcher(int(os.environ.pop(LAUNCHER_PID_ENV)))
 
 import argparse
@@ -53,6 +55,7 @@ def _newest_checkpoint(spec, quiet: bool = False) -> str | None:
     """The newest valid checkpoint of this task, or None for a fresh start. Loud (warnings about damaged newer
     ones, CheckpointError when none is valid) before a start; quiet when only reporting."""
     from slurm_router.worker.checkpoint import CheckpointError, latest_valid_checkpoint
+
     try:
         path, warnings = latest_valid_checkpoint(TaskPaths(spec.task_dir).checkpoints)
     except CheckpointError:
@@ -69,6 +72,7 @@ def _newest_checkpoint(spec, quiet: bool = False) -> str | None:
 
 def checkpoint_step(spec) -> int | None:
     from slurm_router.rundir.layout import checkpoint_step as step_of
+
     path = _newest_checkpoint(spec, quiet=True)
     return step_of(path) if path else None
 
@@ -76,7 +80,8 @@ def checkpoint_step(spec) -> int | None:
 def _repair_events(paths: TaskPaths, srun_rank: int | None) -> None:
     """No worker of this task is running now (or, for an srun worker, no other process writes its file)."""
     from slurm_router.allocation.requeue import repair_torn_tail
-    for events_file in ([paths.events(srun_rank)] if srun_rank is not None else paths.events_files()):
+
+    for events_file in [paths.events(srun_rank)] if srun_rank is not None else paths.events_files():
         repair_torn_tail(events_file)
 
 
@@ -88,10 +93,11 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     from slurm_router.allocation.srun_worker import run_srun_worker, srun_rank
     from slurm_router.rundir.attempts import next_attempt
     from slurm_router.rundir.spec import TaskSpec
+
     supervisor = supervisor or TaskSupervisor()
     spec = TaskSpec.load(task_file)
     paths = TaskPaths(spec.task_dir)
-    if paths.result.is_file():      # a requeue or resume= after the task had finished: nothing to redo
+    if paths.result.is_file():  # a requeue or resume= after the task had finished: nothing to redo
         print(f"{spec.name}: already completed ({paths.result})", flush=True)
         return json.loads(paths.result.read_text())
     resume = _newest_checkpoint(spec)
@@ -102,22 +108,25 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     spec.attempt = next_attempt(spec.task_dir)
     note_slurm_restart(spec)
     from slurm_router.allocation.retry import after_failure, count_node_failures
-    refused = count_node_failures(spec)         # Slurm requeued it after NODE_FAIL: launcher.max_failures
+
+    refused = count_node_failures(spec)  # Slurm requeued it after NODE_FAIL: launcher.max_failures
     if refused:
         task_event(spec, "end", exit_state="failed", error=refused)
         raise TaskFailed(refused)
     try:
         outcome = supervisor.run_workers(spec, resume)
-    except TaskStopped as stopped:      # before any worker started: the newest checkpoint stands
+    except TaskStopped as stopped:  # before any worker started: the newest checkpoint stands
         raise TaskStopped(checkpoint_step(spec), stopped.signum) from None
     except TaskFailed as e:
-        if supervisor.orphaned_by is not None:      # its launcher is gone: the workers were killed on purpose
+        if supervisor.orphaned_by is not None:  # its launcher is gone: the workers were killed on purpose
             raise TaskStopped(checkpoint_step(spec), supervisor.signum or signal.SIGTERM) from None
         ckpt = _newest_checkpoint(spec, quiet=True)
-        msg = (f"{spec.name}: {e}; the task stopped (the other workers were killed); "
-               f"{'resume continues from ' + ckpt if ckpt else 'no checkpoint yet: resume restarts it'}")
+        msg = (
+            f"{spec.name}: {e}; the task stopped (the other workers were killed); "
+            f"{'resume continues from ' + ckpt if ckpt else 'no checkpoint yet: resume restarts it'}"
+        )
         task_event(spec, "end", exit_state="failed", error=msg)
-        retried = after_failure(spec, str(e), checkpoint_step(spec))     # not its own error: launcher.max_failures
+        retried = after_failure(spec, str(e), checkpoint_step(spec))  # not its own error: launcher.max_failures
         if retried:
             raise retried from None
         raise TaskFailed(msg) from None
@@ -137,31 +146,36 @@ class TaskRunner(Supervised, Checkpointable):
 
     def __call__(self, task_file: str) -> dict | None:
         from slurm_router.allocation.retry import TaskRetried
+
         try:
             return run_task(task_file, self.supervisor)
-        except TaskRetried as e:        # requeued itself (retry.py): end this attempt as submitit's requeue does
+        except TaskRetried as e:  # requeued itself (retry.py): end this attempt as submitit's requeue does
             print(f"warning: {e}", file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
 
     def checkpoint(self, task_file: str):
         from slurm_router.allocation.requeue import after_stop
         from slurm_router.rundir.spec import TaskSpec
+
         spec = TaskSpec.load(task_file)
         from slurm_router.config.schema import launcher_setting
+
         delay = int(launcher_setting(spec.config.get("launcher"), "signal_delay_s"))
-        try:        # the step in flight finishes and rank 0 saves; Slurm kills everything at the limit
+        try:  # the step in flight finishes and rank 0 saves; Slurm kills everything at the limit
             self.supervisor.stop_children(signal.SIGUSR2, timeout=max(5.0, delay - 15.0))
         except TaskFailed as e:
             print(f"error: {spec.name}: {e}; requeueing from the last checkpoint", file=sys.stderr, flush=True)
         if after_stop(spec, signal.SIGUSR2, checkpoint_step(spec), requeue_by="submitit") is TaskOutcome.REQUEUE:
             return super().checkpoint(task_file)
-        return None           # submitit: not requeued, the job fails
+        return None  # submitit: not requeued, the job fails
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """TASK_FILE, or --run-dir RUN_DIR --stage NAME [--pack K] (an sbatch array task: SLURM_ARRAY_TASK_ID picks
     the task(s)). Bad arguments: argparse's usage line and SystemExit(2)."""
-    p = argparse.ArgumentParser(prog="python -m slurm_router.allocation.job", description="Run one task (or a pack of K).")
+    p = argparse.ArgumentParser(
+        prog="python -m slurm_router.allocation.job", description="Run one task (or a pack of K)."
+    )
     p.add_argument("task_file", nargs="?", help="RUN_DIR/tasks/NAME/task.json")
     p.add_argument("--run-dir", help="the run directory (with --stage)")
     p.add_argument("--stage", help="the stage whose array task this is (with --run-dir)")
@@ -180,7 +194,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None) -> int:
     """Exit codes: 0 done, 75 stopped on a signal after a checkpoint (requeued under Slurm on USR2), 76 a packed
     task asks its pack for a requeue, 1 a worker failed, 2 unusable checkpoints or bad arguments."""
-    supervisor = supervisor or TaskSupervisor().install()     # from here on a stop signal is a clean stop
+    supervisor = supervisor or TaskSupervisor().install()  # from here on a stop signal is a clean stop
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
@@ -188,12 +202,14 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
     task_file = args.task_file
     if task_file is None:
         from slurm_router.allocation.pack import pack_task_files, run_pack
+
         files = pack_task_files(args.run_dir, args.stage, int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")), args.pack)
         if args.pack > 1:
             return run_pack(files, supervisor)
         task_file = files[0]
     from slurm_router.errors import UserError
     from slurm_router.rundir.lock import release_all
+
     try:
         _hold_run_dir(task_file)
     except UserError as e:
@@ -210,15 +226,16 @@ def _run(task_file: str, supervisor: TaskSupervisor) -> int:
     from slurm_router.allocation.retry import TaskRetried
     from slurm_router.fileio import WriteError
     from slurm_router.worker.checkpoint import CheckpointError
+
     try:
         result = run_task(task_file, supervisor)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except TaskRetried as e:                        # requeued itself (launcher.max_failures): not an error
+    except TaskRetried as e:  # requeued itself (launcher.max_failures): not an error
         print(f"warning: {e}", file=sys.stderr)
         return e.exit_code
-    except (TaskFailed, WriteError) as e:          # WriteError: disk full or no permission, one line
+    except (TaskFailed, WriteError) as e:  # WriteError: disk full or no permission, one line
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except TaskStopped as stopped:
@@ -231,9 +248,11 @@ def _hold_run_dir(task_file: str) -> None:
     """A local job holds its run's lock: the launcher's, inherited (rundir.lock.LOCK_FD_ENV), or taken here when the
     job was started by hand (UserError naming the holder if the run is in use). Under Slurm, Slurm owns it."""
     from slurm_router.rundir.lock import LOCK_FD_ENV, acquire
+
     if os.environ.get(LOCK_FD_ENV) or os.environ.get("SLURM_JOB_ID"):
         return
     from slurm_router.rundir.spec import TaskSpec
+
     acquire(TaskSpec.load(task_file).run_dir)
 
 
@@ -243,13 +262,14 @@ def _record_own_end(task_file: str, code: int, launcher_pid: int) -> None:
     from slurm_router.errors import UserError
     from slurm_router.rundir.manifest import Manifest
     from slurm_router.rundir.spec import TaskSpec
+
     spec = TaskSpec.load(task_file)
     note = f"interrupted: launcher pid {launcher_pid} gone"
 
     def record(data: dict) -> None:
-        data["tasks"][spec.name].update(state=TaskOutcome.from_exit_code(code).state.value, exit_code=code,
-                                        note=note)
+        data["tasks"][spec.name].update(state=TaskOutcome.from_exit_code(code).state.value, exit_code=code, note=note)
         data["state"] = "interrupted"
+
     try:
         Manifest.load(spec.run_dir).update(record)
     except (UserError, OSError) as e:
@@ -263,8 +283,9 @@ def _after_stop(task_file: str, stopped: TaskStopped) -> int:
     from slurm_router.allocation.requeue import after_stop
     from slurm_router.allocation.srun_worker import srun_rank
     from slurm_router.rundir.spec import TaskSpec
+
     if (srun_rank() or 0) != 0:
-        return EXIT_OK              # srun_workers: rank 0 speaks for the task; exit 0 so srun does not kill it
+        return EXIT_OK  # srun_workers: rank 0 speaks for the task; exit 0 so srun does not kill it
     requeue_by = "pack" if os.environ.get(PACKED_ENV) else "scontrol"
     return after_stop(TaskSpec.load(task_file), stopped.signum, stopped.step, requeue_by).exit_code
 

@@ -9,6 +9,7 @@ is requeued once: by this runner with `scontrol requeue` (launcher=sbatch) or by
 PackRunner.checkpoint() (launcher=slurm). A requeued pack restarts every child; finished ones return at once
 (their result is on disk), the others resume from their newest checkpoint.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,19 +26,21 @@ from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_STOPPED, TaskOutcome
 from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
-PACKED_ENV = "SLURM_ROUTER_PACKED"      # tells a child job process that this runner requeues, once
+PACKED_ENV = "SLURM_ROUTER_PACKED"  # tells a child job process that this runner requeues, once
 
 
 def pack_task_files(run_dir: str, stage: str, index: int, per_pack: int) -> list[str]:
     """The task files array task `index` runs: the stage's tasks index*K .. index*K + K - 1 (K=1: one task)."""
     from slurm_router.rundir.manifest import Manifest
+
     layout = RunLayout(run_dir)
     names = Manifest.load(run_dir).stage_tasks(stage)
-    return [str(layout.task(n).task_file) for n in names[index * per_pack:(index + 1) * per_pack]]
+    return [str(layout.task(n).task_file) for n in names[index * per_pack : (index + 1) * per_pack]]
 
 
 def _workers_side_by_side(task_files: list[str]) -> int:
     from slurm_router.rundir.spec import TaskSpec
+
     return sum(TaskSpec.load(f).devices for f in task_files)
 
 
@@ -45,9 +48,13 @@ class Pack:
     """The K job processes of one array task (spawn it through TaskSupervisor.start: signals stay blocked)."""
 
     def __init__(self, task_files: list[str], python: list[str] | None = None):
-        env = {**os.environ, PACKED_ENV: "1", "PYTHONUNBUFFERED": "1",
-               THREADS_ENV: str(threads_per_worker(_workers_side_by_side(task_files)))}
-        python = python or [sys.executable]         # or the words that run it in a container (launch/container.py)
+        env = {
+            **os.environ,
+            PACKED_ENV: "1",
+            "PYTHONUNBUFFERED": "1",
+            THREADS_ENV: str(threads_per_worker(_workers_side_by_side(task_files))),
+        }
+        python = python or [sys.executable]  # or the words that run it in a container (launch/container.py)
         self.procs = [subprocess.Popen([*python, "-m", "slurm_router.allocation.job", f], env=env) for f in task_files]
         self.codes: dict[int, int] = {}
 
@@ -59,7 +66,7 @@ class Pack:
                 continue
             try:
                 pid, status = os.waitpid(p.pid, os.WNOHANG)
-            except ChildProcessError:       # reaped by the other waiter; its code is recorded there
+            except ChildProcessError:  # reaped by the other waiter; its code is recorded there
                 continue
             if pid:
                 self.codes[p.pid] = os.waitstatus_to_exitcode(status)
@@ -98,7 +105,8 @@ def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) ->
     print(f"pack of {len(task_files)} task(s): exit codes {codes}: {outcome.value}", flush=True)
     if outcome is TaskOutcome.REQUEUE:
         from slurm_router.allocation.requeue import request_requeue_outside, slurm_job_ref  # JOB_TASK: never the array
-        if request_requeue_outside(f"pack of {len(task_files)} task(s)"):     # in a container: the script does
+
+        if request_requeue_outside(f"pack of {len(task_files)} task(s)"):  # in a container: the script does
             return outcome.exit_code
         subprocess.run(["scontrol", "requeue", cast(str, slurm_job_ref())], check=True, timeout=60)
         return EXIT_STOPPED
@@ -122,7 +130,7 @@ class PackRunner(Supervised, Checkpointable):
 
     def checkpoint(self, task_files: list[str]):
         pack = self.supervisor.children
-        if pack is None:        # USR2 before the pack started (no child could ask): nothing ran, run it again
+        if pack is None:  # USR2 before the pack started (no child could ask): nothing ran, run it again
             return super().checkpoint(task_files)
         self.supervisor.on_signal(signal.SIGUSR2)
         codes = pack.wait()

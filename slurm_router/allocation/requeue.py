@@ -5,6 +5,7 @@ attempt's row of a step that ran twice. A stop signal becomes a requeue by this 
 Slurm launchers: USR2 shortly before the time limit is a timeout, requeued at most launcher.max_requeues
 times; USR2 at any other time is a preemption (someone wants the GPUs back), requeued without limit.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,16 @@ def task_event(spec, event: str, **fields) -> None:
     events = TaskPaths(spec.task_dir).events(0)
     repair_torn_tail(events)
     policy = (spec.config.get("router") or {}).get("policy")
-    writer = EventWriter(events, run_id=spec.run_id, task=spec.name,
-                         variant=spec.variant, stage=spec.stage, attempt=spec.attempt, device=0, policy=policy)
+    writer = EventWriter(
+        events,
+        run_id=spec.run_id,
+        task=spec.name,
+        variant=spec.variant,
+        stage=spec.stage,
+        attempt=spec.attempt,
+        device=0,
+        policy=policy,
+    )
     writer.write(event, **fields)
     writer.close()
 
@@ -69,8 +78,14 @@ def note_slurm_restart(spec) -> None:
     data = load_attempts(spec.task_dir)
     logged = data.setdefault("restarts_logged", {})
     for n in range(int(logged.get(job, 0)), restarts):
-        task_event(spec, "requeue", reason="slurm", job_id=job, restart=n + 1,
-                   detail="requeued by Slurm (preemption, node failure or scontrol requeue)")
+        task_event(
+            spec,
+            "requeue",
+            reason="slurm",
+            job_id=job,
+            restart=n + 1,
+            detail="requeued by Slurm (preemption, node failure or scontrol requeue)",
+        )
     logged[job] = max(restarts, int(logged.get(job, 0)))
     save_attempts(spec.task_dir, data)
 
@@ -78,7 +93,7 @@ def note_slurm_restart(spec) -> None:
 @dataclass
 class Decision:
     requeue: bool
-    reason: str            # timeout | preempted | interrupted
+    reason: str  # timeout | preempted | interrupted
     detail: str
 
 
@@ -103,8 +118,9 @@ def time_left_s(job_id: str) -> float | None:
     """Seconds left before the job's time limit (squeue %L; in a container, JOB_END_ENV), None when unknown or
     unlimited."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True,
-                             timeout=30).stdout.strip()
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return _time_left_from_env()
     m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", out.splitlines()[0] if out else "")
@@ -134,9 +150,13 @@ def decide(spec, signum: int) -> Decision:
     data["timeouts"] = timeouts
     save_attempts(spec.task_dir, data)
     if timeouts > limit:
-        return Decision(False, "timeout", f"hit its time limit {timeouts} times, more than launcher.max_requeues="
-                        f"{limit}: raise launcher.timeout_min, or resume it with python -m slurm_router "
-                        f"resume={spec.run_dir}")
+        return Decision(
+            False,
+            "timeout",
+            f"hit its time limit {timeouts} times, more than launcher.max_requeues="
+            f"{limit}: raise launcher.timeout_min, or resume it with python -m slurm_router "
+            f"resume={spec.run_dir}",
+        )
     return Decision(True, "timeout", f"time limit {timeouts} of {limit + 1} (launcher.max_requeues={limit})")
 
 
@@ -149,11 +169,19 @@ def requeue_self(spec, decision: Decision, step: int, scontrol: bool = True) -> 
     logged = data.setdefault("restarts_logged", {})
     logged[job] = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
     save_attempts(spec.task_dir, data)
-    task_event(spec, "requeue", reason=decision.reason, detail=decision.detail, step=step, job_id=job,
-               time_requested=time.time())
+    task_event(
+        spec,
+        "requeue",
+        reason=decision.reason,
+        detail=decision.detail,
+        step=step,
+        job_id=job,
+        time_requested=time.time(),
+    )
     if scontrol:
-        subprocess.run(["scontrol", "requeue", cast(str, slurm_job_ref())], check=True, capture_output=True, text=True,
-                       timeout=60)
+        subprocess.run(
+            ["scontrol", "requeue", cast(str, slurm_job_ref())], check=True, capture_output=True, text=True, timeout=60
+        )
 
 
 REQUEUERS = ("scontrol", "submitit", "pack", "outside")
@@ -200,6 +228,8 @@ def after_stop(spec, signum: int, step: int | None, requeue_by: str) -> TaskOutc
         print(f"error: {spec.name}: {decision.detail}", file=sys.stderr, flush=True)
         return TaskOutcome.FAILED
     task_event(spec, "end", exit_state="interrupted", detail=decision.detail, step=step)
-    print(f"{spec.name}: {decision.detail}; {where}; continue with: python -m slurm_router resume={spec.run_dir}",
-          flush=True)
+    print(
+        f"{spec.name}: {decision.detail}; {where}; continue with: python -m slurm_router resume={spec.run_dir}",
+        flush=True,
+    )
     return TaskOutcome.STOPPED

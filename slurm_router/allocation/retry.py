@@ -23,6 +23,7 @@ chose to go on), as it does launcher.max_requeues. Packed tasks (resources.tasks
 are not retried: a requeue would restart the pack's other tasks, and srun ends a step itself; resume= continues
 them.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,10 +48,11 @@ from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 SIGNAL_DEATH = re.compile(r"worker rank (\d+) \(pid \d+\) killed by (SIG[A-Z0-9]+)")
 NODE_FAIL = "NODE_FAIL"
 # sinfo's node states that can take a job (a trailing * means not responding: not usable)
-USABLE_STATES = frozenset({"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "resv", "reserved",
-                           "plnd", "planned"})
+USABLE_STATES = frozenset(
+    {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "resv", "reserved", "plnd", "planned"}
+)
 
-Runner = Callable[[list[str]], str]         # runs a command, returns stdout ("" when it fails)
+Runner = Callable[[list[str]], str]  # runs a command, returns stdout ("" when it fails)
 
 
 class TaskRetried(TaskFailed):
@@ -71,8 +73,9 @@ def run_command(argv: list[str]) -> str:
     """stdout of a Slurm command, "" if it failed. The command ignores SIGTERM: a requeue makes Slurm signal
     every process of this job, and the commands that follow the requeue must still end their work."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
-                              preexec_fn=_ignore_stop_signals)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, check=False, preexec_fn=_ignore_stop_signals
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return proc.stdout if proc.returncode == 0 else ""
@@ -137,7 +140,7 @@ def parse_node_failures(text: str) -> list[tuple[str, str]]:
 
 def _counted(data: dict) -> list[dict]:
     """The failures that count against launcher.max_failures now (those since the last resume=)."""
-    return (data.get("failures") or [])[int(data.get("failures_counted_from", 0)):]
+    return (data.get("failures") or [])[int(data.get("failures_counted_from", 0)) :]
 
 
 def renew(task_dir: Path) -> None:
@@ -155,11 +158,22 @@ def _record(spec, cause: str, node: str | None, limit: int, **extra) -> dict:
     retried = used < limit
     n = used + 1 if retried else used
     where = f" on node {node}" if node else ""
-    detail = (f"retried after {cause}{where} ({n}/{limit})" if retried else
-              f"failed after {cause}{where}: not retried, launcher.max_failures={limit} "
-              f"{'used up' if limit else '(set it to retry such failures)'}")
-    record = {"cause": cause, "node": node, "job_id": slurm_job_ref(), "attempt": spec.attempt, "time": time.time(),
-              "retried": retried, "detail": detail, **extra}
+    detail = (
+        f"retried after {cause}{where} ({n}/{limit})"
+        if retried
+        else f"failed after {cause}{where}: not retried, launcher.max_failures={limit} "
+        f"{'used up' if limit else '(set it to retry such failures)'}"
+    )
+    record = {
+        "cause": cause,
+        "node": node,
+        "job_id": slurm_job_ref(),
+        "attempt": spec.attempt,
+        "time": time.time(),
+        "retried": retried,
+        "detail": detail,
+        **extra,
+    }
     data.setdefault("failures", []).append(record)
     save_attempts(spec.task_dir, data)
     return record
@@ -173,6 +187,7 @@ def _retriable_here() -> bool:
     """Under Slurm, as one task's own job process (not a pack's task, not an srun worker)."""
     from slurm_router.allocation.pack import PACKED_ENV
     from slurm_router.allocation.srun_worker import srun_rank
+
     return bool(os.environ.get("SLURM_JOB_ID")) and not os.environ.get(PACKED_ENV) and srun_rank() is None
 
 
@@ -184,6 +199,7 @@ def after_failure(spec, error: str, step: int | None, runner: Runner = run_comma
     launcher.max_failures allows. Returns the TaskRetried to raise if it was requeued (this attempt then ends:
     exit 75, or 76 in a container, whose batch script requeues it), else None (it fails as before)."""
     from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV, request_requeue_outside
+
     cause = signal_death(error)
     if cause is None or not _retriable_here():
         return None
@@ -193,11 +209,11 @@ def after_failure(spec, error: str, step: int | None, runner: Runner = run_comma
         if limit:
             print(f"{spec.name}: {record['detail']}", file=sys.stderr, flush=True)
         return None
-    outside = bool(os.environ.get(REQUEUE_REQUEST_ENV))     # in a container: the batch script requeues it
-    exclude, kept = ([], []) if outside else plan_exclusion(spec, runner)   # before the requeue signals this job
+    outside = bool(os.environ.get(REQUEUE_REQUEST_ENV))  # in a container: the batch script requeues it
+    exclude, kept = ([], []) if outside else plan_exclusion(spec, runner)  # before the requeue signals this job
     try:
         requeue_self(spec, Decision(True, "failure", record["detail"]), step or 0, scontrol=not outside)
-    except (OSError, subprocess.SubprocessError) as e:         # scontrol refused, or is missing
+    except (OSError, subprocess.SubprocessError) as e:  # scontrol refused, or is missing
         _update_newest(spec, retried=False, detail=f"failed after {cause}: could not requeue itself ({e})")
         print(f"{spec.name}: could not requeue itself ({e}): resume= continues it", file=sys.stderr, flush=True)
         return None
@@ -208,8 +224,10 @@ def after_failure(spec, error: str, step: int | None, runner: Runner = run_comma
         said = exclude_nodes(exclude, kept, runner)
     _update_newest(spec, excluded=exclude if said.startswith("excluding") else [], exclude_note=said)
     start = f"step {step}" if step is not None else "the start (no checkpoint yet)"
-    return TaskRetried(f"{spec.name}: {error}; {record['detail']}; {said}; it continues from {start}",
-                       EXIT_REQUEUE if outside else EXIT_STOPPED)
+    return TaskRetried(
+        f"{spec.name}: {error}; {record['detail']}; {said}; it continues from {start}",
+        EXIT_REQUEUE if outside else EXIT_STOPPED,
+    )
 
 
 def _update_newest(spec, **fields) -> None:
@@ -249,10 +267,22 @@ def count_node_failures(spec, runner: Runner = run_command) -> str | None:
     made by itself (JobRequeue) runs as before."""
     if not _retriable_here() or int(os.environ.get("SLURM_RESTART_COUNT") or 0) <= 0:
         return None
-    rows = parse_node_failures(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j", cast(str, slurm_job_ref()),
-                                       "--format=JobIDRaw,State,NodeList,Start"]))
+    rows = parse_node_failures(
+        runner(
+            [
+                "sacct",
+                "-X",
+                "-D",
+                "-n",
+                "--parsable2",
+                "-j",
+                cast(str, slurm_job_ref()),
+                "--format=JobIDRaw,State,NodeList,Start",
+            ]
+        )
+    )
     limit = int(launcher_setting(spec.config.get("launcher"), "max_failures"))
-    if limit <= 0:          # not asked for: Slurm's own requeue after a node failure goes on as it always did
+    if limit <= 0:  # not asked for: Slurm's own requeue after a node failure goes on as it always did
         return None
     seen = {f.get("key") for f in load_attempts(spec.task_dir).get("failures") or []}
     for key, node in rows:
@@ -263,4 +293,3 @@ def count_node_failures(spec, runner: Runner = run_command) -> str | None:
             return f"{spec.name}: {record['detail']}; continue it with python -m slurm_router resume={spec.run_dir}"
         print(f"{spec.name}: {record['detail']} (Slurm requeued it)", flush=True)
     return None
-

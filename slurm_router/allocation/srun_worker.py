@@ -3,6 +3,7 @@ and the D processes meet at MASTER_ADDR:MASTER_PORT (default: the job's first no
 job id), so a task can span nodes. No job process above them: each is its own supervisor of one worker, and
 rank 0 speaks for the task after a stop (job.main asks requeue.after_stop for rank 0 only).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def srun_rank() -> int | None:
 def srun_master() -> str:
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         return f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                           capture_output=True, text=True, check=True).stdout.split()
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+    ).stdout.split()
     return f"{nodes[0]}:{20000 + int(os.environ['SLURM_JOB_ID']) % 20000}"
 
 
@@ -47,20 +49,29 @@ def wait_for_master(master: str, who: str, timeout_s: float = RENDEZVOUS_TIMEOUT
             return
         except OSError as e:
             if time.monotonic() >= deadline:
-                raise TaskFailed(f"{who}: cannot reach rank 0 at {host}:{port} within {timeout_s:.0f} s ({e}): the "
-                                 f"job's nodes cannot reach each other there; check that {host} resolves on every node "
-                                 f"and that port {port} is open between them, or set MASTER_ADDR/MASTER_PORT") from None
+                raise TaskFailed(
+                    f"{who}: cannot reach rank 0 at {host}:{port} within {timeout_s:.0f} s ({e}): the "
+                    f"job's nodes cannot reach each other there; check that {host} resolves on every node "
+                    f"and that port {port} is open between them, or set MASTER_ADDR/MASTER_PORT"
+                ) from None
             time.sleep(0.5)
 
 
 def _ranks_on(node: str) -> list[int]:
     """The ranks Slurm placed on `node` (block distribution: SLURM_TASKS_PER_NODE, e.g. '2(x3),1')."""
     try:
-        nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                               capture_output=True, text=True, timeout=10).stdout.split()
-        counts = [int(n) for part in os.environ["SLURM_TASKS_PER_NODE"].split(",")
-                  for n in [part.split("(")[0]] * (int(part.split("(x")[1].rstrip(")")) if "(x" in part else 1)]
-        first = sum(counts[:nodes.index(node)])
+        nodes = subprocess.run(
+            ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.split()
+        counts = [
+            int(n)
+            for part in os.environ["SLURM_TASKS_PER_NODE"].split(",")
+            for n in [part.split("(")[0]] * (int(part.split("(x")[1].rstrip(")")) if "(x" in part else 1)
+        ]
+        first = sum(counts[: nodes.index(node)])
         return list(range(first, first + counts[nodes.index(node)]))
     except (KeyError, ValueError, IndexError, OSError, subprocess.SubprocessError):
         return []
@@ -83,17 +94,24 @@ def _peer_lost(spec, rank: int, address: str | None, error: str) -> str:
     from slurm_router.allocation.requeue import task_event
     from slurm_router.rundir.attempts import current_attempt
     from slurm_router.rundir.layout import checkpoint_step
+
     try:
         node = socket.gethostbyaddr(address)[0].split(".")[0] if address else None
     except OSError:
         node = address
     on_node = _ranks_on(node) if node else []
     ranks = [r for r in on_node if r != rank]
-    who = (f"worker rank {','.join(map(str, ranks))} on {node} ({address})" if ranks
-           else f"the worker at {address}" if address else f"another worker ({' '.join(error.split())[:200]})")
+    who = (
+        f"worker rank {','.join(map(str, ranks))} on {node} ({address})"
+        if ranks
+        else f"the worker at {address}"
+        if address
+        else f"another worker ({' '.join(error.split())[:200]})"
+    )
     ckpt = sorted(TaskPaths(spec.task_dir).checkpoints.glob("step-*.pt"))
-    then = (f"resume continues from step {checkpoint_step(ckpt[-1])}" if ckpt
-            else "no checkpoint yet: resume restarts it")
+    then = (
+        f"resume continues from step {checkpoint_step(ckpt[-1])}" if ckpt else "no checkpoint yet: resume restarts it"
+    )
     msg = f"{spec.name}: {who} was lost mid-step (its process or node died); rank {rank} stopped; {then}"
     if _speaks_for_the_task(rank, on_node if rank not in on_node else []):
         spec.attempt = current_attempt(spec.task_dir)
@@ -105,19 +123,20 @@ def run_srun_worker(spec, resume: str | None, supervisor) -> dict | None:
     """Be worker SLURM_PROCID of the task. A stop signal the job process took before this point (its
     supervisor's) is handed to the worker's own flag, so the worker stops after its first step."""
     from slurm_router.worker.state import Stopped, install_stop_handlers, request_stop
+
     ntasks, rank = int(os.environ["SLURM_NTASKS"]), int(os.environ["SLURM_PROCID"])
     if ntasks != spec.devices:
         raise RuntimeError(f"{ntasks} srun tasks for a task of {spec.devices} devices")
-    install_stop_handlers()             # from here on the worker's flag takes every stop signal
+    install_stop_handlers()  # from here on the worker's flag takes every stop signal
     if supervisor.signum:
         request_stop(supervisor.signum)
-    spec.attempt = -1                   # rank 0 counts the attempt once the workers have met
+    spec.attempt = -1  # rank 0 counts the attempt once the workers have met
     master = srun_master()
     if rank != 0:
         wait_for_master(master, f"{spec.name}: rank {rank}")
     try:
         result = worker_entry(rank, spec.to_json(), ntasks, master, resume)
-    except RuntimeError as e:           # gloo: "Connection closed by peer [ADDR]:PORT": another rank died
+    except RuntimeError as e:  # gloo: "Connection closed by peer [ADDR]:PORT": another rank died
         peer = PEER_LOST.search(str(e))
         if peer is None and "gloo/transport" not in str(e):
             raise

@@ -25,6 +25,7 @@ ends, rank 0 saves) and is killed ORPHAN_GRACE_S later if it has not ended by th
 
 Deliberately light imports (no torch): a job process installs its handlers within milliseconds of starting.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,7 @@ WORKER_GRACE_S = 300.0
 # within this long, and is killed then (job: its workers, then itself ORPHAN_EXIT_S later).
 ORPHAN_GRACE_S = 5.0
 ORPHAN_EXIT_S = 3.0
-LAUNCHER_PID_ENV = "SLURM_ROUTER_LAUNCHER_PID"      # set by the local launcher for its job processes
+LAUNCHER_PID_ENV = "SLURM_ROUTER_LAUNCHER_PID"  # set by the local launcher for its job processes
 # Tests only: "window=seconds,..." pauses there, to widen a window a signal must be able to land in.
 TEST_PAUSE_ENV = "SLURM_ROUTER_TEST_PAUSE"
 
@@ -93,7 +94,7 @@ def watch_parent_process(grace_s: float = ORPHAN_GRACE_S) -> None:
     even before this call), SIGINT to this worker (as a parent-death signal would; blocked until the
     worker's handlers exist), then SIGKILL grace_s later: a worker never outlives its job process for long."""
     parent = multiprocessing.parent_process()
-    if parent is None:                          # not spawned by multiprocessing (srun workers)
+    if parent is None:  # not spawned by multiprocessing (srun workers)
         return
 
     def watch() -> None:
@@ -101,6 +102,7 @@ def watch_parent_process(grace_s: float = ORPHAN_GRACE_S) -> None:
         signal.pthread_kill(cast(int, threading.main_thread().ident), signal.SIGINT)
         time.sleep(grace_s)
         os.kill(os.getpid(), signal.SIGKILL)
+
     threading.Thread(target=watch, name="watch-job-process", daemon=True).start()
 
 
@@ -115,6 +117,7 @@ def worker_entry(rank: int, spec_json: str, world: int, master: str, resume: str
     from slurm_router.fileio import atomic_write_text
     from slurm_router.rundir.spec import TaskSpec
     from slurm_router.worker.worker import train
+
     spec = TaskSpec(**json.loads(spec_json))
     result = train(spec, rank, world, master, resume)
     if rank == 0 and isinstance(result, dict):
@@ -125,8 +128,9 @@ def worker_entry(rank: int, spec_json: str, world: int, master: str, resume: str
 
 def _spawned_worker(rank: int, spec_json: str, world: int, master: str, resume: str | None) -> None:
     watch_parent_process()
-    pause_for_tests("worker_startup")       # stop signals are blocked here, until train_state installs handlers
+    pause_for_tests("worker_startup")  # stop signals are blocked here, until train_state installs handlers
     from slurm_router.worker.state import Stopped
+
     if isinstance(worker_entry(rank, spec_json, world, master, resume), Stopped):
         sys.exit(EXIT_STOPPED)
 
@@ -152,12 +156,13 @@ def _child(fn, rank: int, args: tuple, error_file: str) -> None:
     try:
         fn(rank, *args)
     except KeyboardInterrupt:
-        pass                            # SIGINT before the worker's own handlers: the job process decides
+        pass  # SIGINT before the worker's own handlers: the job process decides
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception:
         import pickle
         import traceback
+
         with open(error_file, "wb") as f:
             pickle.dump(traceback.format_exc(), f)
         code = 1
@@ -171,6 +176,7 @@ def _exit_without_teardown(code: int) -> None:
     trackers' among them), the standard streams flushed. A worker forked from the forkserver ended with
     os._exit before too (multiprocessing's fork start)."""
     import atexit
+
     threading._shutdown()  # type: ignore[attr-defined]  # private, not in typeshed; as multiprocessing's own bootstrap does: executors' threads told, then joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -205,6 +211,7 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
     CPU per task)."""
     import tempfile
     from multiprocessing import resource_tracker
+
     resource_tracker.ensure_running()
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     method = "forkserver" if nprocs >= PRELOAD_MIN_WORKERS else "spawn"
@@ -215,7 +222,7 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
     for rank in range(nprocs):
         fd, error_file = tempfile.mkstemp(prefix="slurm_router-worker-error-", suffix=".pickle")
         os.close(fd)
-        os.unlink(error_file)           # written only if the worker raises; the job process removes it then
+        os.unlink(error_file)  # written only if the worker raises; the job process removes it then
         p = ctx.Process(target=_child, args=(fn, rank, args, error_file), daemon=False)  # type: ignore[attr-defined]  # typeshed: BaseContext has no Process; each concrete context has
         p.start()
         processes.append(p)
@@ -230,6 +237,7 @@ def _start_forkserver(ctx) -> None:
     from multiprocessing import forkserver
 
     from slurm_router.allocation.forkserver_tie import FORKSERVER_PARENT_ENV
+
     ctx.set_forkserver_preload(["slurm_router.allocation.forkserver_tie", *WORKER_PRELOAD])
     os.environ[FORKSERVER_PARENT_ENV] = str(os.getpid())
     try:
@@ -262,12 +270,13 @@ class Workers:
         code = p.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         err = self.ctx.error_files[rank]
-        if err and os.path.exists(err):          # a Python exception: its last line says what went wrong
+        if err and os.path.exists(err):  # a Python exception: its last line says what went wrong
             import pickle
+
             with open(err, "rb") as f:
                 trace = pickle.load(f)
             os.unlink(err)
-            print(f"worker rank {rank}:\n{trace}", file=sys.stderr, flush=True)      # the whole story, in the log
+            print(f"worker rank {rank}:\n{trace}", file=sys.stderr, flush=True)  # the whole story, in the log
             how = f"raised {[l for l in trace.strip().splitlines() if l.strip()][-1].strip()}"
         return f"worker rank {rank} (pid {p.pid}) {how}"
 
@@ -279,7 +288,7 @@ class Workers:
         while True:
             codes = [p.exitcode for p in self.procs]
             outcomes = [TaskOutcome.from_exit_code(c) for c in codes if c is not None]
-            if TaskOutcome.FAILED in outcomes or TaskOutcome.REQUEUE in outcomes:   # a worker never asks that
+            if TaskOutcome.FAILED in outcomes or TaskOutcome.REQUEUE in outcomes:  # a worker never asks that
                 what = self._describe(next(r for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_STOPPED)))
                 self.kill()
                 raise TaskFailed(what)
@@ -291,8 +300,9 @@ class Workers:
             if (deadline is not None and now > deadline) or (first_end and now - first_end > WORKER_GRACE_S):
                 stuck = [r for r, c in enumerate(codes) if c is None]
                 self.kill()
-                raise TaskFailed(f"worker rank(s) {stuck} did not end in time after a stop or after their peers "
-                                 "ended; killed")
+                raise TaskFailed(
+                    f"worker rank(s) {stuck} did not end in time after a stop or after their peers ended; killed"
+                )
             multiprocessing.connection.wait([p.sentinel for p in self.procs if p.exitcode is None], timeout=0.5)
 
 
@@ -304,7 +314,7 @@ class TaskSupervisor:
     def __init__(self):
         self.signum = 0
         self.children = None
-        self.orphaned_by: int | None = None         # the launcher's pid, once it is gone (watch_launcher)
+        self.orphaned_by: int | None = None  # the launcher's pid, once it is gone (watch_launcher)
 
     def install(self) -> "TaskSupervisor":
         """Handle the stop signals from now on (and take any that waited, blocked, for this moment)."""
@@ -319,19 +329,25 @@ class TaskSupervisor:
         still running ORPHAN_GRACE_S later are killed, and this process exits ORPHAN_EXIT_S after that
         whatever its main thread is doing. A poll, not a parent-death signal: portable, and the same code
         covers the launcher that died first."""
+
         def watch() -> None:
             while os.getppid() == launcher_pid:
                 time.sleep(0.2)
             self.orphaned_by = launcher_pid
-            print(f"the launcher (pid {launcher_pid}) is gone: stopping at the step end (killed after "
-                  f"{ORPHAN_GRACE_S:.0f} s)", file=sys.stderr, flush=True)
-            signal.pthread_kill(cast(int, threading.main_thread().ident), signal.SIGTERM)     # wakes it in a wait too
+            print(
+                f"the launcher (pid {launcher_pid}) is gone: stopping at the step end (killed after "
+                f"{ORPHAN_GRACE_S:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            signal.pthread_kill(cast(int, threading.main_thread().ident), signal.SIGTERM)  # wakes it in a wait too
             time.sleep(ORPHAN_GRACE_S)
             children = self.children
             if children is not None:
                 children.forward(signal.SIGKILL)
             time.sleep(ORPHAN_EXIT_S)
             os._exit(EXIT_STOPPED)
+
         threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
     def on_signal(self, signum, frame=None) -> None:

@@ -16,6 +16,7 @@ rank 0 only. A resumed or requeued task ends with the same files: the best so fa
 adapter-best/held_out.json, and the evaluations it repeats give the same losses (routing and resuming never
 change the math), so only a strictly lower loss replaces it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -72,7 +73,7 @@ def write_folder(path: str | os.PathLike, write, replace: bool = True) -> bool:
     tmp, old = path.with_name(f".{path.name}.tmp-{os.getpid()}"), path.with_name(f".{path.name}.old-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if replace:                 # one writer: what a killed earlier attempt left is stale
+        if replace:  # one writer: what a killed earlier attempt left is stale
             for stale in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f".{path.name}.old-*")]:
                 shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -89,7 +90,7 @@ def write_folder(path: str | os.PathLike, write, replace: bool = True) -> bool:
         except OSError as e:
             if replace or e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
-            shutil.rmtree(tmp, ignore_errors=True)      # another process renamed its copy in first
+            shutil.rmtree(tmp, ignore_errors=True)  # another process renamed its copy in first
             return False
         _fsync_dir(path.parent)
         shutil.rmtree(old, ignore_errors=True)
@@ -97,7 +98,7 @@ def write_folder(path: str | os.PathLike, write, replace: bool = True) -> bool:
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not path.exists():
-            os.rename(old, path)                        # the previous folder stands
+            os.rename(old, path)  # the previous folder stands
         cause = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _os_error(e)
         if cause is not None:
             raise WriteError.of(path, cause) from None
@@ -106,9 +107,11 @@ def write_folder(path: str | os.PathLike, write, replace: bool = True) -> bool:
 
 # ---- the base an adapter sits on ----------------------------------------------------------------------------
 
+
 def init_key(cfg) -> str:
     """What shapes a seed-built base: the model (not its LoRA) and the seed."""
     from omegaconf import OmegaConf
+
     model = cast(dict, OmegaConf.to_container(cfg.model, resolve=True))
     model.pop("lora", None)
     return hashlib.sha256(json.dumps({"model": model, "seed": cfg.seed}, sort_keys=True).encode()).hexdigest()[:12]
@@ -124,8 +127,9 @@ def save_init_base(run_dir: str, cfg, tokenizer) -> Path:
 
     from slurm_router.train.byte_tokenizer import to_transformers
     from slurm_router.train.model import build_model
-    with torch.random.fork_rng(devices=[]):         # the training's RNG streams are not disturbed
-        model: Any = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)     # transformers quieted
+
+    with torch.random.fork_rng(devices=[]):  # the training's RNG streams are not disturbed
+        model: Any = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)  # transformers quieted
     hf_tok = to_transformers(tokenizer, cfg.model.get("n_positions"))
     write_folder(folder, lambda tmp: (model.save_pretrained(tmp), hf_tok.save_pretrained(tmp)), replace=False)
     return folder
@@ -187,16 +191,22 @@ class AdapterSaver:
         self.after_eval(model, step, val_loss)
         out = {"adapter": str(self.paths.adapter), "base_model": self.base}
         if self.best is not None:
-            out.update(adapter_best=str(self.paths.adapter_best), adapter_best_step=self.best["step"],
-                       adapter_best_val_loss=self.best["val_loss"])
+            out.update(
+                adapter_best=str(self.paths.adapter_best),
+                adapter_best_step=self.best["step"],
+                adapter_best_val_loss=self.best["val_loss"],
+            )
         return out
 
     def _save(self, model, folder: Path, step: int, val_loss: float) -> None:
         from slurm_router.train.model import quiet_transformers
+
         quiet_transformers()
         base = self.base if self.spec.lora else None
-        record = json.dumps({"task": self.spec.name, "step": step, "val_loss": val_loss,
-                             **({"base_model": base} if base else {})}, indent=1)
+        record = json.dumps(
+            {"task": self.spec.name, "step": step, "val_loss": val_loss, **({"base_model": base} if base else {})},
+            indent=1,
+        )
 
         def write(tmp: Path) -> None:
             if self.spec.lora:
@@ -206,7 +216,9 @@ class AdapterSaver:
                 model.save_pretrained(tmp)
             else:
                 from slurm_router.train.byte_tokenizer import to_transformers
+
                 model.save_pretrained(tmp)
                 to_transformers(self.tokenizer, self.cfg.model.get("n_positions")).save_pretrained(tmp)
             (tmp / HELD_OUT).write_text(record)
+
         write_folder(folder, write)

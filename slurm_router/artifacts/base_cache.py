@@ -19,6 +19,7 @@ cache is named in one line and never used: the base stage simply trains again an
 anything trains, the cache folder must be writable and have room for the weights (check_room). The hash's
 `format` changes with the layout, so a cache of an older layout (model.pt) is never read.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,9 +38,9 @@ from slurm_router.errors import UserError
 from slurm_router.fileio import WriteError, atomic_write_text, file_sha256, sidecar_path, verify_file
 from slurm_router.rundir.layout import BASE_META, BASE_WEIGHTS
 
-ABSENT = "absent"           # check(): nothing cached yet (a first run), not damage
-FORMAT = 2                  # 1: model.pt (a torch.save state dict); 2: a save_pretrained folder
-REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")   # besides the verified weights
+ABSENT = "absent"  # check(): nothing cached yet (a first run), not damage
+FORMAT = 2  # 1: model.pt (a torch.save state dict); 2: a save_pretrained folder
+REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")  # besides the verified weights
 # Room asked for beyond the estimated weights: the safetensors header, config, tokenizer, sidecar, meta.json.
 MARGIN = 1.10
 MARGIN_BYTES = 16 << 20
@@ -66,8 +67,13 @@ def base_hash(cfg: DictConfig) -> str:
     base = cast(dict, OmegaConf.to_container(cfg.base, resolve=True))
     base.pop("cache_dir", None)
     base.pop("enabled", None)
-    key = {"model": model, "data": OmegaConf.to_container(cfg.data, resolve=True), "base": base,
-           "seed": cfg.seed, "format": FORMAT}
+    key = {
+        "model": model,
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "base": base,
+        "seed": cfg.seed,
+        "format": FORMAT,
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -106,7 +112,7 @@ def check(folder: str | os.PathLike) -> str | None:
     why it cannot be used, in words (a file missing, weights truncated, sha256 mismatch, no sidecar)."""
     folder = Path(folder)
     if not meta_path(folder).is_file():
-        return ABSENT       # incomplete (the save never finished) or never made: the base stage trains
+        return ABSENT  # incomplete (the save never finished) or never made: the base stage trains
     weights = weights_file(folder)
     for f in (weights, *(folder / name for name in REQUIRED)):
         if not f.is_file():
@@ -125,8 +131,9 @@ def say_unusable(folder: str | os.PathLike, why: str) -> None:
     """One line, once per process: the cache is not used and the base stage trains again."""
     if why == ABSENT:
         why = f"{BASE_META} is gone: the cache was deleted"
-    line = (f"warning: the cached base model in {folder} is not usable ({why}): the base stage "
-            "trains again and rewrites it")
+    line = (
+        f"warning: the cached base model in {folder} is not usable ({why}): the base stage trains again and rewrites it"
+    )
     if line not in _SAID:
         _SAID.add(line)
         print(line, file=sys.stderr, flush=True)
@@ -153,8 +160,10 @@ def verify_before_load(folder: str | os.PathLike) -> None:
         why = f"{BASE_META} is missing (the cache was removed or never finished)"
     else:
         meta_path(folder).unlink(missing_ok=True)
-    raise BaseCacheError(f"base model {folder} cannot be used ({why}): the variant did not train on it; "
-                         "run again (or resume=RUN_DIR) and the base stage trains again")
+    raise BaseCacheError(
+        f"base model {folder} cannot be used ({why}): the variant did not train on it; "
+        "run again (or resume=RUN_DIR) and the base stage trains again"
+    )
 
 
 # ---- writing ----------------------------------------------------------------------------------------------
@@ -167,6 +176,7 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
     from slurm_router.artifacts.adapters import write_folder
     from slurm_router.train.byte_tokenizer import transformers_byte_tokenizer
     from slurm_router.train.model import quiet_transformers
+
     folder = Path(folder)
     meta_path(folder).unlink(missing_ok=True)
     try:
@@ -182,10 +192,22 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
         tokenizer.save_pretrained(tmp)
         weights = weights_file(tmp)
         sha, n = file_sha256(weights)
-        atomic_write_text(sidecar_path(weights), json.dumps(
-            {"format": FORMAT, "kind": "base weights", "file": weights.name, "time": time.time(),
-             "sha256": sha, "bytes": n}, indent=1))
+        atomic_write_text(
+            sidecar_path(weights),
+            json.dumps(
+                {
+                    "format": FORMAT,
+                    "kind": "base weights",
+                    "file": weights.name,
+                    "time": time.time(),
+                    "sha256": sha,
+                    "bytes": n,
+                },
+                indent=1,
+            ),
+        )
         atomic_write_text(meta_path(tmp), json.dumps(result, indent=1))
+
     write_folder(folder, write)
 
 
@@ -193,7 +215,8 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
 def estimate_bytes(cfg: DictConfig) -> int:
     """The base weights' size on disk: 4 bytes (fp32) per entry of the GPT-2 state dict built from cfg.model
     (its tied output layer counted twice, an upper bound: safetensors stores it once), plus MARGIN."""
-    from slurm_router.train.data import make_tokenizer
+    from slurm_router.train.tokenizer import make_tokenizer
+
     m = cfg.model
     vocab, d, layers = make_tokenizer(m).vocab_size, int(m.n_embd), int(m.n_layer)
     entries = 2 * vocab * d + int(m.n_positions) * d + layers * (12 * d * d + 13 * d) + 2 * d
@@ -213,8 +236,10 @@ def check_room(cfg: DictConfig) -> None:
     """Before any file of the run is written, when the base stage is to train: its cache folder must be
     writable and have room for the weights; else UserError, one line (exit 2)."""
     folder, setting = weights_path(cfg), _setting(cfg)
-    probe = nearest_existing(check_writable_dir(folder, setting))      # a writable folder, by now
+    probe = nearest_existing(check_writable_dir(folder, setting))  # a writable folder, by now
     free, need = shutil.disk_usage(probe).free, estimate_bytes(cfg)
     if free < need:
-        raise UserError(f"{setting}: {free / 2**20:,.1f} MiB free in {probe}, the base model's weights need about "
-                        f"{need / 2**20:,.1f} MiB: free space there or set base.cache_dir= to a roomier folder")
+        raise UserError(
+            f"{setting}: {free / 2**20:,.1f} MiB free in {probe}, the base model's weights need about "
+            f"{need / 2**20:,.1f} MiB: free space there or set base.cache_dir= to a roomier folder"
+        )

@@ -7,6 +7,7 @@ trackers of every variant (a known mode, its package, a writable store), every v
 LoRA target layers, built on the meta device), the launcher's own checks (Slurm on PATH, the partition, the
 container image...), then the data (the corpus is built once, so a bad file is named now).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,11 +26,11 @@ from slurm_router.tracking.trackers import check_tracker
 
 @dataclass
 class CheckedRun:
-    variants: dict[str, DictConfig]     # each variant's merged config ({"main": cfg} without variants)
-    launcher: type                      # the launcher class of launcher.kind
-    corpus: Any                         # the data, built once (train.data.Corpus)
+    variants: dict[str, DictConfig]  # each variant's merged config ({"main": cfg} without variants)
+    launcher: type  # the launcher class of launcher.kind
+    corpus: Any  # the data, built once (train.data.Corpus)
     run_id: str
-    run_dir: Path                       # not created yet
+    run_dir: Path  # not created yet
 
 
 def check_new_run(cfg: DictConfig) -> CheckedRun:
@@ -38,12 +39,13 @@ def check_new_run(cfg: DictConfig) -> CheckedRun:
     for where, c in _each_config(cfg, variants):
         check_tracker(c.get("tracker"), where)
     check_fits_base(cfg, variants)
-    run_id, run_dir = new_run_dir(cfg)                  # in a run_root that can be written, or one line now
+    run_id, run_dir = new_run_dir(cfg)  # in a run_root that can be written, or one line now
     check_models(cfg, variants)
     launcher = launcher_class(cfg.launcher.kind)
     launcher.check(cfg)
     from slurm_router.train.data import build_corpus
-    corpus = build_corpus(cfg.data, tokenizer(cfg))     # fail on bad data before any file is written
+
+    corpus = build_corpus(cfg.data, tokenizer(cfg))  # fail on bad data before any file is written
     return CheckedRun(variants, launcher, corpus, run_id, run_dir)
 
 
@@ -67,6 +69,7 @@ def check_models(cfg, variants: dict) -> None:
     if not named:
         return
     from slurm_router.train.model import check_architecture, check_checkpoint
+
     for c in {(c.model.name_or_path, c.data.max_len): c for _, c in named}.values():
         check_checkpoint(c.model, c.data.max_len)
     seen = set()
@@ -78,12 +81,15 @@ def check_models(cfg, variants: dict) -> None:
 
 
 def tokenizer(cfg):
-    from slurm_router.train.data import make_tokenizer
-    try:                        # a local checkpoint can be broken in many ways; each is the user's to fix
+    from slurm_router.train.tokenizer import make_tokenizer
+
+    try:  # a local checkpoint can be broken in many ways; each is the user's to fix
         return make_tokenizer(cfg.model)
     except UserError:
         raise
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"model.name_or_path={cfg.model.name_or_path!r}: cannot load its tokenizer ({first}): "
-                        "give a complete local transformers checkpoint (config, weights, tokenizer files)") from None
+        raise UserError(
+            f"model.name_or_path={cfg.model.name_or_path!r}: cannot load its tokenizer ({first}): "
+            "give a complete local transformers checkpoint (config, weights, tokenizer files)"
+        ) from None

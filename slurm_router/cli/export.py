@@ -13,6 +13,7 @@ and renamed, so OUT is whole or absent. Without --merge: where the adapter and i
 Errors are one line, exit 2: RUN_DIR not a run, VARIANT unknown (the variants listed), no adapter (the task has
 not completed), the adapter's base gone or damaged, OUT exists and is not empty.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,69 +39,87 @@ def report_winner(run_dir: Path) -> dict | None:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     from slurm_router.analysis.report import analyze
+
     return analyze(run_dir)[0]["winner"]
 
 
 def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, str]:
     """(variant, the folder to export, why this variant). UserError, one line, when there is none to export."""
     from slurm_router.rundir.manifest import Manifest
+
     manifest = Manifest.load(run_dir).data
     names = variants(manifest)
     listed = ", ".join(names) or "none"
     if variant is None:
         won = report_winner(run_dir)
         if not won:
-            raise UserError(f"{run_dir}: no variant has a final held-out loss yet, so the report names no winner: "
-                            f"name a VARIANT (its variants: {listed})")
+            raise UserError(
+                f"{run_dir}: no variant has a final held-out loss yet, so the report names no winner: "
+                f"name a VARIANT (its variants: {listed})"
+            )
         # with seeds=N the winner is a variant of N replicates: its best seed's task holds the adapter named
         variant, why = won.get("task") or won["variant"], f"the report's winner ({won['sentence']})"
     elif variant not in names:
         replicates = [n for n in names if manifest["tasks"][n].get("variant") == variant]
         if replicates:
-            raise UserError(f"{run_dir}: {variant} ran {len(replicates)} training seeds: name one of its replicates "
-                            f"({', '.join(replicates)}), or leave VARIANT out for the report's winner")
+            raise UserError(
+                f"{run_dir}: {variant} ran {len(replicates)} training seeds: name one of its replicates "
+                f"({', '.join(replicates)}), or leave VARIANT out for the report's winner"
+            )
         raise UserError(f"{run_dir}: no variant {variant!r}; its variants: {listed}")
     else:
         why = "as named"
     paths = TaskPaths(RunLayout(run_dir).task(variant).dir)
-    if (paths.full_model / "config.json").is_file():       # trained without LoRA: the model itself
+    if (paths.full_model / "config.json").is_file():  # trained without LoRA: the model itself
         return variant, paths.full_model, why
     folder = paths.adapter_best if best else paths.adapter
     if not all((folder / f).is_file() for f in ADAPTER_FILES):
         state = manifest["tasks"][variant].get("state", "?")
         if best and all((paths.adapter / f).is_file() for f in ADAPTER_FILES):
-            raise UserError(f"{variant}: no {folder} (a run without train.eval_every keeps the final adapter only): "
-                            "leave out --best to export that one")
-        raise UserError(f"{variant}: no adapter in {folder} (the task has not completed: its state is {state}): "
-                        f"finish it with python -m slurm_router resume={run_dir}, or choose another variant "
-                        f"({listed})")
+            raise UserError(
+                f"{variant}: no {folder} (a run without train.eval_every keeps the final adapter only): "
+                "leave out --best to export that one"
+            )
+        raise UserError(
+            f"{variant}: no adapter in {folder} (the task has not completed: its state is {state}): "
+            f"finish it with python -m slurm_router resume={run_dir}, or choose another variant "
+            f"({listed})"
+        )
     return variant, folder, why
 
 
 def base_of(adapter: Path) -> Path:
     """The base an adapter was trained on (its adapter_config.json), checked to be a whole checkpoint."""
     from slurm_router.artifacts import base_cache
+
     try:
         base = Path(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{adapter / 'adapter_config.json'} cannot be read ({type(e).__name__}): the adapter "
-                        "is damaged") from None
+        raise UserError(
+            f"{adapter / 'adapter_config.json'} cannot be read ({type(e).__name__}): the adapter is damaged"
+        ) from None
     if not (base / "config.json").is_file():
-        raise UserError(f"the base model of {adapter}, {base}, is gone (no config.json there): put that checkpoint "
-                        "back (the base stage's cache: run the experiment again to rebuild it)")
-    if base_cache.meta_path(base).is_file():            # a base stage's cache entry: verified (sha256)
+        raise UserError(
+            f"the base model of {adapter}, {base}, is gone (no config.json there): put that checkpoint "
+            "back (the base stage's cache: run the experiment again to rebuild it)"
+        )
+    if base_cache.meta_path(base).is_file():  # a base stage's cache entry: verified (sha256)
         why = base_cache.check(base)
         if why is not None:
-            raise UserError(f"the base model of {adapter}, {base}, cannot be used ({why}): run the experiment "
-                            "again to rebuild the base stage's cache")
+            raise UserError(
+                f"the base model of {adapter}, {base}, cannot be used ({why}): run the experiment "
+                "again to rebuild the base stage's cache"
+            )
     return base
 
 
 def _out_folder(out: Path) -> Path:
     out = Path(os.path.expanduser(str(out)))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--merge {out}: {'is a file' if not out.is_dir() else 'exists and is not empty'}: "
-                        "give a new folder (it is created) or an empty one")
+        raise UserError(
+            f"--merge {out}: {'is a file' if not out.is_dir() else 'exists and is not empty'}: "
+            "give a new folder (it is created) or an empty one"
+        )
     return out
 
 
@@ -109,6 +128,7 @@ def merge(folder: Path, out: Path) -> Path:
     A full model folder (a variant trained without LoRA) is copied as it is."""
     from slurm_router.artifacts.adapters import write_folder
     from slurm_router.train.model import quiet_transformers
+
     if not (folder / ADAPTER_FILES[0]).is_file():
         write_folder(out, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True))
         return folder
@@ -116,17 +136,18 @@ def merge(folder: Path, out: Path) -> Path:
     import torch
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     quiet_transformers()
     config = AutoConfig.from_pretrained(base, local_files_only=True)
     saved_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32)
-    with warnings.catch_warnings():         # peft's own deprecation notices, nothing the user can act on
+    with warnings.catch_warnings():  # peft's own deprecation notices, nothing the user can act on
         warnings.simplefilter("ignore", FutureWarning)
         model = PeftModel.from_pretrained(model, folder).merge_and_unload()
     if isinstance(saved_dtype, str):
         saved_dtype = getattr(torch, saved_dtype, None)
     if isinstance(saved_dtype, torch.dtype) and saved_dtype != torch.float32:
-        model = model.to(saved_dtype)               # merged in fp32, saved as the base was
+        model = model.to(saved_dtype)  # merged in fp32, saved as the base was
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
     write_folder(out, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
     return base

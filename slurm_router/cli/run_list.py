@@ -4,6 +4,7 @@ tasks' result files. Runs that Slurm runs are looked up with one squeue call for
 
     python -m slurm_router.status [--run-root runs] [--limit 20] [--json]
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,9 @@ class RunRow:
     run_id: str | None
     experiment: str | None
     launcher: str | None
-    created: float | None       # unix time the run dir was made
-    state: str                  # the manifest's state, made current (below)
-    tasks_done: int             # tasks with a result (completed or cached)
+    created: float | None  # unix time the run dir was made
+    state: str  # the manifest's state, made current (below)
+    tasks_done: int  # tasks with a result (completed or cached)
     tasks_total: int
 
 
@@ -34,15 +35,18 @@ def find_runs(run_root: str, limit: int) -> list[Path]:
     itself), by their timestamp names. UserError (one line) if run_root is not a folder."""
     root = Path(os.path.expanduser(run_root))
     if not root.is_dir():
-        raise UserError(f"--run-root {run_root}: no such folder: give the run_root your runs were written to "
-                        "(python -m slurm_router.status --run-root DIR), or a run dir")
+        raise UserError(
+            f"--run-root {run_root}: no such folder: give the run_root your runs were written to "
+            "(python -m slurm_router.status --run-root DIR), or a run dir"
+        )
     found = [p.parent for pattern in (f"*/*/{MANIFEST}", f"*/{MANIFEST}") for p in root.glob(pattern)]
-    return sorted(found, key=lambda p: (p.name, str(p)), reverse=True)[:max(0, limit)]
+    return sorted(found, key=lambda p: (p.name, str(p)), reverse=True)[: max(0, limit)]
 
 
 def live_slurm_jobs(runner=None) -> dict[str, str]:
     """Every job Slurm holds now, by array job id: 'RUNNING' if any of its tasks runs, else its state."""
     from slurm_router.launch.slurm.status import run_command
+
     out: dict[str, str] = {}
     for line in (runner or run_command)(["squeue", "-h", "-o", "%F|%T"]).splitlines():
         job, _, state = line.strip().partition("|")
@@ -55,6 +59,7 @@ def run_state(data: dict, live: dict[str, str], done: int, total: int) -> str:
     """The manifest's state, made current: a Slurm run is running or pending while Slurm holds one of its jobs,
     else completed (every task has its result) or ended; a local run whose launcher is gone is interrupted."""
     from slurm_router.rundir.lock import owner_alive
+
     state = str(data.get("state") or "?")
     if state == "running" and data.get("launcher") == "local" and owner_alive(data.get("owner") or {}) is False:
         return "interrupted (launcher gone)"
@@ -73,14 +78,24 @@ def list_runs(run_root: str, limit: int = 20, runner=None) -> list[RunRow]:
         try:
             data = Manifest.load(run_dir).data
         except UserError:
-            continue                    # damaged, or being made: not listed
+            continue  # damaged, or being made: not listed
         tasks = data.get("tasks") or {}
         layout = RunLayout(run_dir)
         done = sum(1 for name in tasks if layout.task(name).result.is_file())
         if data.get("state") == "submitted" and live is None:
             live = live_slurm_jobs(runner)
-        rows.append(RunRow(str(run_dir), data.get("run_id"), data.get("experiment"), data.get("launcher"),
-                           data.get("created"), run_state(data, live or {}, done, len(tasks)), done, len(tasks)))
+        rows.append(
+            RunRow(
+                str(run_dir),
+                data.get("run_id"),
+                data.get("experiment"),
+                data.get("launcher"),
+                data.get("created"),
+                run_state(data, live or {}, done, len(tasks)),
+                done,
+                len(tasks),
+            )
+        )
     return rows
 
 
@@ -93,8 +108,16 @@ def print_runs(run_root: str, limit: int = 20, as_json: bool = False) -> None:
         print(f"no runs under {run_root}")
         return
     table = [("started", "state", "experiment", "launcher", "tasks", "run_dir")] + [
-        (time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)) if r.created else "-", r.state,
-         r.experiment or "-", r.launcher or "-", f"{r.tasks_done}/{r.tasks_total}", r.run_dir) for r in rows]
+        (
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)) if r.created else "-",
+            r.state,
+            r.experiment or "-",
+            r.launcher or "-",
+            f"{r.tasks_done}/{r.tasks_total}",
+            r.run_dir,
+        )
+        for r in rows
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())

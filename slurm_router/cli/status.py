@@ -2,6 +2,7 @@
 state, progress and log tail, as a table or JSON; wait for, follow or cancel a run's tasks. The states come
 from the run's launcher backend (slurm_router.launch.slurm.status: squeue, sacct, or a local run's manifest);
 without RUN_DIR the recent runs (slurm_router.cli.run_list)."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ class LogFollower:
         seen: set[str] = set()
         for t in tasks:
             for path, tag in ((t.log_path, t.variant), (t.err_path, f"{t.variant}:err")):
-                if path and path not in seen:           # packed tasks share their array task's logs
+                if path and path not in seen:  # packed tasks share their array task's logs
                     seen.add(path)
                     start = "end" if first and t.terminal else "backlog" if first else "start"
                     self._read(path, tag, start)
@@ -41,11 +42,10 @@ class LogFollower:
         try:
             size = os.path.getsize(path)
         except OSError:
-            return                                      # not written yet (a pending task)
+            return  # not written yet (a pending task)
         if path not in self.offsets:
-            self.offsets[path] = (size if start == "end" else 0 if start == "start"
-                                  else self._backlog_offset(path, size))
-        offset = self.offsets[path] if size >= self.offsets[path] else 0        # truncated: from its start
+            self.offsets[path] = size if start == "end" else 0 if start == "start" else self._backlog_offset(path, size)
+        offset = self.offsets[path] if size >= self.offsets[path] else 0  # truncated: from its start
         with open(path, "rb") as f:
             f.seek(offset)
             data = f.read(size - offset)
@@ -62,12 +62,13 @@ class LogFollower:
         with open(path, "rb") as f:
             f.seek(start)
             *complete, rest = f.read(size - start).split(b"\n")
-        keep = complete[1 if start else 0:][-self.backlog:]     # a read from mid-file starts mid-line
+        keep = complete[1 if start else 0 :][-self.backlog :]  # a read from mid-file starts mid-line
         return size - len(rest) - sum(len(line) + 1 for line in keep)
 
 
-def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, runner: Runner = run_command,
-               timeout_s: float | None = None) -> list[TaskStatus]:
+def follow_run(
+    manifest: dict, poll_s: float = 2.0, out=sys.stdout, runner: Runner = run_command, timeout_s: float | None = None
+) -> list[TaskStatus]:
     """--follow: print the tasks' new log lines until every task has ended (or timeout_s); the last statuses."""
     follower = LogFollower(out)
     first = True
@@ -76,8 +77,9 @@ def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, runner: Runn
         nonlocal first
         follower.poll(tasks, first)
         first = False
+
     tasks = wait_for_run(manifest, runner, poll_s=poll_s, timeout_s=timeout_s, on_poll=show)
-    follower.poll(tasks)                                # what was written between the last poll and the end
+    follower.poll(tasks)  # what was written between the last poll and the end
     return tasks
 
 
@@ -101,9 +103,19 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
     header = f"run {manifest.get('run_id', '?')} ({manifest.get('experiment', '?')}, launcher={manifest.get('launcher', '?')}): {_summary(tasks)}"
     columns = ("stage", "variant", "job", "state", "step", "ETA", "elapsed", "requeues", "exit", "node", "log")
     rows = [
-        (t.stage, t.variant, t.job_id, t.state + (f" ({t.reason})" if t.reason else ""), _steps(t),
-         format_duration(t.progress.eta_s), format_duration(t.elapsed_s), str(t.requeues), t.exit_code or "-",
-         t.node or "-", t.log_path or "-")
+        (
+            t.stage,
+            t.variant,
+            t.job_id,
+            t.state + (f" ({t.reason})" if t.reason else ""),
+            _steps(t),
+            format_duration(t.progress.eta_s),
+            format_duration(t.elapsed_s),
+            str(t.requeues),
+            t.exit_code or "-",
+            t.node or "-",
+            t.log_path or "-",
+        )
         for t in tasks
     ]
     try:
@@ -126,9 +138,11 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
         assert reason is not None
         names = [t.variant for t in tasks if t.reason == reason]
         pending = any(never_runs(t) for t in tasks if t.reason == reason)
-        print(f"\n{len(names)} task(s) never ran ({', '.join(names)}): {reason.split(': ', 1)[-1]}; fix the cause, "
-              f"then python -m slurm_router resume={manifest.get('run_dir', 'RUN_DIR')} submits the failed stage "
-              "and these again" + (" (it cancels these first: Slurm keeps them PENDING)" if pending else ""))
+        print(
+            f"\n{len(names)} task(s) never ran ({', '.join(names)}): {reason.split(': ', 1)[-1]}; fix the cause, "
+            f"then python -m slurm_router resume={manifest.get('run_dir', 'RUN_DIR')} submits the failed stage "
+            "and these again" + (" (it cancels these first: Slurm keeps them PENDING)" if pending else "")
+        )
     for t in tasks:
         if t.out_tail or t.err_tail:
             print(f"\n--- {t.variant} ({t.job_id}) {t.state}: last {TAIL_LINES} lines of its logs")
@@ -138,17 +152,46 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
                     print("\n".join(lines))
 
 
-JSON_ORDER = ("task", "stage", "variant", "job_id", "state", "reason", "terminal", "step", "steps", "train_loss",
-              "val_loss", "val_step", "tokens_per_s", "eta_s", "elapsed_s", "requeues", "attempts", "retry", "retries",
-              "exit_code", "node", "log_path", "err_path", "out_tail", "err_tail")
+JSON_ORDER = (
+    "task",
+    "stage",
+    "variant",
+    "job_id",
+    "state",
+    "reason",
+    "terminal",
+    "step",
+    "steps",
+    "train_loss",
+    "val_loss",
+    "val_step",
+    "tokens_per_s",
+    "eta_s",
+    "elapsed_s",
+    "requeues",
+    "attempts",
+    "retry",
+    "retries",
+    "exit_code",
+    "node",
+    "log_path",
+    "err_path",
+    "out_tail",
+    "err_tail",
+)
 
 
 def task_json(t: TaskStatus) -> dict:
     """One task as status --json prints it: Slurm's view (state, job_id, elapsed_s, requeues, exit_code, node,
     reason, log_path, err_path) and its progress (step, steps, train_loss, val_loss, val_step, tokens_per_s,
     eta_s, attempts, retries), flat."""
-    fields = {**asdict(t), **asdict(t.progress), "task": t.variant, "retry": t.progress.retry_note,
-              "terminal": t.terminal}
+    fields = {
+        **asdict(t),
+        **asdict(t.progress),
+        "task": t.variant,
+        "retry": t.progress.retry_note,
+        "terminal": t.terminal,
+    }
     return {k: fields[k] for k in JSON_ORDER}
 
 
@@ -172,6 +215,7 @@ def stop_local_run(manifest: dict) -> str | None:
     import signal
 
     from slurm_router.rundir.lock import describe, owner_alive
+
     owner = manifest.get("owner")
     if manifest.get("state") not in ("running", None) or owner_alive(owner) is not True:
         return None
@@ -180,23 +224,32 @@ def stop_local_run(manifest: dict) -> str | None:
         os.kill(int(owner["pid"]), signal.SIGTERM)
     except ProcessLookupError:
         return None
-    return (f"stopping the local run of {describe(owner)}: its tasks checkpoint at the step end; "
-            f"resume={manifest.get('run_dir')} continues them")
+    return (
+        f"stopping the local run of {describe(owner)}: its tasks checkpoint at the step end; "
+        f"resume={manifest.get('run_dir')} continues them"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """python -m slurm_router.status [RUN_DIR] [--wait] [--follow] [--cancel] [--json] [--run-root DIR]"""
     parser = argparse.ArgumentParser(prog="python -m slurm_router.status", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", nargs="?", help="a run directory (holds manifest.json); without it, the recent "
-                        "runs under --run-root")
+    parser.add_argument(
+        "run_dir", nargs="?", help="a run directory (holds manifest.json); without it, the recent runs under --run-root"
+    )
     parser.add_argument("--run-root", default="runs", help="where runs are (the config's run_root; default runs)")
     parser.add_argument("--limit", type=int, default=20, help="without RUN_DIR: the newest this many runs")
     parser.add_argument("--wait", action="store_true", help="poll until every task ended; exit 0 only if all COMPLETED")
-    parser.add_argument("--follow", action="store_true",
-                        help="print the tasks' log lines as they come, each prefixed with its task's name, until "
-                             "every task ended; exit 0 only if all COMPLETED")
-    parser.add_argument("--cancel", action="store_true",
-                        help="scancel this run's jobs (only its own job ids); a local run: stop it as Ctrl-C does")
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="print the tasks' log lines as they come, each prefixed with its task's name, until "
+        "every task ended; exit 0 only if all COMPLETED",
+    )
+    parser.add_argument(
+        "--cancel",
+        action="store_true",
+        help="scancel this run's jobs (only its own job ids); a local run: stop it as Ctrl-C does",
+    )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     parser.add_argument("--poll-s", type=float, default=5.0, help="seconds between polls with --wait (default 5)")
     parser.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this long (exit 1)")
@@ -204,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.run_dir is None:
             from slurm_router.cli.run_list import print_runs
+
             print_runs(args.run_root, args.limit, as_json=args.json)
             return 0
         manifest = Manifest.load(args.run_dir).data
-    except UserError as exc:                    # NotARunDir: one line, exit 2, as every bad input
+    except UserError as exc:  # NotARunDir: one line, exit 2, as every bad input
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.cancel:
@@ -219,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {manifest.get('run_id', '?')}: {_summary(tasks)}", file=sys.stderr)
         return 0 if tasks and all(t.state in SUCCESS_STATES for t in tasks) else 1
     if args.wait:
+
         def progress(tasks: list[TaskStatus]) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {_summary(tasks)}", file=sys.stderr, flush=True)
 

@@ -1,5 +1,5 @@
-"""The checks that turn a bad config value into one line saying what to do (no torch, no files written).
-"""
+"""The checks that turn a bad config value into one line saying what to do (no torch, no files written)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +25,12 @@ TARGET_MODULES_HINT = "auto (peft's default layers for the architecture), all-li
 
 
 def gpt2_lora_layers(n_layer: int) -> list[str]:
-    return ["transformer.wte", "transformer.wpe",
-            *(f"transformer.h.{i}.{b}" for i in range(n_layer) for b in GPT2_LORA_BLOCK), "lm_head"]
+    return [
+        "transformer.wte",
+        "transformer.wpe",
+        *(f"transformer.h.{i}.{b}" for i in range(n_layer) for b in GPT2_LORA_BLOCK),
+        "lm_head",
+    ]
 
 
 def target_module_names(value: Any, where: str = "") -> list[str] | None:
@@ -39,8 +43,9 @@ def target_module_names(value: Any, where: str = "") -> list[str] | None:
     if names is None or not all(isinstance(n, str) and n for n in names):
         raise UserError(f"{where}model.lora.target_modules={value!r} is not valid: use {TARGET_MODULES_HINT}")
     if not names:
-        raise UserError(f"{where}model.lora.target_modules is empty: name the layers to adapt, or use "
-                        f"{TARGET_MODULES_HINT}")
+        raise UserError(
+            f"{where}model.lora.target_modules is empty: name the layers to adapt, or use {TARGET_MODULES_HINT}"
+        )
     return names
 
 
@@ -50,8 +55,10 @@ def check_target_modules(names: list[str], layers: list[str], model: str, where:
     for name in names:
         if not any(layer == name or layer.endswith("." + name) for layer in layers):
             have = ", ".join(dict.fromkeys(layer.rsplit(".", 1)[-1] for layer in layers))
-            raise UserError(f"{where}model.lora.target_modules: {name!r} is not a layer of {model} that LoRA can "
-                            f"adapt: its layers are {have} (or use auto or all-linear)")
+            raise UserError(
+                f"{where}model.lora.target_modules: {name!r} is not a layer of {model} that LoRA can "
+                f"adapt: its layers are {have} (or use auto or all-linear)"
+            )
 
 
 def nearest_existing(path: Path) -> Path:
@@ -85,8 +92,10 @@ def launcher_key_error(key: str, kind: str, where: str = "") -> UserError:
     name = key.split(".", 1)[1].split(".")[0]
     have = [f"launcher={s.kind}" for s in LAUNCHER_SCHEMAS if name in {f.name for f in dataclasses.fields(s)}]
     if have:
-        return UserError(f"{where}launcher.{name} does not apply to launcher={kind}: it is an option of "
-                         f"{', '.join(have)} only; choose one of those or drop launcher.{name}")
+        return UserError(
+            f"{where}launcher.{name} does not apply to launcher={kind}: it is an option of "
+            f"{', '.join(have)} only; choose one of those or drop launcher.{name}"
+        )
     keys = sorted(f.name for f in dataclasses.fields(launcher_schema(kind)))
     return UserError(f"{where}unknown key 'launcher.{name}': valid keys for launcher={kind} are {', '.join(keys)}")
 
@@ -112,8 +121,9 @@ def explain(error: Exception, where: str = "") -> UserError:
         keys = valid_keys(parent)
         under = f"under {parent}" if parent else "at the top level"
         if not keys:
-            return UserError(f"{where}unknown key '{key}': {parent or 'the top level'} has no key "
-                             f"{key.rsplit('.', 1)[-1]!r} ({msg})")
+            return UserError(
+                f"{where}unknown key '{key}': {parent or 'the top level'} has no key {key.rsplit('.', 1)[-1]!r} ({msg})"
+            )
         return UserError(f"{where}unknown key '{key}': valid keys {under} are {', '.join(keys)}")
     if isinstance(error, ValidationError) and key and re.search(r"'dict'|'\{\}'", msg):
         return _not_a_group(key, msg, where)
@@ -122,9 +132,11 @@ def explain(error: Exception, where: str = "") -> UserError:
     return UserError(f"{where}{msg}")
 
 
-EXPERIMENT_HINT = ("experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: pick one "
-                   "with +experiment=NAME (its options live under train., data., model., ...; seeds= and prune= "
-                   "are set at the top level)")
+EXPERIMENT_HINT = (
+    "experiment is a string, the experiment's name, set by conf/experiment/NAME.yaml: pick one "
+    "with +experiment=NAME (its options live under train., data., model., ...; seeds= and prune= "
+    "are set at the top level)"
+)
 
 
 def _not_a_group(key: str, msg: str, where: str = "") -> UserError:
@@ -144,7 +156,7 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
     """Choices and ranges; raises UserError naming the key (prefixed with `where`, e.g. 'variants.r8.')."""
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
-        if value in ("True", "False") and value.lower() in allowed:   # a str key given true/false on the command line
+        if value in ("True", "False") and value.lower() in allowed:  # a str key given true/false on the command line
             continue
         problem = not_a_choice(key, value, allowed)
         if problem:
@@ -154,23 +166,27 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         problem = None if value is None else out_of_range(key, value, *limits)
         if problem:
             raise UserError(f"{where}{problem}")
-    try:                                # the router's own settings: their one check is RouterSettings'
+    try:  # the router's own settings: their one check is RouterSettings'
         RouterSettings.from_config(cfg.router)
     except ValueError as e:
         raise UserError(f"{where}{e}") from None
     names = target_module_names(cfg.model.lora.target_modules, where) if cfg.model.lora.enabled else None
-    if names and cfg.model.kind == "gpt2":      # model=hf: checked on its architecture (cli.checks.check_models)
+    if names and cfg.model.kind == "gpt2":  # model=hf: checked on its architecture (cli.checks.check_models)
         check_target_modules(names, gpt2_lora_layers(cfg.model.n_layer), "GPT2LMHeadModel", where)
     if cfg.model.n_embd % cfg.model.n_head:
         raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")
     if cfg.data.max_len > cfg.model.n_positions and cfg.model.kind == "gpt2":
-        raise UserError(f"{where}data.max_len={cfg.data.max_len} exceeds model.n_positions={cfg.model.n_positions}: "
-                        "lower data.max_len or raise model.n_positions")
+        raise UserError(
+            f"{where}data.max_len={cfg.data.max_len} exceeds model.n_positions={cfg.model.n_positions}: "
+            "lower data.max_len or raise model.n_positions"
+        )
     if cfg.model.kind == "hf" and not cfg.model.name_or_path:
         raise UserError(f"{where}model.name_or_path is required with model=hf: give a local checkpoint directory")
     if cfg.model.kind == "hf" and not Path(os.path.expanduser(cfg.model.name_or_path)).is_dir():
-        raise UserError(f"{where}model.name_or_path={cfg.model.name_or_path!r} is not a directory: "
-                        "give a local transformers checkpoint (nothing is downloaded)")
+        raise UserError(
+            f"{where}model.name_or_path={cfg.model.name_or_path!r} is not a directory: "
+            "give a local transformers checkpoint (nothing is downloaded)"
+        )
     if any(s <= 0 for s in cfg.router.device_slowdown):
         raise UserError(f"{where}router.device_slowdown={list(cfg.router.device_slowdown)} must be all > 0")
     if list(cfg.router.affinity_boundaries) != sorted(set(cfg.router.affinity_boundaries)):
@@ -179,8 +195,21 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
 
 
 # Slurm's --mail-type names (sbatch(1), 22.05 on); a list is comma-separated
-MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
-              "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+MAIL_TYPES = (
+    "NONE",
+    "BEGIN",
+    "END",
+    "FAIL",
+    "REQUEUE",
+    "ALL",
+    "INVALID_DEPEND",
+    "STAGE_OUT",
+    "TIME_LIMIT",
+    "TIME_LIMIT_90",
+    "TIME_LIMIT_80",
+    "TIME_LIMIT_50",
+    "ARRAY_TASKS",
+)
 CONTAINER_RUNTIMES = ("apptainer", "pyxis")
 
 
@@ -192,8 +221,10 @@ def mail_types(value: Any, where: str = "") -> list[str]:
     names = [str(v).strip().upper() for v in value] if is_list else str(value).upper().split(",")
     bad = next((n for n in names if n.strip() not in MAIL_TYPES), None)
     if bad is not None:
-        raise UserError(f"{where}launcher.mail_type={value!r}: {bad.strip()!r} is not a Slurm mail type: use "
-                        f"{', '.join(MAIL_TYPES)} (several: launcher.mail_type='END,FAIL')")
+        raise UserError(
+            f"{where}launcher.mail_type={value!r}: {bad.strip()!r} is not a Slurm mail type: use "
+            f"{', '.join(MAIL_TYPES)} (several: launcher.mail_type='END,FAIL')"
+        )
     return [n.strip() for n in names]
 
 
@@ -210,13 +241,21 @@ def check_job_values(launcher: DictConfig, where: str = "") -> None:
     if container is None:
         return
     if container.runtime not in CONTAINER_RUNTIMES:
-        raise UserError(f"{where}launcher.container.runtime={container.runtime!r} is not valid: choose one of "
-                        f"{', '.join(CONTAINER_RUNTIMES)}")
+        raise UserError(
+            f"{where}launcher.container.runtime={container.runtime!r} is not valid: choose one of "
+            f"{', '.join(CONTAINER_RUNTIMES)}"
+        )
     image = container.image
     if image is not None and not str(image).strip():
         raise UserError(f"{where}launcher.container.image is empty: give an image, or leave it unset (no container)")
-    if image and container.runtime == "apptainer" and "://" not in image \
-            and not Path(os.path.expanduser(image)).is_file():
-        raise UserError(f"{where}launcher.container.image={image!r}: no such image file "
-                        f"({Path(os.path.expanduser(image)).absolute()}): give the path of a .sif image, or a URI "
-                        "such as docker://... that apptainer pulls")
+    if (
+        image
+        and container.runtime == "apptainer"
+        and "://" not in image
+        and not Path(os.path.expanduser(image)).is_file()
+    ):
+        raise UserError(
+            f"{where}launcher.container.image={image!r}: no such image file "
+            f"({Path(os.path.expanduser(image)).absolute()}): give the path of a .sif image, or a URI "
+            "such as docker://... that apptainer pulls"
+        )

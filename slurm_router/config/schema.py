@@ -1,6 +1,7 @@
 """Config schema: dataclasses registered in Hydra's ConfigStore, the choices and ranges each key allows.
 Values live in conf/*.yaml; this file only says what is allowed. The checks: checks.py, variants.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,38 +25,38 @@ class LoraConfig:
     dropout: float = 0.0
     # auto: peft's own per-architecture defaults (all-linear where peft has none) | all-linear | [names]
     target_modules: Any = "auto"
-    use_rslora: bool = False                # rank-stabilised scaling alpha/sqrt(r) (peft)
-    use_dora: bool = False                  # weight-decomposed LoRA (peft)
+    use_rslora: bool = False  # rank-stabilised scaling alpha/sqrt(r) (peft)
+    use_dora: bool = False  # weight-decomposed LoRA (peft)
 
 
 @dataclass
 class ModelConfig:
-    kind: str = "gpt2"                      # gpt2: built from this config | hf: a local checkpoint
-    name_or_path: Optional[str] = None      # kind=hf: a local directory (never downloaded)
+    kind: str = "gpt2"  # gpt2: built from this config | hf: a local checkpoint
+    name_or_path: Optional[str] = None  # kind=hf: a local directory (never downloaded)
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 128
     n_positions: int = 512
-    vocab_size: int = 257                   # byte-level: 256 bytes + end-of-text
-    dtype: str = "auto"                     # frozen weights: auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    vocab_size: int = 257  # byte-level: 256 bytes + end-of-text
+    dtype: str = "auto"  # frozen weights: auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
 class DataConfig:
-    kind: str = "stdlib"                    # stdlib | text_dir | jsonl | parquet | synthetic
-    path: Optional[str] = None              # text_dir: a folder; jsonl: a file; parquet: a file or a folder
-    text_field: str = "text"                # jsonl/parquet: the field holding the text (loss on every token)
-    prompt_field: Optional[str] = None      # jsonl/parquet: with completion_field, loss on the completion only
+    kind: str = "stdlib"  # stdlib | text_dir | jsonl | parquet | synthetic
+    path: Optional[str] = None  # text_dir: a folder; jsonl: a file; parquet: a file or a folder
+    text_field: str = "text"  # jsonl/parquet: the field holding the text (loss on every token)
+    prompt_field: Optional[str] = None  # jsonl/parquet: with completion_field, loss on the completion only
     completion_field: Optional[str] = None
-    messages_field: Optional[str] = None    # jsonl/parquet: chat turns, loss on the assistant turns only
-    max_len: int = 256                      # tokens per sample; longer documents are cut into pieces
-    split_on: str = "\n\n"                  # a document is cut into samples at this separator first
-    val_fraction: float = 0.05              # documents held out (by a hash of their name: stable)
+    messages_field: Optional[str] = None  # jsonl/parquet: chat turns, loss on the assistant turns only
+    max_len: int = 256  # tokens per sample; longer documents are cut into pieces
+    split_on: str = "\n\n"  # a document is cut into samples at this separator first
+    val_fraction: float = 0.05  # documents held out (by a hash of their name: stable)
     max_documents: Optional[int] = None
     # data=synthetic: token sequences with a controllable length distribution (benchmarks)
     n_samples: int = 4096
-    length_dist: str = "lognormal"          # lognormal | uniform | fixed
+    length_dist: str = "lognormal"  # lognormal | uniform | fixed
     mean_len: int = 96
     sigma: float = 0.8
     min_len: int = 8
@@ -64,15 +65,16 @@ class DataConfig:
 @dataclass
 class RouterConfig:
     """The router's knobs; their defaults (and meanings) live once, in router.types.RouterSettings."""
-    policy: str = RouterSettings.policy                     # round_robin | least_loaded | affinity | balanced
-    cost: str = RouterSettings.cost                         # tokens | tokens_attention
+
+    policy: str = RouterSettings.policy  # round_robin | least_loaded | affinity | balanced
+    cost: str = RouterSettings.cost  # tokens | tokens_attention
     attention_weight: float = RouterSettings.attention_weight
     attention_ref_len: int = RouterSettings.attention_ref_len
     microbatch_overhead_tokens: int = RouterSettings.microbatch_overhead_tokens
     memory_headroom: float = RouterSettings.memory_headroom  # above 1 over-commits (OOM-path testing aid)
     max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch
     affinity_boundaries: List[int] = field(default_factory=list)
-    speed_model: str = RouterSettings.speed_model           # robust | ema | none (router/speed_model.py)
+    speed_model: str = RouterSettings.speed_model  # robust | ema | none (router/speed_model.py)
     speed_ema: float = RouterSettings.speed_ema
     # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
     device_slowdown: List[float] = field(default_factory=list)
@@ -84,29 +86,32 @@ class RouterConfig:
 class LauncherConfig:
     """What every launcher has. One schema per launcher below, registered in the `launcher` group: a key that
     the chosen launcher does not have is an error naming the launchers that have it (launcher_key_error)."""
-    kind: str = MISSING                     # each schema's own default; the registry in slurm_router.launch.registry
+
+    kind: str = MISSING  # each schema's own default; the registry in slurm_router.launch.registry
 
 
 @dataclass
 class LocalLauncherConfig(LauncherConfig):
     kind: str = "local"
-    cpu_slots: Optional[int] = None         # without GPUs: CPU worker slots (default: the core count)
+    cpu_slots: Optional[int] = None  # without GPUs: CPU worker slots (default: the core count)
 
 
 @dataclass
 class ContainerConfig:
     """launcher.container: each task runs inside this image (slurm_router/launch/container.py); the job's own
     shell (sbatch) or submitit's process stays outside, and requeues from there. image=None: no container."""
-    image: Optional[str] = None             # apptainer: a .sif file (or docker://..., library://...); pyxis: a name
-    runtime: str = "apptainer"              # apptainer (apptainer exec --nv) | pyxis (srun --container-image)
+
+    image: Optional[str] = None  # apptainer: a .sif file (or docker://..., library://...); pyxis: a name
+    runtime: str = "apptainer"  # apptainer (apptainer exec --nv) | pyxis (srun --container-image)
     # more binds, SRC[:DST]; the run dir, data.path, model.name_or_path and the base cache are bound already
     mounts: List[str] = field(default_factory=list)
-    runtime_cmd: str = "apptainer"          # apptainer: the program (a path, or a name on the compute node's PATH)
+    runtime_cmd: str = "apptainer"  # apptainer: the program (a path, or a name on the compute node's PATH)
 
 
 @dataclass
 class SlurmLauncherConfig(LauncherConfig):
     """Shared by both Slurm launchers (submitit and sbatch)."""
+
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -116,10 +121,10 @@ class SlurmLauncherConfig(LauncherConfig):
     cpus_per_task: int = 1
     array_parallelism: int = 64
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    srun_workers: bool = False              # run a task's D workers as D srun tasks, one GPU each
-    wait: bool = False                      # return once every task AND the report job have ended
-    max_requeues: int = 3                   # time-limit requeues per task (slurm_router.allocation.requeue)
-    signal_delay_s: int = 120               # USR2 this long before the time limit: checkpoint, then requeue
+    srun_workers: bool = False  # run a task's D workers as D srun tasks, one GPU each
+    wait: bool = False  # return once every task AND the report job have ended
+    max_requeues: int = 3  # time-limit requeues per task (slurm_router.allocation.requeue)
+    signal_delay_s: int = 120  # USR2 this long before the time limit: checkpoint, then requeue
     # a task that failed for a reason not its own (a worker killed by a signal, NODE_FAIL) runs again from its
     # checkpoint, away from that node, up to this many times (slurm_router.allocation.retry)
     max_failures: int = 0
@@ -127,11 +132,11 @@ class SlurmLauncherConfig(LauncherConfig):
     # task (module load, source a venv, export), as written: shell by design, trusted like your own sbatch
     # script, in the directory the run was submitted from; every other value here is quoted for the shell.
     setup: List[str] = field(default_factory=list)
-    python: Optional[str] = None            # the task's interpreter; None: the submitter's (python3 in a container)
+    python: Optional[str] = None  # the task's interpreter; None: the submitter's (python3 in a container)
     container: ContainerConfig = field(default_factory=ContainerConfig)
-    snapshot: bool = True                   # copy the checkout's source to RUN_DIR/code/ at submission; jobs import it
-    mail_type: Any = None                   # Slurm's --mail-type: END,FAIL or [END, FAIL] (MAIL_TYPES)
-    mail_user: Optional[str] = None         # Slurm's --mail-user (unset: Slurm mails the submitting user)
+    snapshot: bool = True  # copy the checkout's source to RUN_DIR/code/ at submission; jobs import it
+    mail_type: Any = None  # Slurm's --mail-type: END,FAIL or [END, FAIL] (MAIL_TYPES)
+    mail_user: Optional[str] = None  # Slurm's --mail-user (unset: Slurm mails the submitting user)
 
 
 @dataclass
@@ -142,13 +147,12 @@ class SubmititLauncherConfig(SlurmLauncherConfig):
 @dataclass
 class SbatchLauncherConfig(SlurmLauncherConfig):
     kind: str = "sbatch"
-    dry_run: bool = False                   # render RUN_DIR/submit*.sbatch, submit nothing
+    dry_run: bool = False  # render RUN_DIR/submit*.sbatch, submit nothing
 
 
 # OmegaConf 2.3 cannot hold typing.Literal fields, so `kind` is a str whose allowed values are these schemas'
 # own defaults (CHOICES["launcher.kind"]); no other code spells the kinds out.
-LAUNCHER_SCHEMAS: tuple[type[LauncherConfig], ...] = (LocalLauncherConfig, SubmititLauncherConfig,
-                                                        SbatchLauncherConfig)
+LAUNCHER_SCHEMAS: tuple[type[LauncherConfig], ...] = (LocalLauncherConfig, SubmititLauncherConfig, SbatchLauncherConfig)
 
 
 def launcher_schema(kind: str) -> type[LauncherConfig]:
@@ -160,10 +164,14 @@ def launcher_setting(launcher: dict | DictConfig | None, key: str) -> Any:
     launcher = launcher or {}
     if key in launcher:
         return launcher[key]
-    for schema in LAUNCHER_SCHEMAS:     # a field with a default_factory (a list, a nested config) is no attribute
+    for schema in LAUNCHER_SCHEMAS:  # a field with a default_factory (a list, a nested config) is no attribute
         found = {f.name: f for f in dataclasses.fields(schema)}.get(key)
         if found is not None:
-            return cast(Callable[[], Any], found.default_factory)() if found.default is dataclasses.MISSING else found.default
+            return (
+                cast(Callable[[], Any], found.default_factory)()
+                if found.default is dataclasses.MISSING
+                else found.default
+            )
     raise KeyError(f"launcher.{key}: no launcher schema has it")
 
 
@@ -175,31 +183,31 @@ class TrainConfig:
     warmup_steps: int = 5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    eval_every: int = 0                     # 0: evaluate at the start and the end only
+    eval_every: int = 0  # 0: evaluate at the start and the end only
     eval_batches: int = 8
     eval_batch_size: int = 16
-    precision: str = "auto"                 # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     # Speed switches (see slurm_router/train/loss.py and README "GPU throughput")
-    compile: bool = False                   # torch.compile the transformer backbone
-    gradient_checkpointing: bool = False    # recompute layer activations in backward (long sequences)
-    loss_chunk_tokens: int = 0              # >0: chunked cross-entropy, never the full fp32 logits (4096 on GPU)
-    pad_to_multiple: int = 1                # pad micro-batch width to a multiple (fewer shapes for compile)
-    prefetch: bool = True                   # build the next micro-batch's tensors while this one computes
+    compile: bool = False  # torch.compile the transformer backbone
+    gradient_checkpointing: bool = False  # recompute layer activations in backward (long sequences)
+    loss_chunk_tokens: int = 0  # >0: chunked cross-entropy, never the full fp32 logits (4096 on GPU)
+    pad_to_multiple: int = 1  # pad micro-batch width to a multiple (fewer shapes for compile)
+    prefetch: bool = True  # build the next micro-batch's tensors while this one computes
     # Packed micro-batches: a device's samples end to end in one row, no padding (slurm_router/train/packed.py).
     # auto: on unless train.compile (a row's length changes every step); a model whose attention cannot take
     # packed rows trains padded, with one line saying why.
-    packing: str = "auto"                   # auto | true | false
-    checkpoint_every: int = 0               # save a checkpoint every N steps (0: only on a stop signal)
-    keep_checkpoints: int = 3               # the newest K checkpoints are kept (a damaged newest falls back)
+    packing: str = "auto"  # auto | true | false
+    checkpoint_every: int = 0  # save a checkpoint every N steps (0: only on a stop signal)
+    keep_checkpoints: int = 3  # the newest K checkpoints are kept (a damaged newest falls back)
 
 
 @dataclass
 class BaseStageConfig:
-    enabled: bool = False                   # train a base model first (no LoRA), cached by its config hash
+    enabled: bool = False  # train a base model first (no LoRA), cached by its config hash
     steps: int = 200
     lr: float = 3e-3
     global_batch_size: int = 16
-    cache_dir: Optional[str] = None         # default: ~/.cache/slurm_router/base
+    cache_dir: Optional[str] = None  # default: ~/.cache/slurm_router/base
 
 
 @dataclass
@@ -218,21 +226,22 @@ class TrackerConfig:
     """Experiment trackers that rank 0 of each task logs to, from the rows it writes to the events file
     (slurm_router/tracking/trackers.py): tracker=tensorboard | mlflow | wandb, several as tracker=[tensorboard,mlflow]
     (conf/tracker/). Packages: pip install -e '.[tracking]'."""
+
     tensorboard: bool = False
     mlflow: bool = False
     wandb: bool = False
-    dir: Optional[str] = None               # default RUN_DIR/trackers: tensorboard/, mlruns/, wandb/ in it
-    mlflow_uri: Optional[str] = None        # default $MLFLOW_TRACKING_URI, else a file store in <dir>/mlruns
-    mlflow_experiment: Optional[str] = None     # default: the experiment's name
-    wandb_project: Optional[str] = None     # default $WANDB_PROJECT, else the experiment's name
+    dir: Optional[str] = None  # default RUN_DIR/trackers: tensorboard/, mlruns/, wandb/ in it
+    mlflow_uri: Optional[str] = None  # default $MLFLOW_TRACKING_URI, else a file store in <dir>/mlruns
+    mlflow_experiment: Optional[str] = None  # default: the experiment's name
+    wandb_project: Optional[str] = None  # default $WANDB_PROJECT, else the experiment's name
     wandb_entity: Optional[str] = None
-    wandb_mode: Optional[str] = None        # offline | online; default $WANDB_MODE, else offline (no internet there)
+    wandb_mode: Optional[str] = None  # offline | online; default $WANDB_MODE, else offline (no internet there)
 
 
 @dataclass
 class Config:
     experiment: str = "default"
-    seed: int = 0                           # the base model's init and the held-out eval batches
+    seed: int = 0  # the base model's init and the held-out eval batches
     # training seeds (LoRA init, data order), one task per variant and seed: N (seed, seed+1, ..., seed+N-1) or a
     # list [0, 5, 9]; 1 = one task per variant, named as the variant (training_seeds)
     seeds: Any = 1
@@ -242,12 +251,12 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
-    launcher: Any = MISSING                 # one of LAUNCHER_SCHEMAS, picked by the launcher group (conf/launcher/)
+    launcher: Any = MISSING  # one of LAUNCHER_SCHEMAS, picked by the launcher group (conf/launcher/)
     train: TrainConfig = field(default_factory=TrainConfig)
     base: BaseStageConfig = field(default_factory=BaseStageConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
-    variants: Dict[str, Any] = field(default_factory=dict)   # name -> overrides, e.g. {model: {lora: {r: 8}}}
-    tracker: TrackerConfig = field(default_factory=TrackerConfig)   # picked by the tracker group (conf/tracker/)
+    variants: Dict[str, Any] = field(default_factory=dict)  # name -> overrides, e.g. {model: {lora: {r: 8}}}
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)  # picked by the tracker group (conf/tracker/)
 
 
 CHOICES = {
@@ -262,28 +271,53 @@ CHOICES = {
 # key -> (low, high, low_inclusive); None = unbounded
 RANGES = {
     "seed": (0, None, True),
-    "model.n_layer": (1, 1024, True), "model.n_head": (1, 1024, True), "model.n_embd": (1, 65536, True),
-    "model.n_positions": (2, 1 << 20, True), "model.vocab_size": (2, 1 << 22, True),
-    "model.lora.r": (1, 4096, True), "model.lora.alpha": (0, None, False), "model.lora.dropout": (0, 1, True),
-    "data.max_len": (2, 1 << 20, True), "data.val_fraction": (0, 1, False), "data.max_documents": (1, None, True),
-    "data.n_samples": (1, 1 << 26, True), "data.mean_len": (1, 1 << 20, True), "data.sigma": (0, 10, True),
+    "model.n_layer": (1, 1024, True),
+    "model.n_head": (1, 1024, True),
+    "model.n_embd": (1, 65536, True),
+    "model.n_positions": (2, 1 << 20, True),
+    "model.vocab_size": (2, 1 << 22, True),
+    "model.lora.r": (1, 4096, True),
+    "model.lora.alpha": (0, None, False),
+    "model.lora.dropout": (0, 1, True),
+    "data.max_len": (2, 1 << 20, True),
+    "data.val_fraction": (0, 1, False),
+    "data.max_documents": (1, None, True),
+    "data.n_samples": (1, 1 << 26, True),
+    "data.mean_len": (1, 1 << 20, True),
+    "data.sigma": (0, 10, True),
     "data.min_len": (2, 1 << 20, True),
-    "router.cpu_memory_cap_bytes": (1, None, True),     # the other router.* keys: RouterSettings checks them
-    "launcher.cpu_slots": (1, 4096, True), "launcher.timeout_min": (1, None, True), "launcher.mem_gb": (0, None, False),
-    "launcher.cpus_per_task": (1, 4096, True), "launcher.array_parallelism": (1, None, True),
-    "launcher.max_requeues": (0, 1000, True), "launcher.signal_delay_s": (0, 3600, True),
+    "router.cpu_memory_cap_bytes": (1, None, True),  # the other router.* keys: RouterSettings checks them
+    "launcher.cpu_slots": (1, 4096, True),
+    "launcher.timeout_min": (1, None, True),
+    "launcher.mem_gb": (0, None, False),
+    "launcher.cpus_per_task": (1, 4096, True),
+    "launcher.array_parallelism": (1, None, True),
+    "launcher.max_requeues": (0, 1000, True),
+    "launcher.signal_delay_s": (0, 3600, True),
     "launcher.max_failures": (0, 1000, True),
-    "train.steps": (1, 10_000_000, True), "train.global_batch_size": (1, 1 << 20, True), "train.lr": (0, 10, False),
-    "train.warmup_steps": (0, None, True), "train.weight_decay": (0, 10, True), "train.grad_clip": (0, None, True),
-    "train.eval_every": (0, None, True), "train.eval_batches": (1, 100_000, True),
-    "train.eval_batch_size": (1, 1 << 20, True), "train.checkpoint_every": (0, None, True),
+    "train.steps": (1, 10_000_000, True),
+    "train.global_batch_size": (1, 1 << 20, True),
+    "train.lr": (0, 10, False),
+    "train.warmup_steps": (0, None, True),
+    "train.weight_decay": (0, 10, True),
+    "train.grad_clip": (0, None, True),
+    "train.eval_every": (0, None, True),
+    "train.eval_batches": (1, 100_000, True),
+    "train.eval_batch_size": (1, 1 << 20, True),
+    "train.checkpoint_every": (0, None, True),
     "train.keep_checkpoints": (1, 1000, True),
-    "train.loss_chunk_tokens": (0, None, True), "train.pad_to_multiple": (1, 4096, True),
-    "base.steps": (1, 10_000_000, True), "base.lr": (0, 10, False), "base.global_batch_size": (1, 1 << 20, True),
-    "resources.devices_per_task": (1, 4096, True), "resources.tasks_per_gpu": (0, 64, True),
+    "train.loss_chunk_tokens": (0, None, True),
+    "train.pad_to_multiple": (1, 4096, True),
+    "base.steps": (1, 10_000_000, True),
+    "base.lr": (0, 10, False),
+    "base.global_batch_size": (1, 1 << 20, True),
+    "resources.devices_per_task": (1, 4096, True),
+    "resources.tasks_per_gpu": (0, 64, True),
     "resources.nodes_per_task": (1, 4096, True),
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+
+
 def _mapping_fields(schema: type, prefix: str = "") -> typing.Iterator[str]:
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
@@ -295,8 +329,9 @@ def _mapping_fields(schema: type, prefix: str = "") -> typing.Iterator[str]:
 
 # The free-form mappings (Dict fields: `variants`, `launcher.additional_parameters`): keys are the user's to
 # choose, so `KEY={a: 1}` and `KEY.a=1` add to them without Hydra's '+' (compose() in __main__.py).
-FREE_FORM_KEYS = tuple(sorted({*_mapping_fields(Config),
-                               *(k for s in LAUNCHER_SCHEMAS for k in _mapping_fields(s, "launcher."))}))
+FREE_FORM_KEYS = tuple(
+    sorted({*_mapping_fields(Config), *(k for s in LAUNCHER_SCHEMAS for k in _mapping_fields(s, "launcher."))})
+)
 
 
 def register_schema() -> None:

@@ -19,6 +19,7 @@ experiment the name is `<experiment variant>_<grid name>` (r8_lr1e-3). A name lo
 its first 55 and ends with `-` and 8 hex digits of its hash. Two grid points that would share a name are an
 error naming the override.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,19 +40,19 @@ from slurm_router.errors import UserError
 # swept keys (or their first component) that are one per run, and why
 ONE_PER_RUN = {
     "experiment": "one experiment per run (it names the run directory): sweep keys within it, or run each "
-                  "experiment on its own",
+    "experiment on its own",
     "launcher": "a run has one launcher: run each launcher on its own",
     "base": "the base stage is trained once for the run and shared by every variant: run each base on its own",
     "run_root": "a run has one run directory",
     "seeds": "seeds=N already runs every variant once per training seed: set it once, e.g. seeds=3",
     "seed": "seed is the base model's init and the held-out eval batches, shared by every variant so that their "
-            "losses compare: for replicates set seeds=3 (training seeds: LoRA init and data order)",
+    "losses compare: for replicates set seeds=3 (training seeds: LoRA init and data order)",
     "prune": "prune compares the variants with each other while they train: set it once, prune=true",
     "tracker": "a run's trackers log every variant: name several at once, e.g. tracker=[tensorboard,mlflow]",
     "variants": "a variant's own keys are not swept: sweep the key itself (e.g. train.lr=1e-3,3e-3), and the grid "
-                "multiplies the experiment's variants",
+    "multiplies the experiment's variants",
 }
-MAX_NAME = 64           # config.NAME_RE
+MAX_NAME = 64  # config.NAME_RE
 HINT = "write KEY=a,b, KEY=choice(a,b) or KEY=range(start,stop,step)"
 
 
@@ -59,14 +60,17 @@ def parse_overrides(lines: list[str]) -> list:
     """Hydra's Override for each line; a line Hydra cannot read is one UserError naming it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
+
     parser, parsed = OverridesParser.create(), []
     for line in lines:
         try:
             parsed.append(parser.parse_overrides([line])[0])
         except OverrideParseException as e:
             first = str(e).strip().splitlines()[0]
-            raise UserError(f"cannot read the override {line!r} ({first}): write key=value, e.g. train.lr=1e-3 "
-                            f"(with -m, a sweep: {HINT}); names are letters, digits, '_' and '-'") from None
+            raise UserError(
+                f"cannot read the override {line!r} ({first}): write key=value, e.g. train.lr=1e-3 "
+                f"(with -m, a sweep: {HINT}); names are letters, digits, '_' and '-'"
+            ) from None
     return parsed
 
 
@@ -77,19 +81,24 @@ def split_sweeps(lines: list[str], multirun: bool) -> tuple[list[str], list]:
     sweeps = [o for o in parsed if o.is_sweep_override()]
     if sweeps and not multirun:
         line = sweeps[0].input_line
-        raise UserError(f"{line} is a sweep (several values): add -m to run one variant per value "
-                        f"(python -m slurm_router -m {line} ...); for a list write {sweeps[0].key_or_group}=[...], "
-                        "for a string with commas quote it")
+        raise UserError(
+            f"{line} is a sweep (several values): add -m to run one variant per value "
+            f"(python -m slurm_router -m {line} ...); for a list write {sweeps[0].key_or_group}=[...], "
+            "for a string with commas quote it"
+        )
     if multirun and not sweeps:
-        raise UserError(f"-m (--multirun) needs at least one sweep override to expand, e.g. train.lr=1e-3,3e-3 or "
-                        f"model.lora.r=range(4,17,4); none of the {len(lines)} override(s) has several values: "
-                        "drop -m, or give a sweep")
+        raise UserError(
+            f"-m (--multirun) needs at least one sweep override to expand, e.g. train.lr=1e-3,3e-3 or "
+            f"model.lora.r=range(4,17,4); none of the {len(lines)} override(s) has several values: "
+            "drop -m, or give a sweep"
+        )
     return [o.input_line for o in parsed if not o.is_sweep_override()], sweeps
 
 
 @dataclass
 class Axis:
     """One swept key (or config group): its values as Hydra reads each `key=value`, and each value's name part."""
+
     line: str
     key: str
     values: list
@@ -108,10 +117,14 @@ def group_options(group: str) -> list[str]:
 def _axis(o, fixed_keys: list[str]) -> Axis:
     from hydra.core.override_parser.types import Glob
     from hydra.errors import HydraException
+
     line, key = o.input_line, o.key_or_group
     if o.is_delete() or o.package or o.is_interval_sweep():
-        why = ("interval() draws from a continuous range, which needs a sampling sweeper: list the values instead"
-               if o.is_interval_sweep() else "only KEY=... sweeps are supported")
+        why = (
+            "interval() draws from a continuous range, which needs a sampling sweeper: list the values instead"
+            if o.is_interval_sweep()
+            else "only KEY=... sweeps are supported"
+        )
         raise UserError(f"{line}: {why}: {HINT}")
     top = key.split(".")[0]
     if top in ONE_PER_RUN:
@@ -122,14 +135,16 @@ def _axis(o, fixed_keys: list[str]) -> Axis:
     try:
         if isinstance(o.value(), Glob):
             if not group:
-                raise UserError(f"{line}: glob() picks options of a config group ({', '.join(groups())}); "
-                                f"{key} is not one: {HINT}")
+                raise UserError(
+                    f"{line}: glob() picks options of a config group ({', '.join(groups())}); {key} is not one: {HINT}"
+                )
             strings = o.value().filter(group_options(key))
         else:
             strings = list(o.sweep_string_iterator())
     except (HydraException, ValueError, TypeError) as e:
-        raise UserError(f"{line}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}: "
-                        f"{HINT}") from None
+        raise UserError(
+            f"{line}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}: {HINT}"
+        ) from None
     if not strings:
         raise UserError(f"{line}: the sweep has no values: {HINT}")
     values = [v.value() for v in parse_overrides([f"{key}={s}" for s in strings])]
@@ -189,7 +204,7 @@ def format_value(value: Any) -> str:
         text = "+".join(format_value(v) for v in value) or "empty"
     elif isinstance(value, dict):
         text = "+".join(_part(str(k), v) for k, v in value.items()) or "empty"
-    else:                                   # a string: separators and leading/trailing symbols dropped
+    else:  # a string: separators and leading/trailing symbols dropped
         text = re.sub(r"[^A-Za-z0-9_.+-]+", "-", str(value)).strip("-")
     return text or "empty"
 
@@ -248,8 +263,10 @@ def expand_grid(cfg: DictConfig, sweeps: list, fixed: list[str], compose: Callab
         axis.parts = [_part(short, v) for v in axis.values]
         twice = next((p for i, p in enumerate(axis.parts) if p in axis.parts[:i]), None)
         if twice is not None:
-            raise UserError(f"{axis.line}: two of its values give the variant name part {twice!r} (the grid would "
-                            "hold two variants of the same name): give each value once")
+            raise UserError(
+                f"{axis.line}: two of its values give the variant name part {twice!r} (the grid would "
+                "hold two variants of the same name): give each value once"
+            )
         if axis.group:
             edits.append(_group_changes(cfg, axis, fixed, compose))
         else:
@@ -259,12 +276,17 @@ def expand_grid(cfg: DictConfig, sweeps: list, fixed: list[str], compose: Callab
     variants: dict[str, dict] = {}
     for prefix, overrides in own.items():
         for point in itertools.product(*(range(len(a.values)) for a in axes)):
-            name = "_".join(([str(prefix)] if prefix is not None else []) + [cast("list[str]", a.parts)[i] for a, i in zip(axes, point)])
+            name = "_".join(
+                ([str(prefix)] if prefix is not None else [])
+                + [cast("list[str]", a.parts)[i] for a, i in zip(axes, point)]
+            )
             name = fit_name(name)
             if name in variants:
-                raise UserError(f"the grid of {' '.join(a.line for a in axes)} gives two variants named {name!r} "
-                                f"(with the experiment's variants: {', '.join(map(str, own))}): rename a variant "
-                                "or change the values")
+                raise UserError(
+                    f"the grid of {' '.join(a.line for a in axes)} gives two variants named {name!r} "
+                    f"(with the experiment's variants: {', '.join(map(str, own))}): rename a variant "
+                    "or change the values"
+                )
             merged = dict(overrides or {})
             for axis_edits, i in zip(edits, point):
                 merged = _merge(merged, axis_edits[i])

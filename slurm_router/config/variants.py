@@ -1,6 +1,7 @@
 """A config's variants and training seeds: each variant's merged config, the seeds it replicates over, and
 validate(), every check that needs no data (the whole ordered pipeline: slurm_router.cli.checks).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -41,8 +42,10 @@ def training_seeds(cfg: DictConfig) -> list[int]:
     if not _whole(value):
         raise UserError(f"seeds={value!r} is not a whole number: {SEEDS_HINT}")
     if not 1 <= value <= MAX_SEEDS:
-        raise UserError(f"seeds={value} is out of range: it must be >= 1 and <= {MAX_SEEDS} (the number of training "
-                        "seeds per variant), or a list such as seeds=[0,5,9]")
+        raise UserError(
+            f"seeds={value} is out of range: it must be >= 1 and <= {MAX_SEEDS} (the number of training "
+            "seeds per variant), or a list such as seeds=[0,5,9]"
+        )
     return [cfg.seed + i for i in range(value)]
 
 
@@ -52,13 +55,15 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     if not isinstance(cfg.variants, DictConfig):
         raise UserError("variants must be a mapping of name -> overrides, e.g. variants: {r8: {model: {lora: {r: 8}}}}")
     common: Any = cfg.copy()
-    common.variants = {}            # merged without the variants, a sweep's 100 variants stay linear, and a fresh
-    common = pickle.dumps(common)   # copy is unpickled for each (3x faster than OmegaConf.merge's deepcopy)
+    common.variants = {}  # merged without the variants, a sweep's 100 variants stay linear, and a fresh
+    common = pickle.dumps(common)  # copy is unpickled for each (3x faster than OmegaConf.merge's deepcopy)
     for name, overrides in cfg.variants.items():
         name = str(name)
         if not NAME_RE.match(name):
-            raise UserError(f"variants.{name!r}: a variant name must be 1-64 letters, digits, '_', '.', '+', '-' "
-                            "and start with a letter or digit (it names folders and Slurm jobs)")
+            raise UserError(
+                f"variants.{name!r}: a variant name must be 1-64 letters, digits, '_', '.', '+', '-' "
+                "and start with a letter or digit (it names folders and Slurm jobs)"
+            )
         if name == "base":
             raise UserError("variants.base: 'base' is the name of the base stage; rename the variant")
         if overrides is not None and not isinstance(overrides, DictConfig):
@@ -66,19 +71,27 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
         if overrides is not None and "variants" in overrides:
             raise UserError(f"variants.{name}: a variant cannot declare variants")
         if overrides is not None and "seeds" in overrides:
-            raise UserError(f"variants.{name}.seeds: seeds is set once, at the top level (every variant runs with "
-                            "the same training seeds): set seeds= outside the variant")
+            raise UserError(
+                f"variants.{name}.seeds: seeds is set once, at the top level (every variant runs with "
+                "the same training seeds): set seeds= outside the variant"
+            )
         if overrides is not None and "nodes_per_task" in (overrides.get("resources") or {}):
-            raise UserError(f"variants.{name}.resources.nodes_per_task: it is set once, at the top level (a stage is "
-                            "one array job, each of its tasks on the same number of nodes): set "
-                            "resources.nodes_per_task= outside the variant")
+            raise UserError(
+                f"variants.{name}.resources.nodes_per_task: it is set once, at the top level (a stage is "
+                "one array job, each of its tasks on the same number of nodes): set "
+                "resources.nodes_per_task= outside the variant"
+            )
         if overrides is not None and "prune" in overrides:
-            raise UserError(f"variants.{name}.prune: prune is set once, at the top level (it compares the variants "
-                            "with each other): set prune= outside the variant")
+            raise UserError(
+                f"variants.{name}.prune: prune is set once, at the top level (it compares the variants "
+                "with each other): set prune= outside the variant"
+            )
         try:
             # unsafe_merge takes over its inputs: a fresh copy, and the overrides as plain containers
-            out[name] = cast(DictConfig, OmegaConf.unsafe_merge(
-                pickle.loads(common), OmegaConf.to_container(overrides) if overrides else {}))
+            out[name] = cast(
+                DictConfig,
+                OmegaConf.unsafe_merge(pickle.loads(common), OmegaConf.to_container(overrides) if overrides else {}),
+            )
         except OmegaConfBaseException as e:
             raise explain(e, where=f"variants.{name}: ") from None
     return out
@@ -103,16 +116,22 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
 def check_prune(cfg: DictConfig, variants: dict[str, DictConfig]) -> None:
     """prune=true compares variants at their in-training evaluations: it needs two variants that evaluate."""
     if len(variants) < 2:
-        raise UserError("prune=true compares variants with each other, and this run has one: give two or more "
-                        "variants (variants: or a -m sweep), or leave prune off")
+        raise UserError(
+            "prune=true compares variants with each other, and this run has one: give two or more "
+            "variants (variants: or a -m sweep), or leave prune off"
+        )
     if len(training_seeds(cfg)) < 2:
-        raise UserError("prune=true needs seeds >= 2 (e.g. seeds=3): with one training seed per variant its interval "
-                        "cannot include training noise, and eval-sample noise alone would stop equally good "
-                        "variants (prune.py)")
+        raise UserError(
+            "prune=true needs seeds >= 2 (e.g. seeds=3): with one training seed per variant its interval "
+            "cannot include training noise, and eval-sample noise alone would stop equally good "
+            "variants (prune.py)"
+        )
     for name, vcfg in variants.items():
         if not vcfg.train.eval_every or vcfg.train.eval_every >= vcfg.train.steps:
             own = (vcfg.train.eval_every, vcfg.train.steps) != (cfg.train.eval_every, cfg.train.steps)
-            where = f"variants.{name}: " if own else ""     # the variant's own setting, or everyone's
-            raise UserError(f"{where}prune=true needs train.eval_every > 0 and below train.steps={vcfg.train.steps} "
-                            f"(it decides at the in-training evaluations; train.eval_every={vcfg.train.eval_every}): "
-                            "set e.g. train.eval_every=25")
+            where = f"variants.{name}: " if own else ""  # the variant's own setting, or everyone's
+            raise UserError(
+                f"{where}prune=true needs train.eval_every > 0 and below train.steps={vcfg.train.steps} "
+                f"(it decides at the in-training evaluations; train.eval_every={vcfg.train.eval_every}): "
+                "set e.g. train.eval_every=25"
+            )

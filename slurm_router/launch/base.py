@@ -9,6 +9,7 @@ fresh run and resume= (with only the unfinished tasks) both call. The local laun
 submit_stage runs the stage's queue to the end and returns the tasks' final states; the Slurm launchers
 return as soon as the stage's array job is queued, and the next stage waits on it with afterok.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -29,6 +30,7 @@ from slurm_router.rundir.spec import Stage, TaskSpec
 @dataclass(frozen=True)
 class TaskJob:
     """Where Slurm runs one task: its job id (JOB_INDEX for an array task; packed tasks share one) and logs."""
+
     job_id: str
     log_path: str
     err_path: str
@@ -41,16 +43,18 @@ class TaskJob:
 @dataclass
 class StageJobs:
     """What submit_stage did with one stage."""
-    job_id: str | None = None                       # the stage's job (afterok target); None: nothing queued
-    tasks: dict[str, TaskJob] = field(default_factory=dict)         # Slurm: task name -> its job
-    states: dict[str, TaskState] = field(default_factory=dict)      # synchronous: task name -> final state
+
+    job_id: str | None = None  # the stage's job (afterok target); None: nothing queued
+    tasks: dict[str, TaskJob] = field(default_factory=dict)  # Slurm: task name -> its job
+    states: dict[str, TaskState] = field(default_factory=dict)  # synchronous: task name -> final state
 
 
 @dataclass
 class RunJobs:
     """What submit_stages did with a whole run."""
-    job_ids: list[str] = field(default_factory=list)                # one per submitted stage, in order
-    states: dict[str, TaskState] = field(default_factory=dict)      # synchronous launchers' final states
+
+    job_ids: list[str] = field(default_factory=list)  # one per submitted stage, in order
+    states: dict[str, TaskState] = field(default_factory=dict)  # synchronous launchers' final states
     report_job_id: str | None = None
 
     @property
@@ -60,9 +64,10 @@ class RunJobs:
 
 class Launcher(ABC):
     """One backend. Instances are made after the run directory exists; check() runs before anything is written."""
-    schema: ClassVar[type]                  # its config dataclass (slurm_router.config.schema); schema.kind names it
-    synchronous: ClassVar[bool] = False     # submit_stage returns only once the stage's tasks have ended
-    new_snapshot: bool                      # set by resume= before submitting (launch/slurm/common.py reads it)
+
+    schema: ClassVar[type]  # its config dataclass (slurm_router.config.schema); schema.kind names it
+    synchronous: ClassVar[bool] = False  # submit_stage returns only once the stage's tasks have ended
+    new_snapshot: bool  # set by resume= before submitting (launch/slurm/common.py reads it)
 
     def __init__(self, cfg, manifest):
         self.cfg, self.manifest = cfg, manifest
@@ -136,7 +141,7 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
         manifest.set(state="completed" if run.ok else "failed")
     elif run.job_ids:
         manifest.set(state="submitted", job_ids=run.job_ids)
-    else:                                   # launcher.dry_run: scripts rendered, nothing queued, nothing to report
+    else:  # launcher.dry_run: scripts rendered, nothing queued, nothing to report
         manifest.set(state="rendered")
         return run
     run.report_job_id = launcher.report_job(after=after)
@@ -161,11 +166,11 @@ def _reuse_cached(stage: Stage, manifest) -> bool:
     rebuild = [t for t in tasks if base_cache.check(cast(str, t.save_weights)) is not None]
     for t in rebuild:
         base_cache.say_unusable(cast(str, t.save_weights), cast(str, base_cache.check(cast(str, t.save_weights))))
-        base_cache.check_room(OmegaConf.create(t.config))       # UserError before anything changes
+        base_cache.check_room(OmegaConf.create(t.config))  # UserError before anything changes
     for t in tasks:
         result = RunLayout(t.run_dir).task(t.name).result
         if t in rebuild:
-            result.unlink(missing_ok=True)          # it stood for weights that are gone
+            result.unlink(missing_ok=True)  # it stood for weights that are gone
             manifest.set_task(t.name, state=TaskState.PENDING.value)
         elif not result.is_file():
             shutil.copy(base_cache.meta_path(cast(str, t.save_weights)), result)
@@ -183,14 +188,18 @@ def _finished_tasks(stage: Stage, manifest) -> list[TaskSpec]:
         try:
             specs.append(TaskSpec.load(manifest.layout.task(name).task_file))
         except (OSError, ValueError, TypeError):
-            continue                # resume has already refused a run with a damaged task.json
+            continue  # resume has already refused a run with a damaged task.json
     return specs
 
 
 def _blocked(stage: Stage, stages: list[Stage], states: dict[str, TaskState]) -> bool:
     """An earlier stage this one depends on did not complete here (only synchronous launchers know yet)."""
-    return any(states.get(t.name, TaskState.COMPLETED) not in (TaskState.COMPLETED, TaskState.CACHED)
-               for s in stages if s.name in stage.depends_on for t in s.tasks)
+    return any(
+        states.get(t.name, TaskState.COMPLETED) not in (TaskState.COMPLETED, TaskState.CACHED)
+        for s in stages
+        if s.name in stage.depends_on
+        for t in s.tasks
+    )
 
 
 def _record(manifest, stage: Stage, jobs: StageJobs) -> None:
@@ -201,11 +210,18 @@ def _record(manifest, stage: Stage, jobs: StageJobs) -> None:
         rows = []
         for t in stage.tasks:
             job = jobs.tasks[t.name]
-            rows.append({"variant": t.name, "array_index": job.array_index, "job_id": job.job_id,
-                         "log_path": job.log_path, "err_path": job.err_path})
-            manifest.data["tasks"][t.name].update(state=TaskState.SUBMITTED.value, job_id=job.job_id,
-                                                  log_path=job.log_path)
+            rows.append(
+                {
+                    "variant": t.name,
+                    "array_index": job.array_index,
+                    "job_id": job.job_id,
+                    "log_path": job.log_path,
+                    "err_path": job.err_path,
+                }
+            )
+            manifest.data["tasks"][t.name].update(
+                state=TaskState.SUBMITTED.value, job_id=job.job_id, log_path=job.log_path
+            )
         array = any(job.array_index is not None for job in jobs.tasks.values())
         manifest.data["jobs"].append({"stage": stage.name, "job_id": jobs.job_id, "array": array, "tasks": rows})
     manifest.save()
-

@@ -20,6 +20,7 @@ Whatever runs outside the container does it:
 Paths are bound at the same place inside: the run dir (code snapshot, checkpoints, logs), data.path,
 model.name_or_path and the base cache, plus launcher.container.mounts (SRC[:DST]).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,19 +31,20 @@ from pathlib import Path
 
 # The task's interpreter inside an image when launcher.python is not set (the submitter's path rarely exists there)
 CONTAINER_PYTHON = "python3"
-_BAD_BIND = re.compile(r"[,:\x00-\x1f\x7f]")        # both runtimes split their bind lists on ',' and ':'
+_BAD_BIND = re.compile(r"[,:\x00-\x1f\x7f]")  # both runtimes split their bind lists on ',' and ':'
 
 
 @dataclass(frozen=True)
 class ContainerSpec:
     """One task's container: runtime, image, what to bind (absolute host paths, same place inside)."""
-    runtime: str                                     # apptainer | pyxis
+
+    runtime: str  # apptainer | pyxis
     image: str
-    binds: tuple[str, ...] = ()                      # host dirs bound at the same path
-    mounts: tuple[str, ...] = ()                     # the user's SRC[:DST], as given
+    binds: tuple[str, ...] = ()  # host dirs bound at the same path
+    mounts: tuple[str, ...] = ()  # the user's SRC[:DST], as given
     runtime_cmd: str = "apptainer"
-    gpus: bool = True                                # apptainer --nv (the host's NVIDIA driver inside)
-    workdir: str | None = None                       # pyxis --container-workdir
+    gpus: bool = True  # apptainer --nv (the host's NVIDIA driver inside)
+    workdir: str | None = None  # pyxis --container-workdir
 
     def check(self) -> None:
         """ValueError (one line) for what the runtime's bind list cannot carry."""
@@ -52,8 +54,10 @@ class ContainerSpec:
             raise ValueError(f"container image {self.image!r} is empty or holds a newline")
         for path in self.binds:
             if _BAD_BIND.search(path):
-                raise ValueError(f"{path!r} cannot be bound into a container: ',' and ':' separate the runtime's "
-                                 "bind list; use a path without them")
+                raise ValueError(
+                    f"{path!r} cannot be bound into a container: ',' and ':' separate the runtime's "
+                    "bind list; use a path without them"
+                )
         for mount in self.mounts:
             if not mount or "," in mount or any(ord(c) < 32 for c in mount):
                 raise ValueError(f"launcher.container.mounts entry {mount!r}: give SRC[:DST] without ','")
@@ -106,6 +110,7 @@ def _image(runtime: str, image: str) -> str:
 def task_binds(cfg, run_dir: str) -> tuple[str, ...]:
     """What a task reads or writes outside its run dir: data.path, model.name_or_path, the base cache."""
     from slurm_router.artifacts.base_cache import cache_root
+
     paths = [run_dir, _dir_of(cfg.data.get("path")), _dir_of(cfg.model.get("name_or_path"))]
     if cfg.base.get("enabled"):
         paths.append(str(cache_root(cfg).absolute()))
@@ -123,11 +128,15 @@ def container_spec(cfg, run_dir: str, gpus: bool) -> ContainerSpec | None:
     if c is None or not c.image:
         return None
     cmd = str(c.runtime_cmd)
-    spec = ContainerSpec(runtime=str(c.runtime), image=_image(str(c.runtime), str(c.image)),
-                         binds=task_binds(cfg, run_dir),
-                         mounts=tuple(str(m) for m in c.mounts or ()), gpus=gpus,
-                         runtime_cmd=_absolute(cmd) if os.sep in cmd else cmd,
-                         workdir=run_dir if c.runtime == "pyxis" else None)
+    spec = ContainerSpec(
+        runtime=str(c.runtime),
+        image=_image(str(c.runtime), str(c.image)),
+        binds=task_binds(cfg, run_dir),
+        mounts=tuple(str(m) for m in c.mounts or ()),
+        gpus=gpus,
+        runtime_cmd=_absolute(cmd) if os.sep in cmd else cmd,
+        workdir=run_dir if c.runtime == "pyxis" else None,
+    )
     spec.check()
     return spec
 
@@ -145,6 +154,7 @@ def resolve_container(cfg) -> None:
     job runs elsewhere, and resume= may start from another folder), and what the runtime's bind lists cannot
     carry (a ',' or ':' in run_root or a bound path) refused in one line (UserError)."""
     from slurm_router.errors import UserError
+
     c = cfg.launcher.get("container")
     if c is None or not c.image:
         return
@@ -162,9 +172,14 @@ def outside_exports(srun_workers: bool) -> list[str]:
     Slurm's client (which the image lacks): the job's end time (requeue.decide tells a time limit from a
     preemption by it) and, with launcher.srun_workers, where the D workers meet (srun_worker.srun_master)."""
     from slurm_router.allocation.requeue import JOB_END_ENV
-    lines = ['job_end="$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null || :)"',      # e.g. 2024-01-01T12:00:00
-             f'export {JOB_END_ENV}="$([ -n "$job_end" ] && date -d "$job_end" +%s 2>/dev/null || :)"']
+
+    lines = [
+        'job_end="$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null || :)"',  # e.g. 2024-01-01T12:00:00
+        f'export {JOB_END_ENV}="$([ -n "$job_end" ] && date -d "$job_end" +%s 2>/dev/null || :)"',
+    ]
     if srun_workers:
-        lines += ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-                  "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))"]
+        lines += [
+            'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        ]
     return lines

@@ -13,6 +13,7 @@ and only the report is left to `python -m slurm_router.analysis RUN_DIR`.
 The job processes share the launcher's run lock (slurm_router.rundir.lock, pass_fds) and watch the launcher's pid
 (supervisor.LAUNCHER_PID_ENV): if the launcher dies, even by SIGKILL, they stop within seconds by themselves.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,9 +45,10 @@ def detect_gpus() -> list[str]:
         return [x.strip() for x in env.split(",") if x.strip() and x.strip() != "-1"]
     try:
         import pynvml
+
         pynvml.nvmlInit()
         return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:               # no NVIDIA driver: a CPU machine
+    except Exception:  # no NVIDIA driver: a CPU machine
         return []
 
 
@@ -74,6 +76,7 @@ def device_pool(cfg) -> tuple[list[str], bool]:
 
 def gpu_total_bytes(gpu_id: str) -> int:
     import pynvml
+
     pynvml.nvmlInit()
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(int(gpu_id))).total)
 
@@ -85,11 +88,13 @@ def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
 
     from slurm_router.router import MemoryModel
     from slurm_router.train.model import build_model, memory_shape
+
     with torch.device("meta"):
         model = build_model(cfg.model, cfg.model.vocab_size, cfg.seed, lora=True)
     # the worker's own seed on a GPU (worker.py): the weights' real bytes, bf16 activations under autocast
-    mem = MemoryModel.from_model_bytes(**memory_shape(model, cfg, torch.device("cuda")),
-                                       vocab_size=cast(Any, model).config.vocab_size)
+    mem = MemoryModel.from_model_bytes(
+        **memory_shape(model, cfg, torch.device("cuda")), vocab_size=cast(Any, model).config.vocab_size
+    )
     per_device = -(-cfg.train.global_batch_size // cfg.resources.devices_per_task)
     need = mem.predict(per_device * cfg.data.max_len, per_device, cfg.data.max_len)
     return max(1, min(limit, int(cfg.router.memory_headroom * gpu_bytes // max(1, need))))
@@ -103,6 +108,7 @@ def _take(free: list[str], n: int) -> list[str] | None:
 
 class LocalLauncher(Launcher):
     """Runs each stage's queue here, to the end, inside submit_stage; writes the report itself."""
+
     schema = LocalLauncherConfig
     synchronous = True
 
@@ -115,7 +121,7 @@ class LocalLauncher(Launcher):
         check_devices(cfg)
 
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
-        if self._pool is None:                  # GPUs are probed once per run, when the first stage starts
+        if self._pool is None:  # GPUs are probed once per run, when the first stage starts
             self._pool = device_pool(self.cfg)
         pool, on_gpu = self._pool
         # The workers of this stage that run side by side share the cores: decided once, here (slurm_router.worker.cpu).
@@ -123,12 +129,13 @@ class LocalLauncher(Launcher):
         return StageJobs(states=_run_queue(stage.tasks, pool, on_gpu, self.layout, self.manifest, threads))
 
     def report_job(self, after: str | None) -> str | None:
-        pause_for_tests("report")           # before the imports: a signal during them may land in importlib's
+        pause_for_tests("report")  # before the imports: a signal during them may land in importlib's
         from slurm_router.analysis.report import print_table, write_report  # lock callbacks, which drop it
-        raise_if_stop_dropped()             # (one dropped there, or earlier: now)
+
+        raise_if_stop_dropped()  # (one dropped there, or earlier: now)
         try:
             print_table(write_report(self.layout.root))
-        except Exception as e:                 # a failed run still prints where its files are
+        except Exception as e:  # a failed run still prints where its files are
             print(f"report: not written ({e})", file=sys.stderr)
         return None
 
@@ -137,11 +144,14 @@ class LocalLauncher(Launcher):
         failed = [n for n, s in run.states.items() if not s.done and n not in stopped]
         if failed:
             print(f"failed tasks: {', '.join(failed)}; logs in {self.layout.logs}", file=sys.stderr)
-        if stopped:         # a stop signal reached the job processes themselves (not through this launcher)
+        if stopped:  # a stop signal reached the job processes themselves (not through this launcher)
             if not [n for n, s in run.states.items() if s is TaskState.FAILED]:
                 self.manifest.set(state="interrupted")
-            print(f"interrupted tasks (stopped by a signal after a checkpoint): {', '.join(stopped)}; continue "
-                  f"with: python -m slurm_router resume={self.layout.root}", file=sys.stderr)
+            print(
+                f"interrupted tasks (stopped by a signal after a checkpoint): {', '.join(stopped)}; continue "
+                f"with: python -m slurm_router resume={self.layout.root}",
+                file=sys.stderr,
+            )
         print(f"run_dir: {self.layout.root}")
         return 0 if run.ok else 1
 
@@ -150,39 +160,53 @@ class LocalLauncher(Launcher):
         report, or just after the last task wrote its result): the run is completed (or failed) and only the
         report is left; else the run is interrupted and resume= continues it."""
         manifest, root = self.manifest.refresh(), self.layout.root
-        ended = manifest.data.get("state") in ("completed", "failed")       # submit_stages got to the report
+        ended = manifest.data.get("state") in ("completed", "failed")  # submit_stages got to the report
         done = (TaskState.COMPLETED.value, TaskState.CACHED.value)
         if not ended and all(t.get("state") in done for t in manifest.data["tasks"].values()):
             manifest.set(state="completed")
             ended = True
         if ended:
-            print(f"\ninterrupted before the report was written: every task has ended; "
-                  f"python -m slurm_router.analysis {root} writes the report\nrun_dir: {root}")
+            print(
+                f"\ninterrupted before the report was written: every task has ended; "
+                f"python -m slurm_router.analysis {root} writes the report\nrun_dir: {root}"
+            )
             return EXIT_INTERRUPTED
         manifest.set(state="interrupted")
-        print(f"\ninterrupted: running tasks saved a checkpoint at their last step\n"
-              f"continue with: python -m slurm_router resume={root}\nrun_dir: {root}")
+        print(
+            f"\ninterrupted: running tasks saved a checkpoint at their last step\n"
+            f"continue with: python -m slurm_router resume={root}\nrun_dir: {root}"
+        )
         return EXIT_INTERRUPTED
 
 
 def check_devices(cfg) -> None:
     """No more devices per task than this machine has (GPUs), or a warning when CPU workers share cores."""
     if cfg.resources.nodes_per_task != 1:
-        raise UserError(f"resources.nodes_per_task={cfg.resources.nodes_per_task}: launcher=local runs on this "
-                        "machine only; span nodes with launcher=slurm (or sbatch) launcher.srun_workers=true")
+        raise UserError(
+            f"resources.nodes_per_task={cfg.resources.nodes_per_task}: launcher=local runs on this "
+            "machine only; span nodes with launcher=slurm (or sbatch) launcher.srun_workers=true"
+        )
     gpus = detect_gpus()
-    need = max([cfg.resources.devices_per_task] + [int(v.get("resources", {}).get("devices_per_task", 0) or 0)
-                                                     for v in cfg.variants.values() if v])
+    need = max(
+        [cfg.resources.devices_per_task]
+        + [int(v.get("resources", {}).get("devices_per_task", 0) or 0) for v in cfg.variants.values() if v]
+    )
     if gpus and need > len(gpus):
-        raise UserError(f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "
-                        f"ask for at most {len(gpus)}, or use launcher=slurm")
+        raise UserError(
+            f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "
+            f"ask for at most {len(gpus)}, or use launcher=slurm"
+        )
     if not gpus and need > (os.cpu_count() or 1):
-        warnings.warn(f"resources.devices_per_task={need} CPU worker processes on {os.cpu_count()} cores: "
-                      "they will share cores (fine for tests, slow for training)", stacklevel=1)
+        warnings.warn(
+            f"resources.devices_per_task={need} CPU worker processes on {os.cpu_count()} cores: "
+            "they will share cores (fine for tests, slow for training)",
+            stacklevel=1,
+        )
 
 
-def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: RunLayout, manifest,
-               threads: int) -> dict[str, TaskState]:
+def _run_queue(
+    tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: RunLayout, manifest, threads: int
+) -> dict[str, TaskState]:
     """Start tasks while free devices exist; record each as it starts and ends; returns the final states."""
     running: list[Any]
     waiting, running, started, states = list(tasks), [], [], {}
@@ -201,23 +225,27 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: Run
                     r = _start(spec, devices, on_gpu, layout, threads)
                     running.append(r)
                     started.append(r)
-                manifest.set_task(spec.name, state=TaskState.RUNNING.value, devices=devices, log_path=str(r.log),
-                                  pid=r.proc.pid)
+                manifest.set_task(
+                    spec.name, state=TaskState.RUNNING.value, devices=devices, log_path=str(r.log), pid=r.proc.pid
+                )
             for r in [r for r in running if r.proc.poll() is not None]:
                 running.remove(r)
                 free = sorted(free + r.devices, key=pool.index)
                 state = TaskOutcome.from_exit_code(r.proc.returncode).state
-                manifest.set_task(r.spec.name, state=state.value, exit_code=r.proc.returncode,
-                                  elapsed_s=round(time.time() - r.started, 3))
-                states[r.spec.name] = state             # after the manifest: a Ctrl-C between records it below
+                manifest.set_task(
+                    r.spec.name,
+                    state=state.value,
+                    exit_code=r.proc.returncode,
+                    elapsed_s=round(time.time() - r.started, 3),
+                )
+                states[r.spec.name] = state  # after the manifest: a Ctrl-C between records it below
                 progress.finish(r.spec.name, state, r.log)
             progress.update()
             time.sleep(0.2)
     except KeyboardInterrupt:
         # SIGTERM, not SIGKILL: each task checkpoints at the end of its current step, then exits. Every task
         # started and not yet recorded, wherever the Ctrl-C landed (one that just ended is recorded as it ended).
-        print("\nstopping: running tasks checkpoint at the end of their current step...", file=sys.stderr,
-              flush=True)
+        print("\nstopping: running tasks checkpoint at the end of their current step...", file=sys.stderr, flush=True)
         unrecorded = [r for r in started if r.spec.name not in states]
         for r in unrecorded:
             if r.proc.poll() is None:
@@ -226,8 +254,9 @@ def _run_queue(tasks: list[TaskSpec], pool: list[str], on_gpu: bool, layout: Run
             r.proc.wait()
             # a task that was in its last step finishes instead (quicker than a checkpoint): completed
             state = TaskOutcome.from_exit_code(r.proc.returncode).state
-            manifest.set_task(r.spec.name, state=state.value, exit_code=r.proc.returncode,
-                              elapsed_s=round(time.time() - r.started, 3))
+            manifest.set_task(
+                r.spec.name, state=state.value, exit_code=r.proc.returncode, elapsed_s=round(time.time() - r.started, 3)
+            )
             states[r.spec.name] = state
         raise
     finally:
@@ -249,7 +278,12 @@ def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, 
     if lock is not None:
         env[LOCK_FD_ENV] = str(lock.fd)
     with open(log, "ab") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_router.allocation.job", str(layout.task(spec.name).task_file)],
-                                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                pass_fds=(lock.fd,) if lock is not None else ())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slurm_router.allocation.job", str(layout.task(spec.name).task_file)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            pass_fds=(lock.fd,) if lock is not None else (),
+        )
     return Running(spec, proc, devices, log)

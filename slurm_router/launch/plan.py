@@ -9,6 +9,7 @@ stage (one array job). With one seed a task is named as its variant (r8); with s
 (r8-s0, r8-s1). A task's `seed` picks its LoRA init and data order; the base and the held-out eval batches keep
 the config's `seed`, so every replicate starts from the same base and is evaluated on the same batches.
 """
+
 from __future__ import annotations
 
 from typing import cast
@@ -32,9 +33,11 @@ def check_fits_base(cfg: DictConfig, variants: dict[str, DictConfig]) -> None:
     for name, vcfg in variants.items():
         for key in SHAPE_KEYS:
             if vcfg.model[key] != cfg.model[key]:
-                raise UserError(f"variants.{name}: model.{key}={vcfg.model[key]} differs from the base stage's "
-                                f"model.{key}={cfg.model[key]}: every variant fine-tunes the one base "
-                                "(base.enabled=true); change it for the whole run, or set base.enabled=false")
+                raise UserError(
+                    f"variants.{name}: model.{key}={vcfg.model[key]} differs from the base stage's "
+                    f"model.{key}={cfg.model[key]}: every variant fine-tunes the one base "
+                    "(base.enabled=true); change it for the whole run, or set base.enabled=false"
+                )
 
 
 def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run_dir: str) -> list[Stage]:
@@ -42,11 +45,23 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
     base_weights = None
     if base_cache.needs_base_stage(cfg):
         base_weights = str(base_cache.weights_path(cfg))
-        base_task = TaskSpec(run_id=run_id, run_dir=run_dir, experiment=cfg.experiment, name="base", stage="base",
-                             variant="base", index=0, devices=cfg.resources.devices_per_task,
-                             config=cast(dict, OmegaConf.to_container(cfg, resolve=True)), steps=cfg.base.steps,
-                             lr=cfg.base.lr, global_batch_size=cfg.base.global_batch_size, lora=False,
-                             save_weights=base_weights, seed=cfg.seed)
+        base_task = TaskSpec(
+            run_id=run_id,
+            run_dir=run_dir,
+            experiment=cfg.experiment,
+            name="base",
+            stage="base",
+            variant="base",
+            index=0,
+            devices=cfg.resources.devices_per_task,
+            config=cast(dict, OmegaConf.to_container(cfg, resolve=True)),
+            steps=cfg.base.steps,
+            lr=cfg.base.lr,
+            global_batch_size=cfg.base.global_batch_size,
+            lora=False,
+            save_weights=base_weights,
+            seed=cfg.seed,
+        )
         # reused only when whole (meta.json, and model.pt matching its sha256 sidecar); else trained again, and
         # then the cache folder must take the weights: checked now, before the run dir is written
         cached = base_cache.usable(base_weights)
@@ -57,11 +72,24 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
     for name, vcfg in variants.items():
         config, seeds = cast(dict, OmegaConf.to_container(vcfg, resolve=True)), training_seeds(vcfg)
         for seed in seeds:
-            tasks.append(TaskSpec(run_id=run_id, run_dir=run_dir, experiment=cfg.experiment,
-                                  name=task_name(name, seed, len(seeds)), stage="variants", variant=name,
-                                  index=len(tasks), devices=vcfg.resources.devices_per_task, config=config,
-                                  steps=vcfg.train.steps, lr=vcfg.train.lr,
-                                  global_batch_size=vcfg.train.global_batch_size,
-                                  lora=bool(vcfg.model.lora.enabled), base_weights=base_weights, seed=seed))
+            tasks.append(
+                TaskSpec(
+                    run_id=run_id,
+                    run_dir=run_dir,
+                    experiment=cfg.experiment,
+                    name=task_name(name, seed, len(seeds)),
+                    stage="variants",
+                    variant=name,
+                    index=len(tasks),
+                    devices=vcfg.resources.devices_per_task,
+                    config=config,
+                    steps=vcfg.train.steps,
+                    lr=vcfg.train.lr,
+                    global_batch_size=vcfg.train.global_batch_size,
+                    lora=bool(vcfg.model.lora.enabled),
+                    base_weights=base_weights,
+                    seed=seed,
+                )
+            )
     stages.append(Stage("variants", tasks, depends_on=[s.name for s in stages]))
     return stages

@@ -3,6 +3,7 @@
 On a terminal: a rich progress bar per task (step, loss, tokens/s). Elsewhere (CI, a log file): one plain
 line per task every 10% of its steps, so a captured log still shows the run moving.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,10 +27,18 @@ class Progress:
         if self.live:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
-            self._rich = RichProgress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
-            self._ids = {n: self._rich.add_task(f"{t.stage}/{n}", total=t.steps, info="waiting")
-                         for n, t in self.tasks.items()}
+
+            self._rich = RichProgress(
+                TextColumn("{task.description:<12}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                transient=False,
+            )
+            self._ids = {
+                n: self._rich.add_task(f"{t.stage}/{n}", total=t.steps, info="waiting") for n, t in self.tasks.items()
+            }
             self._rich.start()
 
     def update(self) -> None:

@@ -1,4 +1,5 @@
 """The launchers by name: the one place a launcher kind (launcher=local|slurm|sbatch) is looked up."""
+
 from __future__ import annotations
 
 from slurm_router.errors import UserError
@@ -7,7 +8,9 @@ from slurm_router.launch.local import LocalLauncher
 from slurm_router.launch.slurm.sbatch_launcher import SbatchLauncher
 from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
 
-LAUNCHERS: dict[str, type[Launcher]] = {cls.schema.kind: cls for cls in (LocalLauncher, SubmititLauncher, SbatchLauncher)}
+LAUNCHERS: dict[str, type[Launcher]] = {
+    cls.schema.kind: cls for cls in (LocalLauncher, SubmititLauncher, SbatchLauncher)
+}
 
 
 def launcher_class(kind: str) -> type[Launcher]:

@@ -5,6 +5,7 @@ with launcher=local. Completed tasks are skipped; a base stage finished by anoth
     python -m slurm_router resume=runs/lora_ab/2024-01-01_12-00-00
     python -m slurm_router resume=runs/lora_ab/2024-01-01_12-00-00 launcher=local
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,11 +26,12 @@ def _load_run(arg: str) -> tuple[Manifest, DictConfig]:
     the run's lock (rundir.lock.RunInUse, one line naming the holder, if another one does): a plan is made from
     the current state, and two resumes never both run or submit the same tasks."""
     from slurm_router.rundir.lock import own_run
-    manifest = Manifest.load(Path(arg).expanduser().resolve())     # a run dir, before run.lock is made in it
-    own_run(manifest)                                               # its manifest write reads the file again
+
+    manifest = Manifest.load(Path(arg).expanduser().resolve())  # a run dir, before run.lock is made in it
+    own_run(manifest)  # its manifest write reads the file again
     try:
         cfg = cast(DictConfig, OmegaConf.load(manifest.layout.config))
-    except Exception:                           # missing, unreadable or not YAML: same advice
+    except Exception:  # missing, unreadable or not YAML: same advice
         raise UserError(f"resume={arg}: config.yaml is missing or damaged") from None
     return manifest, cfg
 
@@ -49,6 +51,7 @@ def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
     """(manifest, config, stages holding only the unfinished tasks). Raises UserError (one line) for a run dir
     that is not one, or a task whose checkpoints are all damaged."""
     from slurm_router.worker.checkpoint import CheckpointError, latest_valid_checkpoint
+
     manifest, cfg = _load_run(arg)
     stages, notes = [], []
     for s in manifest.data["stages"]:
@@ -59,7 +62,7 @@ def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
             if paths.result.is_file():
                 notes.append(f"{name} completed")
                 continue
-            if cached_base(spec):               # another run has trained this base since: submit_stages reuses it
+            if cached_base(spec):  # another run has trained this base since: submit_stages reuses it
                 notes.append(f"{name} from the base cache")
                 reuse.append(spec)
                 continue
@@ -81,6 +84,7 @@ def renew_timeout_budget(specs: list[TaskSpec]) -> None:
     launcher.max_failures retries afresh (its attempt count, requeue and failure history stay)."""
     from slurm_router.allocation.retry import renew
     from slurm_router.rundir.attempts import reset_timeouts
+
     for spec in specs:
         reset_timeouts(spec.task_dir)
         renew(spec.task_dir)

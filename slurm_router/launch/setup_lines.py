@@ -9,24 +9,25 @@ RUN_DIR/logs/setup-failed.<job id> (one line), which `status` and the report rea
 line 1 (exit 3) failed with exit code 3" instead of a task "failed after 0 steps". A later attempt whose setup
 passes removes that file. An EXIT trap the user's own lines set is left in place.
 """
+
 from __future__ import annotations
 
 import shlex
 
 from slurm_router.rundir.layout import RunLayout
 
-LINE_VAR = "_slurm_router_setup_line"     # the setup line running now (1-based); 0 once setup has passed
+LINE_VAR = "_slurm_router_setup_line"  # the setup line running now (1-based); 0 once setup has passed
 REPORT_FN = "_slurm_router_setup_failed"
-TEXT_CHARS = 200                          # a setup line quoted in a message: its first characters, on one line
+TEXT_CHARS = 200  # a setup line quoted in a message: its first characters, on one line
 # the job's own id: JOB_INDEX for an array task (as the manifest records it), else the job id
-JOB_ID = '${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}'
-JOB_ID_FALLBACK = '${SLURM_JOB_ID:-nojob}'
+JOB_ID = "${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"
+JOB_ID_FALLBACK = "${SLURM_JOB_ID:-nojob}"
 
 
 def quoted_text(line: str) -> str:
     """A setup line as a message quotes it: on one line, at most TEXT_CHARS characters."""
     text = " ".join(line.split())
-    return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS - 3] + "..."
+    return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 3] + "..."
 
 
 def _continues(line: str) -> bool:
@@ -53,14 +54,13 @@ def guarded(lines, run_dir: str, around: tuple[str, str] = ("", "")) -> list[str
         f"{REPORT_FN}() {{",
         f'    local rc="$1" n="${{{LINE_VAR}:-0}}"',
         '    [ "$n" -gt 0 ] || return 0',
-        '    local what="launcher.setup line $n (${_slurm_router_setup_texts[$((n - 1))]}) failed with exit code '
-        '$rc"',
-        '    printf \'slurm_router: %s, before the task started\\n\' "$what"',
-        '    printf \'slurm_router: %s, before the task started\\n\' "$what" >&2',
-        f'    printf \'%s\\n\' "$what" > {marker} 2>/dev/null || :',
+        '    local what="launcher.setup line $n (${_slurm_router_setup_texts[$((n - 1))]}) failed with exit code $rc"',
+        "    printf 'slurm_router: %s, before the task started\\n' \"$what\"",
+        "    printf 'slurm_router: %s, before the task started\\n' \"$what\" >&2",
+        f"    printf '%s\\n' \"$what\" > {marker} 2>/dev/null || :",
         "}",
         f"trap '{REPORT_FN} \"$?\"' EXIT",
-        "_slurm_router_trap=\"$(trap -p EXIT)\"",
+        '_slurm_router_trap="$(trap -p EXIT)"',
     ]
     if around[0]:
         out.append(around[0])

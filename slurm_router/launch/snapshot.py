@@ -18,6 +18,7 @@ one line (the jobs would silently import whatever the checkout holds now); `resu
 the current code as a new snapshot instead, into RUN_DIR/code-resume<N>/ (N: the resume's number), recorded in the
 manifest's `resume_snapshots` list beside the untouched `snapshot`; the jobs then import the newest one.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -35,8 +36,8 @@ from slurm_router.rundir.layout import RunLayout
 GIT_TIMEOUT_S = 30
 PIP_TIMEOUT_S = 120
 UNTRACKED_MAX_BYTES = 16 << 20
-RESUME_SNAPSHOTS = "resume_snapshots"   # the manifest's list of the snapshots resume= new_snapshot=true took
-NEW_SNAPSHOT = "new_snapshot"           # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
+RESUME_SNAPSHOTS = "resume_snapshots"  # the manifest's list of the snapshots resume= new_snapshot=true took
+NEW_SNAPSHOT = "new_snapshot"  # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -69,10 +70,14 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def _ls_files(root: Path, *args: str) -> list[str]:
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *args], capture_output=True,
-                         timeout=GIT_TIMEOUT_S, check=True).stdout
-    return [f for f in out.decode(errors="surrogateescape").split("\0")
-            if f and os.path.lexists(root / f) and not (root / f).is_dir()]
+    out = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", *args], capture_output=True, timeout=GIT_TIMEOUT_S, check=True
+    ).stdout
+    return [
+        f
+        for f in out.decode(errors="surrogateescape").split("\0")
+        if f and os.path.lexists(root / f) and not (root / f).is_dir()
+    ]
 
 
 def _source_files(root: Path) -> tuple[list[str], list[str]]:
@@ -84,8 +89,11 @@ def _source_files(root: Path) -> tuple[list[str], list[str]]:
     for f in _ls_files(root, "--others", "--exclude-standard"):
         (too_big if (root / f).lstat().st_size > UNTRACKED_MAX_BYTES else untracked).append(f)
     if too_big:
-        print(f"warning: snapshot: left out {len(too_big)} untracked file(s) over {UNTRACKED_MAX_BYTES >> 20} MiB "
-              f"({', '.join(too_big[:3])}{', ...' if len(too_big) > 3 else ''}): data, not code", file=sys.stderr)
+        print(
+            f"warning: snapshot: left out {len(too_big)} untracked file(s) over {UNTRACKED_MAX_BYTES >> 20} MiB "
+            f"({', '.join(too_big[:3])}{', ...' if len(too_big) > 3 else ''}): data, not code",
+            file=sys.stderr,
+        )
     return tracked, untracked
 
 
@@ -109,8 +117,12 @@ def _link_mapped_subpackages(root: Path, package: Path, code: Path) -> list[str]
 def _git_record(root: Path, diff_path: Path, untracked: list[str]) -> dict:
     head = _git(root, "rev-parse", "HEAD")
     changed = bool(_git(root, "status", "--porcelain", "--untracked-files=no").stdout.strip())
-    record = {"git_commit": head.stdout.strip() if head.returncode == 0 else None,
-              "git_dirty": changed or bool(untracked), "diff": None, "untracked": untracked}
+    record = {
+        "git_commit": head.stdout.strip() if head.returncode == 0 else None,
+        "git_dirty": changed or bool(untracked),
+        "diff": None,
+        "untracked": untracked,
+    }
     if changed:
         diff = _git(root, "diff", "HEAD", "--binary")
         atomic_write_text(diff_path, diff.stdout)
@@ -120,8 +132,9 @@ def _git_record(root: Path, diff_path: Path, untracked: list[str]) -> dict:
 
 def _pip_freeze(path: Path) -> str | None:
     try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True,
-                              timeout=PIP_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=PIP_TIMEOUT_S
+        )
     except (OSError, subprocess.SubprocessError) as e:
         print(f"warning: pip freeze did not run ({e}): the manifest records no package list", file=sys.stderr)
         return None
@@ -152,20 +165,26 @@ def take(run_dir: str | os.PathLike, package: Path | None = None, resume: int = 
             _link_mapped_subpackages(root, package, tmp)
             import_root = code / package.parent.relative_to(root)
             record = {"kind": "git", "source": str(root), **_git_record(root, diff_path, untracked)}
-        else:           # an installed package: the folder itself (subpackages included), without caches
-            shutil.copytree(package, tmp / package.name, symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:  # an installed package: the folder itself (subpackages included), without caches
+            shutil.copytree(
+                package, tmp / package.name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
             files = [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()]
             import_root = code
-            record = {"kind": "package", "source": str(package), "git_commit": None, "git_dirty": None,
-                      "diff": None, "untracked": []}
+            record = {
+                "kind": "package",
+                "source": str(package),
+                "git_commit": None,
+                "git_dirty": None,
+                "diff": None,
+                "untracked": [],
+            }
         os.replace(tmp, code)
         pip = _pip_freeze(pip_path)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise WriteError.of(e.filename or code, e) from None
-    return {"code": str(code), "pythonpath": str(import_root), "files": len(files), **record,
-            "pip_freeze": pip}
+    return {"code": str(code), "pythonpath": str(import_root), "files": len(files), **record, "pip_freeze": pip}
 
 
 def current_record(manifest_data: dict) -> dict | None:
@@ -185,8 +204,10 @@ def _describe(record: dict) -> str:
     """' at 1a2b3c4d5e6f + uncommitted changes (code.diff)': where a snapshot's code came from."""
     if record.get("git_dirty") is None:
         return ""
-    changes = [*([f"uncommitted changes ({Path(record['diff']).name})"] if record.get("diff") else []),
-               *([f"{len(record['untracked'])} untracked file(s)"] if record.get("untracked") else [])]
+    changes = [
+        *([f"uncommitted changes ({Path(record['diff']).name})"] if record.get("diff") else []),
+        *([f"{len(record['untracked'])} untracked file(s)"] if record.get("untracked") else []),
+    ]
     return f" at {(record.get('git_commit') or 'no commit')[:12]}" + (f" + {' + '.join(changes)}" if changes else "")
 
 
@@ -196,14 +217,18 @@ def check_resume(manifest, enabled: bool, new: bool) -> None:
     silently imported the current checkout would lose the run's provenance."""
     record, root = current_record(manifest.data), manifest.layout.root
     if new and not enabled:
-        raise UserError(f"{NEW_SNAPSHOT}=true: this run was submitted with launcher.snapshot=false, so its jobs import "
-                        f"the checkout as it is; there is no snapshot to renew: resume={root} without {NEW_SNAPSHOT}")
+        raise UserError(
+            f"{NEW_SNAPSHOT}=true: this run was submitted with launcher.snapshot=false, so its jobs import "
+            f"the checkout as it is; there is no snapshot to renew: resume={root} without {NEW_SNAPSHOT}"
+        )
     if new or not record or not enabled or pythonpath(manifest.data):
         return
-    raise UserError(f"resume={root}: the run's code snapshot {record.get('code')} is missing (the code submitted "
-                    f"from {record.get('source')}{_describe(record)}): the jobs would run other code than was "
-                    f"submitted; restore that folder, or resume with the current code recorded as a new snapshot "
-                    f"beside the first: python -m slurm_router resume={root} {NEW_SNAPSHOT}=true")
+    raise UserError(
+        f"resume={root}: the run's code snapshot {record.get('code')} is missing (the code submitted "
+        f"from {record.get('source')}{_describe(record)}): the jobs would run other code than was "
+        f"submitted; restore that folder, or resume with the current code recorded as a new snapshot "
+        f"beside the first: python -m slurm_router resume={root} {NEW_SNAPSHOT}=true"
+    )
 
 
 def ensure(manifest, enabled: bool, new: bool = False) -> str | None:
@@ -220,9 +245,11 @@ def ensure(manifest, enabled: bool, new: bool = False) -> str | None:
         if have and resumed:
             record = current_record(manifest.data)
             assert record is not None
-            print(f"snapshot: the jobs run the code recorded at resume {record['resume']} ({record['code']})"
-                  if record.get("resume") else
-                  f"snapshot: the jobs run the code submitted with this run ({record.get('code')})")
+            print(
+                f"snapshot: the jobs run the code recorded at resume {record['resume']} ({record['code']})"
+                if record.get("resume")
+                else f"snapshot: the jobs run the code submitted with this run ({record.get('code')})"
+            )
         return have
     record = take(manifest.layout.root)
     manifest.set(snapshot=record)
@@ -234,14 +261,26 @@ def _renew(manifest, resume: int) -> str:
     """new_snapshot=true at the N-th resume: the current code into code-resume<N>/, appended to the manifest's
     resume_snapshots; the submission's `snapshot` record (and any folder it names) stays as it was."""
     import time
+
     first = manifest.data.get("snapshot")
     gone = bool(first) and not Path(first.get("pythonpath") or "").is_dir()
-    record = {**take(manifest.layout.root, resume=resume), "resume": resume,
-              "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "why": f"{NEW_SNAPSHOT}=true" + (f" ({first.get('code')} was missing)" if gone else "")}
+    record = {
+        **take(manifest.layout.root, resume=resume),
+        "resume": resume,
+        "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "why": f"{NEW_SNAPSHOT}=true" + (f" ({first.get('code')} was missing)" if gone else ""),
+    }
     manifest.set(**{RESUME_SNAPSHOTS: [*(manifest.data.get(RESUME_SNAPSHOTS) or []), record]})
-    kept = (f"; the submission's snapshot stays recorded in the manifest ({first.get('code')}"
-            f"{_describe(first)}{', its folder missing' if gone else ''})") if first else ""
-    print(f"snapshot: {NEW_SNAPSHOT}=true: {record['files']} files of {record['source']}{_describe(record)} -> "
-          f"{record['code']}{kept}")
+    kept = (
+        (
+            f"; the submission's snapshot stays recorded in the manifest ({first.get('code')}"
+            f"{_describe(first)}{', its folder missing' if gone else ''})"
+        )
+        if first
+        else ""
+    )
+    print(
+        f"snapshot: {NEW_SNAPSHOT}=true: {record['files']} files of {record['source']}{_describe(record)} -> "
+        f"{record['code']}{kept}"
+    )
     return record["pythonpath"]

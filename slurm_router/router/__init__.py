@@ -2,6 +2,7 @@
 
 No torch here (policies are pure functions over lengths and device state); see docs/ARCHITECTURE.md, "The router".
 """
+
 from .memory_model import MemoryModel
 from .packing import sample_costs, split_for_oom
 from .policies import POLICIES, affinity, balanced, least_loaded, round_robin
@@ -10,7 +11,19 @@ from .speed_model import SpeedModel
 from .types import POLICY_NAMES, Assignment, DeviceState, MicroBatch, RouterSettings
 
 __all__ = [
-    "Assignment", "DeviceState", "MemoryModel", "MicroBatch", "POLICIES", "POLICY_NAMES", "Router",
-    "RouterSettings", "SpeedModel", "affinity", "balanced", "least_loaded", "round_robin", "sample_costs",
+    "Assignment",
+    "DeviceState",
+    "MemoryModel",
+    "MicroBatch",
+    "POLICIES",
+    "POLICY_NAMES",
+    "Router",
+    "RouterSettings",
+    "SpeedModel",
+    "affinity",
+    "balanced",
+    "least_loaded",
+    "round_robin",
+    "sample_costs",
     "split_for_oom",
 ]

@@ -17,36 +17,51 @@ GPT-2- and Llama-shaped models built on the meta device, frozen weights in fp32 
   eager attention. The seed is an estimate of what is kept, not of the allocator's transient peak; the online
   fit and the OOM scale correct both after the first steps.
 """
+
 from __future__ import annotations
 
 import math
 from typing import Any, cast
 
 _MAX_OOMS = 16
-_OOM_MARGIN = 1.05          # after an OOM, predict this much above the limit that was hit
-_OOM_UNKNOWN_LIMIT = 1.25   # no limit known: assume the prediction was this much too low
-_MIN_POINTS_FOR_FIT = 6     # below this, only rescale the prior: 3 coefficients need spread-out points
+_OOM_MARGIN = 1.05  # after an OOM, predict this much above the limit that was hit
+_OOM_UNKNOWN_LIMIT = 1.25  # no limit known: assume the prediction was this much too low
+_MIN_POINTS_FOR_FIT = 6  # below this, only rescale the prior: 3 coefficients need spread-out points
 
 
 class MemoryModel:
-    def __init__(self, fixed_bytes: float = 0.0, per_token_bytes: float = 0.0, per_len2_bytes: float = 0.0,
-                 max_observations: int = 64) -> None:
+    def __init__(
+        self,
+        fixed_bytes: float = 0.0,
+        per_token_bytes: float = 0.0,
+        per_len2_bytes: float = 0.0,
+        max_observations: int = 64,
+    ) -> None:
         if min(fixed_bytes, per_token_bytes, per_len2_bytes) < 0:
             raise ValueError("memory model terms must be >= 0")
         self.prior = (float(fixed_bytes), float(per_token_bytes), float(per_len2_bytes))
         self.coef = self.prior
         self.scale = 1.0
         self.max_observations = int(max_observations)
-        self._obs: list[tuple[int, int, int, int]] = []    # (padded_tokens, n_samples, max_len, peak_bytes)
+        self._obs: list[tuple[int, int, int, int]] = []  # (padded_tokens, n_samples, max_len, peak_bytes)
         self._ooms: list[tuple[int, int, int, float]] = []  # (padded_tokens, n_samples, max_len, limit_bytes)
         # Plans ask the same (length, budget) questions many times (equal devices); answers only change on refit.
         self._cache: dict[tuple[int, int], int] = {}
 
     @classmethod
-    def from_model_bytes(cls, frozen_bytes: int, trainable_bytes: int, hidden_size: int, n_layers: int,
-                         vocab_size: int, compute_bytes: int = 4, n_heads: int | None = None,
-                         adapter_features: int = 0, gradient_checkpointing: bool = False,
-                         workspace_bytes: int = 0) -> "MemoryModel":
+    def from_model_bytes(
+        cls,
+        frozen_bytes: int,
+        trainable_bytes: int,
+        hidden_size: int,
+        n_layers: int,
+        vocab_size: int,
+        compute_bytes: int = 4,
+        n_heads: int | None = None,
+        adapter_features: int = 0,
+        gradient_checkpointing: bool = False,
+        workspace_bytes: int = 0,
+    ) -> "MemoryModel":
         """Seed terms from the model's own byte counts and shape (the online fit corrects them after a few steps).
 
         frozen_bytes / trainable_bytes: sum of numel * element_size over the frozen / trainable parameters
@@ -66,21 +81,36 @@ class MemoryModel:
         heads = n_heads or max(1, hidden_size // 64)
         act_scale = compute_bytes / 2
         fixed = frozen_bytes + 4 * trainable_bytes + workspace_bytes
-        layer = 34 * hidden_size * act_scale + 4 * adapter_features / n_layers   # one layer's, per token
+        layer = 34 * hidden_size * act_scale + 4 * adapter_features / n_layers  # one layer's, per token
         kept = n_layers * hidden_size * compute_bytes + layer if gradient_checkpointing else n_layers * layer
         per_token = kept + vocab_size * (2 * compute_bytes + 4)
         per_len2 = (1 if gradient_checkpointing else n_layers) * 5 * heads * act_scale
         return cls(fixed, per_token, per_len2)
 
     @classmethod
-    def from_model_sizes(cls, n_params: int, n_trainable_params: int, hidden_size: int, n_layers: int,
-                         vocab_size: int, bytes_per_param: int = 4, n_heads: int | None = None,
-                         workspace_bytes: int = 0) -> "MemoryModel":
+    def from_model_sizes(
+        cls,
+        n_params: int,
+        n_trainable_params: int,
+        hidden_size: int,
+        n_layers: int,
+        vocab_size: int,
+        bytes_per_param: int = 4,
+        n_heads: int | None = None,
+        workspace_bytes: int = 0,
+    ) -> "MemoryModel":
         """from_model_bytes when only parameter counts are known: the frozen weights at bytes_per_param (also the
         activations' precision), the trainable ones in fp32."""
-        return cls.from_model_bytes((n_params - n_trainable_params) * bytes_per_param, 4 * n_trainable_params,
-                                    hidden_size, n_layers, vocab_size, compute_bytes=bytes_per_param,
-                                    n_heads=n_heads, workspace_bytes=workspace_bytes)
+        return cls.from_model_bytes(
+            (n_params - n_trainable_params) * bytes_per_param,
+            4 * n_trainable_params,
+            hidden_size,
+            n_layers,
+            vocab_size,
+            compute_bytes=bytes_per_param,
+            n_heads=n_heads,
+            workspace_bytes=workspace_bytes,
+        )
 
     # ---- prediction -------------------------------------------------------------------------------------
     def predict(self, padded_tokens: int, n_samples: int, max_len: int) -> int:
@@ -153,7 +183,7 @@ class MemoryModel:
     def observe(self, padded_tokens: int, n_samples: int, max_len: int, peak_bytes: int) -> None:
         """Record a measured peak of a micro-batch and refit."""
         self._obs.append((int(padded_tokens), int(n_samples), int(max_len), int(peak_bytes)))
-        del self._obs[:-self.max_observations]
+        del self._obs[: -self.max_observations]
         self._refit()
 
     def observe_oom(self, padded_tokens: int, n_samples: int, max_len: int, limit_bytes: float | None = None) -> None:
@@ -187,8 +217,12 @@ class MemoryModel:
 
     # ---- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"prior": list(self.prior), "max_observations": self.max_observations,
-                "observations": [list(o) for o in self._obs], "ooms": [list(o) for o in self._ooms]}
+        return {
+            "prior": list(self.prior),
+            "max_observations": self.max_observations,
+            "observations": [list(o) for o in self._obs],
+            "ooms": [list(o) for o in self._ooms],
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.prior = cast("tuple[float, float, float]", tuple(float(x) for x in d["prior"]))
@@ -223,7 +257,7 @@ def _nnls3(rows: list[tuple[float, float, float]], ys: list[float]) -> tuple[flo
 def _solve_normal(xs: list[list[float]], ys: list[float], cols: list[int]) -> list[float] | None:
     k = len(cols)
     a = [[sum(r[i] * r[j] for r in xs) for j in cols] + [sum(r[i] * y for r, y in zip(xs, ys))] for i in cols]
-    for c in range(k):   # Gaussian elimination with partial pivoting
+    for c in range(k):  # Gaussian elimination with partial pivoting
         piv = max(range(c, k), key=lambda r: abs(a[r][c]))
         if abs(a[piv][c]) < 1e-9:
             return None

@@ -3,6 +3,7 @@
 Samples are handled by *position* in the global batch (0..n-1) inside the router; ids only appear when a
 MicroBatch is built. Positions keep every tie-break well defined even if a caller passes repeated lengths.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,24 +24,39 @@ def sample_costs(lengths: Sequence[int], settings: RouterSettings) -> list[float
     return [float(n) for n in lengths]
 
 
-def build_microbatch(positions: list[int], sample_ids: Sequence[int], lengths: Sequence[int],
-                     costs: Sequence[float], memory_model: MemoryModel | None) -> MicroBatch:
+def build_microbatch(
+    positions: list[int],
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    memory_model: MemoryModel | None,
+) -> MicroBatch:
     n = len(positions)
-    if n == 1:   # the common case with long-tailed lengths: skip the generic path (this is the hot loop)
+    if n == 1:  # the common case with long-tailed lengths: skip the generic path (this is the hot loop)
         p = positions[0]
         n_tok = lengths[p]
         mem = memory_model.predict(n_tok, 1, n_tok) if memory_model is not None else None
         return MicroBatch((sample_ids[p],), n_tok, n_tok, costs[p], mem)
-    positions = sorted(positions)          # global-batch order inside a micro-batch, whatever the grouping
+    positions = sorted(positions)  # global-batch order inside a micro-batch, whatever the grouping
     max_len = max(map(lengths.__getitem__, positions))
     padded = max_len * n
     mem = memory_model.predict(padded, n, max_len) if memory_model is not None else None
-    return MicroBatch(tuple(map(sample_ids.__getitem__, positions)), sum(map(lengths.__getitem__, positions)),
-                      padded, sum(map(costs.__getitem__, positions)), mem)
+    return MicroBatch(
+        tuple(map(sample_ids.__getitem__, positions)),
+        sum(map(lengths.__getitem__, positions)),
+        padded,
+        sum(map(costs.__getitem__, positions)),
+        mem,
+    )
 
 
-def build_microbatches(groups: list[list[int]], sample_ids: Sequence[int], lengths: Sequence[int],
-                       costs: Sequence[float], memory_model: MemoryModel | None) -> tuple[MicroBatch, ...]:
+def build_microbatches(
+    groups: list[list[int]],
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    memory_model: MemoryModel | None,
+) -> tuple[MicroBatch, ...]:
     """build_microbatch over groups that each come longest first (pack_by_length's), with the memory model's
     coefficients read once: a big plan's hot loop builds hundreds of micro-batches. Same values as
     build_microbatch (tests check); tuple.__new__ skips NamedTuple's Python-level __new__."""
@@ -52,30 +68,64 @@ def build_microbatches(groups: list[list[int]], sample_ids: Sequence[int], lengt
         p = g[0]
         max_len = lengths[p]
         if len(g) == 1:
-            out.append(new(mb_type, ((sample_ids[p],), max_len, max_len, costs[p],
-                                     ceil(scale * (f + a * max_len + b * max_len * max_len)))))
+            out.append(
+                new(
+                    mb_type,
+                    (
+                        (sample_ids[p],),
+                        max_len,
+                        max_len,
+                        costs[p],
+                        ceil(scale * (f + a * max_len + b * max_len * max_len)),
+                    ),
+                )
+            )
             continue
         n = len(g)
-        get = itemgetter(*sorted(g))          # n >= 2: a getter returns a tuple, in C
+        get = itemgetter(*sorted(g))  # n >= 2: a getter returns a tuple, in C
         padded = max_len * n
-        out.append(new(mb_type, (get(sample_ids), sum(get(lengths)), padded, sum(get(costs)),
-                                 ceil(scale * (f + a * padded + b * n * max_len * max_len)))))
+        out.append(
+            new(
+                mb_type,
+                (
+                    get(sample_ids),
+                    sum(get(lengths)),
+                    padded,
+                    sum(get(costs)),
+                    ceil(scale * (f + a * padded + b * n * max_len * max_len)),
+                ),
+            )
+        )
     return tuple(out)
 
 
-def build_packed(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int],
-                 costs: Sequence[float], memory_model: MemoryModel | None) -> MicroBatch:
+def build_packed(
+    positions: Sequence[int],
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    memory_model: MemoryModel | None,
+) -> MicroBatch:
     """One packed row of these samples, in global-batch order: what it computes is its real tokens."""
     positions = sorted(positions)
     n_tok = sum(map(lengths.__getitem__, positions))
     mem = memory_model.predict(n_tok, len(positions), n_tok // len(positions)) if memory_model is not None else None
-    return MicroBatch(tuple(map(sample_ids.__getitem__, positions)), n_tok, n_tok,
-                      sum(map(costs.__getitem__, positions)), mem)
+    return MicroBatch(
+        tuple(map(sample_ids.__getitem__, positions)), n_tok, n_tok, sum(map(costs.__getitem__, positions)), mem
+    )
 
 
-def pack_rows(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int], costs: Sequence[float],
-              budget_bytes: int | None, settings: RouterSettings, memory_model: MemoryModel | None,
-              oversize: list[int], presorted: bool = False) -> tuple[MicroBatch, ...]:
+def pack_rows(
+    positions: Sequence[int],
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    budget_bytes: int | None,
+    settings: RouterSettings,
+    memory_model: MemoryModel | None,
+    oversize: list[int],
+    presorted: bool = False,
+) -> tuple[MicroBatch, ...]:
     """Packed mode: the device's share in the fewest packed rows (micro-batches) that each fit the token cap
     (router.max_tokens_per_microbatch) and the memory budget: first-fit decreasing by length. With nothing
     limiting it, the whole share is one row. A sample that does not fit even alone is put alone, in oversize.
@@ -89,8 +139,9 @@ def pack_rows(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequ
     use_mem = memory_model is not None and budget_bytes is not None
 
     def fits(tokens: int, n: int) -> bool:
-        return tokens <= cap and (not use_mem or cast(MemoryModel, memory_model).predict(tokens, n, tokens // n)
-                                  <= cast(int, budget_bytes))
+        return tokens <= cap and (
+            not use_mem or cast(MemoryModel, memory_model).predict(tokens, n, tokens // n) <= cast(int, budget_bytes)
+        )
 
     total = sum(map(lengths.__getitem__, order))
     if fits(total, len(order)):
@@ -128,10 +179,17 @@ def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_mo
     return k_max
 
 
-def pack_by_length(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int],
-                   costs: Sequence[float], budget_bytes: int | None, settings: RouterSettings,
-                   memory_model: MemoryModel | None, oversize: list[int],
-                   presorted: bool = False) -> tuple[MicroBatch, ...]:
+def pack_by_length(
+    positions: Sequence[int],
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    budget_bytes: int | None,
+    settings: RouterSettings,
+    memory_model: MemoryModel | None,
+    oversize: list[int],
+    presorted: bool = False,
+) -> tuple[MicroBatch, ...]:
     """Group a device's share into micro-batches of similar length, longest first.
     presorted: positions already come longest first (the partition's output), skip the sort.
 
@@ -148,7 +206,7 @@ def pack_by_length(positions: Sequence[int], sample_ids: Sequence[int], lengths:
     overhead = settings.microbatch_overhead_tokens
     groups: list[list[int]] = []
     group: list[int] = []
-    cut = 1 << 62    # a sample joins the open micro-batch iff its length >= cut = head length - overhead
+    cut = 1 << 62  # a sample joins the open micro-batch iff its length >= cut = head length - overhead
     limited = settings.max_tokens_per_microbatch is not None or (memory_model is not None and budget_bytes is not None)
     if limited:
         k_max = max_samples_fn(budget_bytes, settings, memory_model)
@@ -177,14 +235,21 @@ def pack_by_length(positions: Sequence[int], sample_ids: Sequence[int], lengths:
             group_cap = k_max(n)
             if group_cap < 1:
                 oversize.append(p)
-                group_cap = 1   # alone, never dropped
+                group_cap = 1  # alone, never dropped
     return build_microbatches(groups, sample_ids, lengths, costs, memory_model)
 
 
-def pack_in_order(positions: Sequence[int], sample_ids: Sequence[int], lengths: Sequence[int],
-                  costs: Sequence[float], budget_bytes: int | None, settings: RouterSettings,
-                  memory_model: MemoryModel | None, oversize: list[int],
-                  presorted: bool = False) -> tuple[MicroBatch, ...]:
+def pack_in_order(
+    positions: Sequence[int],
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    budget_bytes: int | None,
+    settings: RouterSettings,
+    memory_model: MemoryModel | None,
+    oversize: list[int],
+    presorted: bool = False,
+) -> tuple[MicroBatch, ...]:
     """round_robin's packing: one micro-batch, or the fewest equal consecutive chunks that all fit.
 
     This is the static baseline (what DistributedSampler + a fixed gradient-accumulation count does): no
@@ -208,14 +273,17 @@ def _equal_chunks(items: Sequence[int], n_chunks: int) -> list[list[int]]:
     out, start = [], 0
     for i in range(n_chunks):
         size = q + (1 if i < r else 0)
-        out.append(list(items[start:start + size]))
+        out.append(list(items[start : start + size]))
         start += size
     return out
 
 
-def split_for_oom(mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[int],
-                  settings: RouterSettings | None = None,
-                  memory_model: MemoryModel | None = None) -> tuple[MicroBatch, MicroBatch]:
+def split_for_oom(
+    mb: MicroBatch,
+    lengths_by_id: Mapping[int, int] | Sequence[int],
+    settings: RouterSettings | None = None,
+    memory_model: MemoryModel | None = None,
+) -> tuple[MicroBatch, MicroBatch]:
     """Halve a micro-batch that ran out of memory: (longest half, shortest half), each in the original order.
 
     Splitting by length (not by position) shrinks the padded size of both halves the most. Costs are
@@ -224,8 +292,10 @@ def split_for_oom(mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[in
     """
     n = len(mb.sample_ids)
     if n < 2:
-        raise ValueError(f"micro-batch with {n} sample(s) cannot be halved; the sample alone exceeds memory: "
-                         "lower data.max_len or use a device with more memory")
+        raise ValueError(
+            f"micro-batch with {n} sample(s) cannot be halved; the sample alone exceeds memory: "
+            "lower data.max_len or use a device with more memory"
+        )
     ids = list(mb.sample_ids)
     lengths = [int(lengths_by_id[sid]) for sid in ids]
     if settings is not None:
@@ -234,15 +304,19 @@ def split_for_oom(mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[in
         per_token = mb.cost / mb.n_tokens if mb.n_tokens else 0.0
         costs = [n_tok * per_token for n_tok in lengths]
     by_len = sorted(range(n), key=lambda i: (-lengths[i], i))
-    if settings is not None and settings.packed:     # halve the row's tokens, not its padded width
+    if settings is not None and settings.packed:  # halve the row's tokens, not its padded width
         halves: tuple[list[int], list[int]] = ([], [])
         half_tokens = [0, 0]
         for i in by_len:
             side = 0 if half_tokens[0] <= half_tokens[1] else 1
             halves[side].append(i)
             half_tokens[side] += lengths[i]
-        return (build_packed(halves[0], ids, lengths, costs, memory_model),
-                build_packed(halves[1], ids, lengths, costs, memory_model))
-    long_half, short_half = by_len[: n // 2], by_len[n // 2:]
-    return (build_microbatch(long_half, ids, lengths, costs, memory_model),
-            build_microbatch(short_half, ids, lengths, costs, memory_model))
+        return (
+            build_packed(halves[0], ids, lengths, costs, memory_model),
+            build_packed(halves[1], ids, lengths, costs, memory_model),
+        )
+    long_half, short_half = by_len[: n // 2], by_len[n // 2 :]
+    return (
+        build_microbatch(long_half, ids, lengths, costs, memory_model),
+        build_microbatch(short_half, ids, lengths, costs, memory_model),
+    )

@@ -10,6 +10,7 @@ best possible (mean load, or the pigeonhole lower bound on equal devices).
 Pure Python on purpose: inputs are 10-10^4 items, where numpy's per-call overhead costs more than it saves.
 Every tie breaks on the lower device index or the lower position, so the result depends only on the inputs.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -17,15 +18,20 @@ import math
 from bisect import bisect_left
 from typing import Sequence, cast
 
-_GOOD_ENOUGH = 0.01       # stop improving when max time <= best possible * (1 + this); the target is 1.02
+_GOOD_ENOUGH = 0.01  # stop improving when max time <= best possible * (1 + this); the target is 1.02
 _SPEED_CLASS_STEP = 0.02  # devices whose speeds differ < 2% share one heap (the pass fixes the residue)
-_MAX_RECEIVERS = 16       # devices tried per improvement round
-_MAX_ROUNDS = 512         # improvement rounds at most (each is O(D)): bounds the plan time on 1000+ devices
+_MAX_RECEIVERS = 16  # devices tried per improvement round
+_MAX_ROUNDS = 512  # improvement rounds at most (each is O(D)): bounds the plan time on 1000+ devices
 
 
-def partition(items: Sequence[int], costs: Sequence[float], speeds: Sequence[float],
-              item_fits: Sequence[int] | None = None, lengths: Sequence[int] | None = None,
-              max_rounds: int | None = None) -> list[list[int]]:
+def partition(
+    items: Sequence[int],
+    costs: Sequence[float],
+    speeds: Sequence[float],
+    item_fits: Sequence[int] | None = None,
+    lengths: Sequence[int] | None = None,
+    max_rounds: int | None = None,
+) -> list[list[int]]:
     """Split `items` (positions) over len(speeds) devices; returns one list of positions per device, each
     sorted by cost descending (= length descending), which the packer relies on.
 
@@ -66,17 +72,26 @@ def partition(items: Sequence[int], costs: Sequence[float], speeds: Sequence[flo
     _lpt(free, costs, speeds, loads, bins)
     # with equal speeds the pigeonhole bound tells when the remaining imbalance is granularity, not the search
     floor = _sorted_lower_bound([costs[p] for p in order], n_dev) if min(speeds) == max(speeds) else 0.0
-    touched = _improve(bins, loads, costs, speeds, item_fits, lengths,
-                       max_rounds if max_rounds is not None else min(4 * n_dev + 16, _MAX_ROUNDS), floor / speeds[0])
-    for d in sorted(touched):   # LPT appends longest first; only bins the pass changed need re-sorting
+    touched = _improve(
+        bins,
+        loads,
+        costs,
+        speeds,
+        item_fits,
+        lengths,
+        max_rounds if max_rounds is not None else min(4 * n_dev + 16, _MAX_ROUNDS),
+        floor / speeds[0],
+    )
+    for d in sorted(touched):  # LPT appends longest first; only bins the pass changed need re-sorting
         bins[d].sort(key=lambda p: (-costs[p], p))
     return bins
 
 
-def _lpt(order: list[int], costs: Sequence[float], speeds: Sequence[float], loads: list[float],
-         bins: list[list[int]]) -> None:
+def _lpt(
+    order: list[int], costs: Sequence[float], speeds: Sequence[float], loads: list[float], bins: list[list[int]]
+) -> None:
     """Each item to the device that finishes it earliest. One heap per speed class keeps this O(n log D)."""
-    if min(speeds) == max(speeds):                        # equal speeds: plain LPT on loads
+    if min(speeds) == max(speeds):  # equal speeds: plain LPT on loads
         if all(map(float.is_integer, map(float, costs))) and all(map(float.is_integer, map(float, loads))):
             _lpt_integer(order, costs, loads, bins)
             return
@@ -136,9 +151,16 @@ def _lpt_integer(order: list[int], costs: Sequence[float], loads: list[float], b
         loads[key & mask] = float(key >> shift)
 
 
-def _improve(bins: list[list[int]], loads: list[float], costs: Sequence[float], speeds: Sequence[float],
-             item_fits: Sequence[int] | None, lengths: Sequence[int] | None, max_rounds: int,
-             floor_time: float = 0.0) -> set[int]:
+def _improve(
+    bins: list[list[int]],
+    loads: list[float],
+    costs: Sequence[float],
+    speeds: Sequence[float],
+    item_fits: Sequence[int] | None,
+    lengths: Sequence[int] | None,
+    max_rounds: int,
+    floor_time: float = 0.0,
+) -> set[int]:
     """floor_time: a known lower bound on the best step time (stop once within _GOOD_ENOUGH of it).
     Returns the devices whose bins changed."""
     n_dev = len(bins)
@@ -154,8 +176,9 @@ def _improve(bins: list[list[int]], loads: list[float], costs: Sequence[float], 
             return touched
         # the least loaded receivers are where a move or swap most likely fits; capping their number bounds
         # the cost of a round on big jobs (the next round starts again from the new slowest device)
-        receivers = heapq.nsmallest(_MAX_RECEIVERS, (d for d in range(n_dev) if d != hi and times[d] < t_hi),
-                                    key=lambda d: (times[d], d))
+        receivers = heapq.nsmallest(
+            _MAX_RECEIVERS, (d for d in range(n_dev) if d != hi and times[d] < t_hi), key=lambda d: (times[d], d)
+        )
         hi_items = sorted(bins[hi], key=lambda p: (costs[p], p))
         for lo in receivers:
             if _best_exchange(hi, lo, hi_items, bins, loads, costs, speeds, item_fits, lengths, t_hi):
@@ -164,14 +187,22 @@ def _improve(bins: list[list[int]], loads: list[float], costs: Sequence[float], 
                 times[lo] = loads[lo] / speeds[lo]
                 break
         else:
-            return touched   # no single move or swap lowers the slowest device: local optimum
+            return touched  # no single move or swap lowers the slowest device: local optimum
     return touched
 
 
-def _best_exchange(hi: int, lo: int, hi_items: list[int], bins: list[list[int]], loads: list[float],
-                   costs: Sequence[float],
-                   speeds: Sequence[float], item_fits: Sequence[int] | None, lengths: Sequence[int] | None,
-                   t_hi: float) -> bool:
+def _best_exchange(
+    hi: int,
+    lo: int,
+    hi_items: list[int],
+    bins: list[list[int]],
+    loads: list[float],
+    costs: Sequence[float],
+    speeds: Sequence[float],
+    item_fits: Sequence[int] | None,
+    lengths: Sequence[int] | None,
+    t_hi: float,
+) -> bool:
     """Best single move (hi -> lo) or swap between hi and lo; applies it and returns True if it helps."""
     s_hi, s_lo = speeds[hi], speeds[lo]
     l_hi, l_lo = loads[hi], loads[lo]
@@ -182,7 +213,7 @@ def _best_exchange(hi: int, lo: int, hi_items: list[int], bins: list[list[int]],
     check = item_fits is not None and lengths is not None
     lo_items = sorted(bins[lo], key=lambda p: (costs[p], p))
     lo_costs = [costs[p] for p in lo_items]
-    best = None   # (new max time, a position in hi, b position in lo or -1)
+    best = None  # (new max time, a position in hi, b position in lo or -1)
     for a in hi_items:
         ca = costs[a]
         if check and cast("Sequence[int]", lengths)[a] > cast("Sequence[int]", item_fits)[lo]:
@@ -234,6 +265,6 @@ def _sorted_lower_bound(s: Sequence[float], n_devices: int) -> float:
     bound = max(sum(s) / n_devices, s[0])
     k = 1
     while k * n_devices + 1 <= len(s):
-        bound = max(bound, sum(s[k * n_devices - k:k * n_devices + 1]))
+        bound = max(bound, sum(s[k * n_devices - k : k * n_devices + 1]))
         k += 1
     return bound

@@ -3,6 +3,7 @@
 They decide only which device computes which samples and in how many micro-batches; the global batch itself
 is fixed by the sampler. Every sample position lands in exactly one micro-batch of exactly one device.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -18,10 +19,11 @@ from .types import POLICY_NAMES, Assignment, DeviceState, RouterSettings
 # Default affinity buckets: powers of two, so bucket edges never depend on the batch (no quantiles).
 DEFAULT_AFFINITY_BOUNDARIES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _MIN_SPEED = 1e-9
-_AFFINITY_SLACK = 0.05   # how far above an even share affinity lets a pinned group be
+_AFFINITY_SLACK = 0.05  # how far above an even share affinity lets a pinned group be
 
-Policy = Callable[[Sequence[int], Sequence[int], Sequence[DeviceState], RouterSettings, "MemoryModel | None"],
-                  Assignment]
+Policy = Callable[
+    [Sequence[int], Sequence[int], Sequence[DeviceState], RouterSettings, "MemoryModel | None"], Assignment
+]
 
 
 def _check(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequence[DeviceState]) -> None:
@@ -31,8 +33,9 @@ def _check(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequence[
         raise ValueError("no devices: a job needs at least one device to route to")
 
 
-def _item_fits(devices: Sequence[DeviceState], settings: RouterSettings,
-               memory_model: MemoryModel | None) -> list[int] | None:
+def _item_fits(
+    devices: Sequence[DeviceState], settings: RouterSettings, memory_model: MemoryModel | None
+) -> list[int] | None:
     """Per device, the longest sample it can compute alone; None when nothing limits any device."""
     cap = settings.max_tokens_per_microbatch
     with_mem = memory_model is not None and any(d.mem_budget_bytes is not None for d in devices)
@@ -47,29 +50,59 @@ def _item_fits(devices: Sequence[DeviceState], settings: RouterSettings,
     return fits
 
 
-def _finish(bins: list[list[int]], sample_ids: Sequence[int], lengths: Sequence[int], costs: Sequence[float],
-            devices: Sequence[DeviceState], settings: RouterSettings, memory_model: MemoryModel | None,
-            by_length: bool = True) -> Assignment:
+def _finish(
+    bins: list[list[int]],
+    sample_ids: Sequence[int],
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    devices: Sequence[DeviceState],
+    settings: RouterSettings,
+    memory_model: MemoryModel | None,
+    by_length: bool = True,
+) -> Assignment:
     oversize: list[int] = []
     pack = pack_rows if settings.packed else pack_by_length if by_length else pack_in_order
     # by_length callers hand over bins sorted longest first (partition output, least_loaded's order)
-    per_device = tuple(pack(bins[d], sample_ids, lengths, costs, devices[d].mem_budget_bytes, settings,
-                            memory_model, oversize, by_length) for d in range(len(devices)))
+    per_device = tuple(
+        pack(
+            bins[d],
+            sample_ids,
+            lengths,
+            costs,
+            devices[d].mem_budget_bytes,
+            settings,
+            memory_model,
+            oversize,
+            by_length,
+        )
+        for d in range(len(devices))
+    )
     return Assignment(per_device, tuple(sample_ids[p] for p in sorted(oversize)))
 
 
-def round_robin(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequence[DeviceState],
-                settings: RouterSettings, memory_model: MemoryModel | None = None) -> Assignment:
+def round_robin(
+    lengths: Sequence[int],
+    sample_ids: Sequence[int],
+    devices: Sequence[DeviceState],
+    settings: RouterSettings,
+    memory_model: MemoryModel | None = None,
+) -> Assignment:
     """Sample i of the global batch -> device i % D (DistributedSampler's split). Ignores speed and cost."""
     _check(lengths, sample_ids, devices)
     n_dev = len(devices)
     bins = [list(range(d, len(sample_ids), n_dev)) for d in range(n_dev)]
-    return _finish(bins, sample_ids, lengths, sample_costs(lengths, settings), devices, settings, memory_model,
-                   by_length=False)
+    return _finish(
+        bins, sample_ids, lengths, sample_costs(lengths, settings), devices, settings, memory_model, by_length=False
+    )
 
 
-def balanced(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequence[DeviceState],
-             settings: RouterSettings, memory_model: MemoryModel | None = None) -> Assignment:
+def balanced(
+    lengths: Sequence[int],
+    sample_ids: Sequence[int],
+    devices: Sequence[DeviceState],
+    settings: RouterSettings,
+    memory_model: MemoryModel | None = None,
+) -> Assignment:
     """Cost partition weighted by device speed (LPT + moves/swaps), memory-capped; micro-batches by length."""
     _check(lengths, sample_ids, devices)
     costs = sample_costs(lengths, settings)
@@ -78,8 +111,13 @@ def balanced(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequenc
     return _finish(bins, sample_ids, lengths, costs, devices, settings, memory_model)
 
 
-def least_loaded(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequence[DeviceState],
-                 settings: RouterSettings, memory_model: MemoryModel | None = None) -> Assignment:
+def least_loaded(
+    lengths: Sequence[int],
+    sample_ids: Sequence[int],
+    devices: Sequence[DeviceState],
+    settings: RouterSettings,
+    memory_model: MemoryModel | None = None,
+) -> Assignment:
     """Longest sample first, each to the device with the most memory left.
 
     'Memory left' = min(last free reading, budget) minus what this plan already gave the device, predicted by
@@ -115,7 +153,7 @@ def least_loaded(lengths: Sequence[int], sample_ids: Sequence[int], devices: Seq
             finite = [u for u in usable if u < UNLIMITED]
             per_token = (sum(finite) / len(finite)) / max(1, sum(lengths))
             need = [n_tok * per_token for n_tok in lengths]
-        heap = [(-usable[d], d) for d in range(n_dev)]   # max-heap on memory left, ties -> lower index
+        heap = [(-usable[d], d) for d in range(n_dev)]  # max-heap on memory left, ties -> lower index
         heapq.heapify(heap)
         for p in order:
             left, d = heap[0]
@@ -124,8 +162,13 @@ def least_loaded(lengths: Sequence[int], sample_ids: Sequence[int], devices: Seq
     return _finish(bins, sample_ids, lengths, costs, devices, settings, memory_model)
 
 
-def affinity(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequence[DeviceState],
-             settings: RouterSettings, memory_model: MemoryModel | None = None) -> Assignment:
+def affinity(
+    lengths: Sequence[int],
+    sample_ids: Sequence[int],
+    devices: Sequence[DeviceState],
+    settings: RouterSettings,
+    memory_model: MemoryModel | None = None,
+) -> Assignment:
     """Length buckets pinned to device groups: the longest bucket to the devices with the largest budget.
 
     Devices are ranked by (budget, speed) descending; non-empty buckets, longest first, take consecutive
@@ -141,9 +184,15 @@ def affinity(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequenc
     buckets: dict[int, list[int]] = {}
     for p in range(n):
         buckets.setdefault(bisect_right(edges, lengths[p]), []).append(p)
-    keys = sorted(buckets, reverse=True)                              # longest bucket first
-    ranked = sorted(range(n_dev), key=lambda d: (-cast(int, devices[d].mem_budget_bytes if devices[d].mem_budget_bytes
-                                                    is not None else UNLIMITED), -devices[d].speed, d))
+    keys = sorted(buckets, reverse=True)  # longest bucket first
+    ranked = sorted(
+        range(n_dev),
+        key=lambda d: (
+            -cast(int, devices[d].mem_budget_bytes if devices[d].mem_budget_bytes is not None else UNLIMITED),
+            -devices[d].speed,
+            d,
+        ),
+    )
     groups_items = [buckets[k] for k in keys]
     group_cost = [sum(costs[p] for p in g) for g in groups_items]
     # A bucket gets whole devices, so a small bucket on its own device can leave a big one crowded: merge
@@ -159,19 +208,19 @@ def affinity(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequenc
             if best_obj <= fair * (1 + _AFFINITY_SLACK):
                 break
             for i in range(len(groups_items) - 1):
-                obj = _busiest(group_cost[:i] + [group_cost[i] + group_cost[i + 1]] + group_cost[i + 2:], n_dev)
+                obj = _busiest(group_cost[:i] + [group_cost[i] + group_cost[i + 1]] + group_cost[i + 2 :], n_dev)
                 if obj < best_obj * (1 - 1e-9):
                     best_i, best_obj = i, obj
             if best_i < 0:
                 break
-        groups_items[best_i:best_i + 2] = [groups_items[best_i] + groups_items[best_i + 1]]
-        group_cost[best_i:best_i + 2] = [group_cost[best_i] + group_cost[best_i + 1]]
+        groups_items[best_i : best_i + 2] = [groups_items[best_i] + groups_items[best_i + 1]]
+        group_cost[best_i : best_i + 2] = [group_cost[best_i] + group_cost[best_i + 1]]
     group_sizes = _apportion(group_cost, n_dev)
     item_fits = _item_fits(devices, settings, memory_model)
     bins: list[list[int]] = [[] for _ in range(n_dev)]
     start = 0
     for items, size in zip(groups_items, group_sizes):
-        group = ranked[start:start + size]
+        group = ranked[start : start + size]
         start += size
         fits = [item_fits[d] for d in group] if item_fits is not None else None
         sub = partition(items, costs, [max(devices[d].speed, _MIN_SPEED) for d in group], fits, lengths)
@@ -187,7 +236,7 @@ def _apportion(weights: list[float], total: int) -> list[int]:
         return []
     w_sum = sum(weights) or 1.0
     sizes = [max(1, int(w * total / w_sum)) for w in weights]
-    while sum(sizes) > total:    # the max(1, .) floors can overshoot: take from whoever misses it least
+    while sum(sizes) > total:  # the max(1, .) floors can overshoot: take from whoever misses it least
         i = min((i for i in range(len(sizes)) if sizes[i] > 1), key=lambda i: (weights[i] / (sizes[i] - 1), i))
         sizes[i] -= 1
     while sum(sizes) < total:

@@ -9,6 +9,7 @@ without a coordinator. Nothing here reads a device: telemetry arrives through se
     >>> sorted(a.sample_ids(0) + a.sample_ids(1))
     [10, 11, 12, 13]
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence, cast
@@ -23,8 +24,9 @@ _STATE_VERSION = 1
 
 
 class Router:
-    def __init__(self, settings: RouterSettings | None = None, n_devices: int = 1,
-                 memory_model: MemoryModel | None = None) -> None:
+    def __init__(
+        self, settings: RouterSettings | None = None, n_devices: int = 1, memory_model: MemoryModel | None = None
+    ) -> None:
         if n_devices < 1:
             raise ValueError(f"n_devices={n_devices}: a job needs at least one device")
         self.settings = settings if settings is not None else RouterSettings()
@@ -44,13 +46,20 @@ class Router:
     def device_states(self) -> list[DeviceState]:
         speeds = self.speed_model.speeds()
         h = self.settings.memory_headroom
-        return [DeviceState(d, speeds[d],
-                            None if self._total_bytes[d] is None else int(h * cast(int, self._total_bytes[d])),
-                            self._free_bytes[d]) for d in range(self.n_devices)]
+        return [
+            DeviceState(
+                d,
+                speeds[d],
+                None if self._total_bytes[d] is None else int(h * cast(int, self._total_bytes[d])),
+                self._free_bytes[d],
+            )
+            for d in range(self.n_devices)
+        ]
 
     # ---- decisions ---------------------------------------------------------------------------------------
-    def plan(self, sample_ids: Sequence[int], lengths: Sequence[int],
-             devices: Sequence[DeviceState] | None = None) -> Assignment:
+    def plan(
+        self, sample_ids: Sequence[int], lengths: Sequence[int], devices: Sequence[DeviceState] | None = None
+    ) -> Assignment:
         """Split one global batch over the devices. devices=None: this router's own speed/memory state."""
         if devices is None:
             devices = self.device_states()
@@ -58,21 +67,24 @@ class Router:
             raise ValueError(f"{len(devices)} device states for a router of {self.n_devices} devices")
         return self._policy(list(lengths), list(sample_ids), devices, self.settings, self.memory_model)
 
-    def split_for_oom(self, mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[int]
-                      ) -> tuple[MicroBatch, MicroBatch]:
+    def split_for_oom(
+        self, mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[int]
+    ) -> tuple[MicroBatch, MicroBatch]:
         """Halve an out-of-memory micro-batch (longest half first); costs/memory from this router's models."""
         return _split_for_oom(mb, lengths_by_id, self.settings, self.memory_model)
 
     # ---- learning ----------------------------------------------------------------------------------------
-    def observe_step(self, device: int, cost: float, compute_s: float, peak_mem_bytes: int | None,
-                     microbatches: Sequence[MicroBatch]) -> None:
+    def observe_step(
+        self, device: int, cost: float, compute_s: float, peak_mem_bytes: int | None, microbatches: Sequence[MicroBatch]
+    ) -> None:
         """One device's finished step: speed = cost / compute_s; the step's memory peak belongs to its largest
         micro-batch (gradient accumulation frees activations between micro-batches)."""
         self.speed_model.observe(device, cost, compute_s)
         if self.memory_model is None or peak_mem_bytes is None or not microbatches:
             return
-        largest = max(microbatches, key=lambda mb: (cast(MemoryModel, self.memory_model).predict_mb(mb),
-                                                    mb.n_padded_tokens))
+        largest = max(
+            microbatches, key=lambda mb: (cast(MemoryModel, self.memory_model).predict_mb(mb), mb.n_padded_tokens)
+        )
         n = len(largest.sample_ids)
         if n:
             self.memory_model.observe(largest.n_padded_tokens, n, largest.n_padded_tokens // n, peak_mem_bytes)
@@ -83,14 +95,20 @@ class Router:
             return
         n = len(microbatch.sample_ids)
         if n:
-            self.memory_model.observe_oom(microbatch.n_padded_tokens, n, microbatch.n_padded_tokens // n,
-                                          self._total_bytes[device])
+            self.memory_model.observe_oom(
+                microbatch.n_padded_tokens, n, microbatch.n_padded_tokens // n, self._total_bytes[device]
+            )
 
     # ---- checkpoints (JSON-serialisable) -----------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"version": _STATE_VERSION, "n_devices": self.n_devices, "speed": self.speed_model.state_dict(),
-                "memory": None if self.memory_model is None else self.memory_model.state_dict(),
-                "total_bytes": list(self._total_bytes), "free_bytes": list(self._free_bytes)}
+        return {
+            "version": _STATE_VERSION,
+            "n_devices": self.n_devices,
+            "speed": self.speed_model.state_dict(),
+            "memory": None if self.memory_model is None else self.memory_model.state_dict(),
+            "total_bytes": list(self._total_bytes),
+            "free_bytes": list(self._free_bytes),
+        }
 
     def load_state_dict(self, d: dict) -> None:
         if d.get("version") != _STATE_VERSION:

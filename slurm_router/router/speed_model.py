@@ -9,14 +9,15 @@ Three models, picked by `router.speed_model` (docs/ARCHITECTURE.md, "The router"
 Every rank feeds its model the same all-gathered observations in the same order, and each model is plain
 float arithmetic on them, so every rank reaches the same speeds (the router's determinism, router.py).
 """
+
 from __future__ import annotations
 
 import math
 from collections import deque
 from typing import cast
 
-_MAD_TO_SD = 1.4826             # standard deviation of a normal = 1.4826 x its median absolute deviation
-_MEDIAN_VAR = math.pi / 2       # variance of a median of n normal draws ~ (pi/2) sigma^2 / n
+_MAD_TO_SD = 1.4826  # standard deviation of a normal = 1.4826 x its median absolute deviation
+_MEDIAN_VAR = math.pi / 2  # variance of a median of n normal draws ~ (pi/2) sigma^2 / n
 
 
 class SpeedModel:
@@ -28,13 +29,13 @@ class SpeedModel:
         if not 0 < ema <= 1:
             raise ValueError(f"speed ema={ema} must be in (0, 1]")
         self.ema = ema
-        self._speed: list[float | None] = [None] * n_devices   # None = never observed
+        self._speed: list[float | None] = [None] * n_devices  # None = never observed
 
     def observe(self, device: int, cost: float, compute_s: float) -> None:
         """One step of `device`: it computed `cost` units in `compute_s` seconds (forward+backward, no sync wait:
         waiting for the slowest device says nothing about this one's speed)."""
         if compute_s <= 0 or cost <= 0:
-            return   # an idle device (no samples this step) or a clock glitch carries no information
+            return  # an idle device (no samples this step) or a clock glitch carries no information
         observed = cost / compute_s
         old = self._speed[device]
         self._speed[device] = observed if old is None else (1 - self.ema) * old + self.ema * observed
@@ -50,7 +51,7 @@ class SpeedModel:
 
     def load_state_dict(self, d: dict) -> None:
         if d.get("kind", "ema") != self.kind:
-            return      # another model's state (router.speed_model changed on resume): relearn in a few steps
+            return  # another model's state (router.speed_model changed on resume): relearn in a few steps
         # A requeued job may come back with another device count: keep what overlaps, the rest is unseen.
         speed = [None if s is None else float(s) for s in d["speed"]]
         n = len(self._speed)
@@ -105,23 +106,29 @@ class RobustSpeedModel:
 
     kind = "robust"
 
-    def __init__(self, n_devices: int, window: int = 8, prior_noise: float = 0.25, prior_weight: float = 2.0,
-                 min_z: float | None = None) -> None:
+    def __init__(
+        self,
+        n_devices: int,
+        window: int = 8,
+        prior_noise: float = 0.25,
+        prior_weight: float = 2.0,
+        min_z: float | None = None,
+    ) -> None:
         if window < 2:
             raise ValueError(f"speed window={window} must be >= 2")
         self.n_devices, self.window = n_devices, window
         self.prior_noise, self.prior_weight = prior_noise, prior_weight
         self.min_z = min_z if min_z is not None else max(1.0, math.sqrt(2 * math.log(max(n_devices, 1))))
-        self._n_seen = 0                # relative observations ever (the prior fades with them, not the window)
+        self._n_seen = 0  # relative observations ever (the prior fades with them, not the window)
         self._rel: list[deque[float]] = [deque(maxlen=window) for _ in range(n_devices)]
-        self._level: deque[float] = deque(maxlen=window)        # the steps' mean log speed
-        self._pending: dict[int, float | None] = {}             # this round so far: device -> log speed (None: idle)
+        self._level: deque[float] = deque(maxlen=window)  # the steps' mean log speed
+        self._pending: dict[int, float | None] = {}  # this round so far: device -> log speed (None: idle)
         self._cached: list[float] | None = None
 
     def observe(self, device: int, cost: float, compute_s: float) -> None:
-        if device in self._pending:       # a device reports again: the previous step's round is complete
+        if device in self._pending:  # a device reports again: the previous step's round is complete
             self._close_round()
-        ok = compute_s > 0 and cost > 0   # an idle device or a clock glitch carries no information
+        ok = compute_s > 0 and cost > 0  # an idle device or a clock glitch carries no information
         self._pending[device] = math.log(cost / compute_s) if ok else None
         if len(self._pending) == self.n_devices:
             self._close_round()
@@ -134,16 +141,20 @@ class RobustSpeedModel:
             return
         mean_y = math.fsum(present.values()) / len(present)
         self._level.append(mean_y)
-        if len(present) >= 2:             # one device alone says nothing about how it compares
+        if len(present) >= 2:  # one device alone says nothing about how it compares
             for d in sorted(present):
                 self._rel[d].append(present[d] - mean_y)
             self._n_seen += len(present)
 
     def speeds(self) -> list[float]:
         if self._cached is None:
-            if self._pending:             # a round still open (the caller plans mid-round): count it as closed
-                saved = (self._pending, [deque(r, self.window) for r in self._rel], deque(self._level, self.window),
-                         self._n_seen)
+            if self._pending:  # a round still open (the caller plans mid-round): count it as closed
+                saved = (
+                    self._pending,
+                    [deque(r, self.window) for r in self._rel],
+                    deque(self._level, self.window),
+                    self._n_seen,
+                )
                 self._close_round()
                 self._cached = self._estimate()
                 self._pending, self._rel, self._level, self._n_seen = saved
@@ -164,17 +175,17 @@ class RobustSpeedModel:
                 out.append((0.0, math.inf, 0.0))
                 continue
             off, v = m - center, _MEDIAN_VAR * sigma2 / len(r)
-            out.append((off, v, max(0.0, 1.0 - self.min_z ** 2 * v / (off * off)) if off else 0.0))
+            out.append((off, v, max(0.0, 1.0 - self.min_z**2 * v / (off * off)) if off else 0.0))
         return center, out
 
     def _noise(self, levels: list[float | None]) -> float:
         residuals: list[float] = []
         for r, m in zip(self._rel, levels):
-            if len(r) >= 2:               # the smallest residual is the one degree of freedom the median took
+            if len(r) >= 2:  # the smallest residual is the one degree of freedom the median took
                 residuals += sorted(abs(x - cast(float, m)) for x in r)[1:]
         data = (_MAD_TO_SD * _median(residuals)) ** 2 if residuals else 0.0
-        n = max(0, self._n_seen - sum(1 for r in self._rel if r))    # less one per device, for its level
-        return (self.prior_weight * self.prior_noise ** 2 + n * data) / (self.prior_weight + n)
+        n = max(0, self._n_seen - sum(1 for r in self._rel if r))  # less one per device, for its level
+        return (self.prior_weight * self.prior_noise**2 + n * data) / (self.prior_weight + n)
 
     def _estimate(self) -> list[float]:
         base = _median(self._level) if self._level else 0.0
@@ -182,20 +193,28 @@ class RobustSpeedModel:
         return [math.exp(base + center + w * off) for off, _, w in per_device]
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "window": self.window, "rel": [list(r) for r in self._rel],
-                "level": list(self._level), "n_seen": self._n_seen,
-                "pending": {str(d): y for d, y in self._pending.items()}}
+        return {
+            "kind": self.kind,
+            "window": self.window,
+            "rel": [list(r) for r in self._rel],
+            "level": list(self._level),
+            "n_seen": self._n_seen,
+            "pending": {str(d): y for d, y in self._pending.items()},
+        }
 
     def load_state_dict(self, d: dict) -> None:
         if d.get("kind") != self.kind:
-            return      # another model's state (router.speed_model changed on resume): relearn in a few steps
+            return  # another model's state (router.speed_model changed on resume): relearn in a few steps
         # A requeued job may come back with another device count: keep what overlaps, the rest is unseen.
-        rel = [deque((float(x) for x in r), self.window) for r in d["rel"]][:self.n_devices]
+        rel = [deque((float(x) for x in r), self.window) for r in d["rel"]][: self.n_devices]
         self._rel = rel + [deque(maxlen=self.window) for _ in range(self.n_devices - len(rel))]
         self._level = deque((float(x) for x in d["level"]), self.window)
         self._n_seen = int(d.get("n_seen", 0))
-        self._pending = {int(k): (None if y is None else float(y)) for k, y in d.get("pending", {}).items()
-                         if int(k) < self.n_devices}
+        self._pending = {
+            int(k): (None if y is None else float(y))
+            for k, y in d.get("pending", {}).items()
+            if int(k) < self.n_devices
+        }
         self._cached = None
 
 

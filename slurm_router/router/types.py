@@ -4,6 +4,7 @@ Everything here is immutable (frozen dataclasses, named tuples) so that an Assig
 compared bit-for-bit with the one computed on another: every worker runs the router on the same all-gathered
 state and must reach the same decision without talking to the others.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,15 +15,18 @@ from .speed_model import SPEED_MODELS
 
 # router.policy's choices, in order: each is the function of that name in policies.py (POLICIES is built from this)
 POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
-COST_NAMES = ("tokens", "tokens_attention")      # router/packing.py sample_costs computes each
+COST_NAMES = ("tokens", "tokens_attention")  # router/packing.py sample_costs computes each
 # Above 1 the router plans more than the device holds: a testing aid that forces real out-of-memory errors.
 MAX_HEADROOM = 4.0
 # RouterSettings' numeric ranges, (low, high, low_inclusive), high None = unbounded: the one range check of the
 # router's settings (the config check asks RouterSettings, and reads its messages)
 ROUTER_RANGES = {
-    "attention_weight": (0, None, True), "attention_ref_len": (1, None, True),
-    "memory_headroom": (0, MAX_HEADROOM, False), "max_tokens_per_microbatch": (1, None, True),
-    "speed_ema": (0, 1, False), "microbatch_overhead_tokens": (0, None, True),
+    "attention_weight": (0, None, True),
+    "attention_ref_len": (1, None, True),
+    "memory_headroom": (0, MAX_HEADROOM, False),
+    "max_tokens_per_microbatch": (1, None, True),
+    "speed_ema": (0, 1, False),
+    "microbatch_overhead_tokens": (0, None, True),
 }
 
 
@@ -31,7 +35,7 @@ def out_of_range(key: str, value: Any, low: float, high: float | None, low_inclu
     every range check of the config uses."""
     lo = f">= {low}" if low_inclusive else f"> {low}"
     hi = f" and <= {high}" if high is not None else ""
-    if isinstance(value, float) and math.isnan(value):      # nan passes every comparison below
+    if isinstance(value, float) and math.isnan(value):  # nan passes every comparison below
         return f"{key}=nan is not a number: it must be {lo}{hi}"
     too_low = value < low if low_inclusive else value <= low
     if too_low or (high is not None and value > high):
@@ -49,19 +53,19 @@ class DeviceState:
     """What the router knows about one device of the job (index = rank)."""
 
     index: int
-    speed: float = 1.0                      # cost units per second (relative is enough); higher = faster
-    mem_budget_bytes: int | None = None     # headroom x total memory; None = unlimited
-    mem_free_bytes: int | None = None       # last telemetry reading, used by least_loaded only
+    speed: float = 1.0  # cost units per second (relative is enough); higher = faster
+    mem_budget_bytes: int | None = None  # headroom x total memory; None = unlimited
+    mem_free_bytes: int | None = None  # last telemetry reading, used by least_loaded only
 
 
 class MicroBatch(NamedTuple):
     """One forward/backward of one device. Several per device = gradient accumulation.
     A NamedTuple, not a frozen dataclass: a big plan builds hundreds, and a tuple is built 3x faster."""
 
-    sample_ids: tuple[int, ...]             # global sample ids, in global-batch order
-    n_tokens: int                           # real tokens
-    n_padded_tokens: int                    # len(sample_ids) * longest sample: what the device computes
-    cost: float                             # sum of the samples' costs (cost model of RouterSettings)
+    sample_ids: tuple[int, ...]  # global sample ids, in global-batch order
+    n_tokens: int  # real tokens
+    n_padded_tokens: int  # len(sample_ids) * longest sample: what the device computes
+    cost: float  # sum of the samples' costs (cost model of RouterSettings)
     predicted_mem_bytes: int | None = None  # memory model prediction; None = no model
 
     @property
@@ -77,7 +81,7 @@ class MicroBatch(NamedTuple):
 class Assignment:
     """The router's decision for one global batch."""
 
-    per_device: tuple[tuple[MicroBatch, ...], ...]   # index = device index; may be empty for a device
+    per_device: tuple[tuple[MicroBatch, ...], ...]  # index = device index; may be empty for a device
     # Samples that do not fit any device's budget (or the token cap) even alone. They are still assigned,
     # alone in their own micro-batch, because dropping a sample would change the training math; the worker
     # should expect an OOM-and-halve cycle or a warning for them.
@@ -120,20 +124,20 @@ def _max_over_mean(values: list[float]) -> float:
 class RouterSettings:
     """Router knobs. Field names match config.schema.RouterConfig so `RouterSettings.from_config(cfg.router)` works."""
 
-    policy: str = "balanced"                # round_robin | least_loaded | affinity | balanced
-    cost: str = "tokens"                    # tokens | tokens_attention
+    policy: str = "balanced"  # round_robin | least_loaded | affinity | balanced
+    cost: str = "tokens"  # tokens | tokens_attention
     # cost(n) = n + attention_weight * n^2 / attention_ref_len  (only with cost="tokens_attention").
     # Per token and layer a transformer spends ~24 h^2 FLOPs in its matmuls and ~4 n h in attention scores,
     # so attention_weight=1 with attention_ref_len = 6 * hidden_size makes the cost proportional to FLOPs.
     attention_weight: float = 0.0
-    attention_ref_len: int = 4608           # 6 x 768 (GPT-2 small)
-    memory_headroom: float = 0.85           # budget = headroom x total device memory
-    max_tokens_per_microbatch: int | None = None   # hard cap on padded tokens of one micro-batch, every policy
-    affinity_boundaries: tuple[int, ...] = ()      # length bucket edges for affinity; () = powers of two
+    attention_ref_len: int = 4608  # 6 x 768 (GPT-2 small)
+    memory_headroom: float = 0.85  # budget = headroom x total device memory
+    max_tokens_per_microbatch: int | None = None  # hard cap on padded tokens of one micro-batch, every policy
+    affinity_boundaries: tuple[int, ...] = ()  # length bucket edges for affinity; () = powers of two
     # robust: speeds move away from equal only for differences that persist beyond the measured noise;
     # ema: an EMA of each device's cost/s (weight speed_ema), follows noise too; none: all devices equal
     speed_model: str = "robust"
-    speed_ema: float = 0.3                  # weight of the newest observation in the speed EMA (speed_model=ema)
+    speed_ema: float = 0.3  # weight of the newest observation in the speed EMA (speed_model=ema)
     # Fixed cost of one extra micro-batch, in padded-token equivalents (kernel launches, optimizer-free
     # forward/backward overhead). balanced/affinity/least_loaded start a new micro-batch only when the padding
     # it saves exceeds this. 0 = never pad (one micro-batch per distinct length).

@@ -5,6 +5,7 @@ field names from here (parse_row turns a read dict back into its typed row). A c
 partial last line, which readers skip. Units are in the names (_s, _bytes). The table of kinds and fields
 that follows is generated from the dataclasses, so it cannot drift from what is written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,7 @@ class _Omit:
 
 
 OMIT: Any = _Omit()
-EVENT = "event"         # the key that holds a row's kind
+EVENT = "event"  # the key that holds a row's kind
 
 
 def _opt(doc: str = "") -> Any:
@@ -40,6 +41,7 @@ def _req(doc: str = "") -> Any:
 @dataclass(kw_only=True)
 class Row:
     """Identity fields every row carries; the writer fills them (and `time`) from its own identity."""
+
     KIND: ClassVar[str] = ""
     time: float = _req("unix time the row was written")
     host: str = _req()
@@ -71,6 +73,7 @@ IDENTITY = tuple(f.name for f in dataclasses.fields(Row) if f.name != "time")
 @dataclass(kw_only=True)
 class StartRow(Row):
     """a worker started (every attempt)"""
+
     KIND: ClassVar[str] = "start"
     steps: int = _req()
     world: int = _req("workers of the task")
@@ -93,6 +96,7 @@ class StartRow(Row):
 @dataclass(kw_only=True)
 class MicroRow(Row):
     """one per (step, device, micro-batch)"""
+
     KIND: ClassVar[str] = "micro"
     step: int = _req()
     micro: int = _req("index within the device's step")
@@ -114,6 +118,7 @@ class MicroRow(Row):
 @dataclass(kw_only=True)
 class StepRow(Row):
     """one per optimizer step and device; rank 0's is the global view"""
+
     KIND: ClassVar[str] = "step"
     step: int = _req()
     loss: float = _req("global, token-weighted")
@@ -139,6 +144,7 @@ class StepRow(Row):
 @dataclass(kw_only=True)
 class EvalRow(Row):
     """held-out loss"""
+
     KIND: ClassVar[str] = "eval"
     step: int = _req()
     val_loss: float = _req()
@@ -150,6 +156,7 @@ class EvalRow(Row):
 @dataclass(kw_only=True)
 class CheckpointSavedRow(Row):
     """rank 0 wrote a checkpoint"""
+
     KIND: ClassVar[str] = "checkpoint_saved"
     step: int = _req("the next step to run")
     path: str = _req()
@@ -162,6 +169,7 @@ class CheckpointSavedRow(Row):
 @dataclass(kw_only=True)
 class CheckpointLoadedRow(Row):
     """a worker resumed from a checkpoint"""
+
     KIND: ClassVar[str] = "checkpoint_loaded"
     step: int = _req()
     path: str = _req()
@@ -171,6 +179,7 @@ class CheckpointLoadedRow(Row):
 @dataclass(kw_only=True)
 class RequeueRow(Row):
     """the job process requeued the task, or found that Slurm had"""
+
     KIND: ClassVar[str] = "requeue"
     reason: str = _req("timeout | preempted | interrupted | slurm")
     job_id: str = _req()
@@ -183,6 +192,7 @@ class RequeueRow(Row):
 @dataclass(kw_only=True)
 class EndRow(Row):
     """how an attempt ended"""
+
     KIND: ClassVar[str] = "end"
     exit_state: str = _req("completed | interrupted | failed | diverged | pruned")
     error: str = _opt()
@@ -193,8 +203,10 @@ class EndRow(Row):
     steps: int = _opt("rank 0 of a completed task")
 
 
-ROWS: dict[str, type[Row]] = {cls.KIND: cls for cls in (StartRow, MicroRow, StepRow, EvalRow, CheckpointSavedRow,
-                                                       CheckpointLoadedRow, RequeueRow, EndRow)}
+ROWS: dict[str, type[Row]] = {
+    cls.KIND: cls
+    for cls in (StartRow, MicroRow, StepRow, EvalRow, CheckpointSavedRow, CheckpointLoadedRow, RequeueRow, EndRow)
+}
 
 
 def fields_of(kind: str | type[Row], *names: str) -> tuple[str, ...]:
@@ -224,7 +236,7 @@ def parse_row(d: dict) -> Row:
     if unknown:
         raise ValueError(f"{cls.KIND} row with field(s) not in the schema: {', '.join(unknown)}")
     row = cls(**{k: v for k, v in d.items() if k != EVENT})
-    row.to_dict()               # every required field present
+    row.to_dict()  # every required field present
     return row
 
 
@@ -233,13 +245,13 @@ class EventWriter:
 
     def __init__(self, path: str | os.PathLike, sink: Any = None, **identity: Any):
         self.path = Path(path)
-        self.sink = sink        # rank 0's experiment trackers (trackers.TrackerSink): each row, once it is written
+        self.sink = sink  # rank 0's experiment trackers (trackers.TrackerSink): each row, once it is written
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.identity = {"host": socket.gethostname(), **identity}
         unknown = sorted(set(self.identity) - set(IDENTITY))
         if unknown:
             raise ValueError(f"not identity fields: {', '.join(unknown)}; they are {', '.join(IDENTITY)}")
-        self._f = open(self.path, "a", encoding="utf-8", buffering=1)   # line-buffered: a crash loses <= 1 line
+        self._f = open(self.path, "a", encoding="utf-8", buffering=1)  # line-buffered: a crash loses <= 1 line
 
     def write(self, row: Row | str, **fields: Any) -> None:
         """write(StepRow(step=..., ...)), or write("requeue", reason=..., ...): either way validated against
@@ -251,7 +263,7 @@ class EventWriter:
             unknown = [k for k in fields if k not in names]
             if unknown:
                 raise ValueError(f"{cls.KIND} rows have no field {', '.join(unknown)}; they have {', '.join(names)}")
-            row, order = cls(**fields), list(fields)        # the caller's key order, as before the schema
+            row, order = cls(**fields), list(fields)  # the caller's key order, as before the schema
         elif fields:
             raise TypeError("write(row) takes a typed row alone, or write(kind, **fields)")
         given = {"time": time.time(), **self.identity}
@@ -311,6 +323,7 @@ def read_events(path: str | os.PathLike) -> Iterator[dict]:
 
 def schema_text() -> str:
     """The schema as a table, from the dataclasses: the tail of this module's docstring."""
+
     def names(cls) -> str:
         out = []
         for f in dataclasses.fields(cls):
@@ -320,10 +333,17 @@ def schema_text() -> str:
             tag = "optional" + (", " + doc if doc else "") if f.metadata.get("optional") else doc
             out.append(f"{f.name} ({tag})" if tag else f.name)
         return ", ".join(out)
+
     lines = [f"Every row: event (the kind), time, {', '.join(IDENTITY)}.", "Kinds and their own fields:"]
     for kind, cls in ROWS.items():
-        lines.append(textwrap.fill(f"{kind:<17} {cls.__name__}, {cls.__doc__}: {names(cls)}", 110,
-                                   initial_indent="  ", subsequent_indent=" " * 20))
+        lines.append(
+            textwrap.fill(
+                f"{kind:<17} {cls.__name__}, {cls.__doc__}: {names(cls)}",
+                110,
+                initial_indent="  ",
+                subsequent_indent=" " * 20,
+            )
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,7 @@
 
 Stable across requeues and resumes: a requeued task finds its own files by name. Pure paths, no I/O.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,28 +26,28 @@ from pathlib import Path
 
 CONFIG = "config.yaml"
 MANIFEST = "manifest.json"
-RUN_LOCK = "run.lock"               # held (flock) by the process that runs or resumes the run, and its local jobs
-MANIFEST_LOCK = "manifest.lock"     # held for each read-modify-write of manifest.json (rundir.Manifest)
+RUN_LOCK = "run.lock"  # held (flock) by the process that runs or resumes the run, and its local jobs
+MANIFEST_LOCK = "manifest.lock"  # held for each read-modify-write of manifest.json (rundir.Manifest)
 TASK_FILE = "task.json"
 RESULT_FILE = "result.json"
 ATTEMPTS_FILE = "attempts.json"
-CODE_DIR = "code"                   # launcher.snapshot: the tracked source as submitted; jobs import it (snapshot.py)
-CODE_DIFF = "code.diff"             # ... `git diff HEAD` of a dirty checkout at submission
-PIP_FREEZE = "pip-freeze.txt"       # ... the submitting interpreter's `pip freeze`
+CODE_DIR = "code"  # launcher.snapshot: the tracked source as submitted; jobs import it (snapshot.py)
+CODE_DIFF = "code.diff"  # ... `git diff HEAD` of a dirty checkout at submission
+PIP_FREEZE = "pip-freeze.txt"  # ... the submitting interpreter's `pip freeze`
 REQUEUE_REQUEST = "requeue-request"  # logs/requeue-request.<job id>: a containerised task asks its batch script
-SETUP_FAILED = "setup-failed"       # logs/setup-failed.<job id>: which launcher.setup line stopped that job (one line)
-TRACKERS_DIR = "trackers"           # RUN_DIR/trackers/: tensorboard/, mlruns/, wandb/ (tracker.dir's default)
-TRACKER_FILE = "tracker.json"       # RUN_DIR/tasks/<task>/tracker.json: each tracker's run, for later attempts
-EVALS_FILE = "evals.jsonl"          # prune=true: rank 0's in-training evaluations, read by the other tasks (prune.py)
+SETUP_FAILED = "setup-failed"  # logs/setup-failed.<job id>: which launcher.setup line stopped that job (one line)
+TRACKERS_DIR = "trackers"  # RUN_DIR/trackers/: tensorboard/, mlruns/, wandb/ (tracker.dir's default)
+TRACKER_FILE = "tracker.json"  # RUN_DIR/tasks/<task>/tracker.json: each tracker's run, for later attempts
+EVALS_FILE = "evals.jsonl"  # prune=true: rank 0's in-training evaluations, read by the other tasks (prune.py)
 # The base stage's cache entry <cache>/base/<hash>/ is a transformers checkpoint folder (base_cache.py):
 BASE_WEIGHTS = "model.safetensors"  # its weights, with a model.json sha256 sidecar
-BASE_META = "meta.json"             # the base task's result, written last: the entry is complete
-BASE_INIT = "base-init"             # RUN_DIR/base-init/<key>/: a seed-built base saved for its adapters
-ADAPTER = "adapter"                 # tasks/<name>/adapter/: the final LoRA adapter (peft save_pretrained)
-ADAPTER_BEST = "adapter-best"       # tasks/<name>/adapter-best/: the one with the lowest held-out loss
-FULL_MODEL = "model"                # tasks/<name>/model/: a variant trained without LoRA, the whole model
+BASE_META = "meta.json"  # the base task's result, written last: the entry is complete
+BASE_INIT = "base-init"  # RUN_DIR/base-init/<key>/: a seed-built base saved for its adapters
+ADAPTER = "adapter"  # tasks/<name>/adapter/: the final LoRA adapter (peft save_pretrained)
+ADAPTER_BEST = "adapter-best"  # tasks/<name>/adapter-best/: the one with the lowest held-out loss
+FULL_MODEL = "model"  # tasks/<name>/model/: a variant trained without LoRA, the whole model
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-HELD_OUT = "held_out.json"          # in each of those folders: the step and held-out loss of its weights
+HELD_OUT = "held_out.json"  # in each of those folders: the step and held-out loss of its weights
 EVENTS_GLOB = "events-rank*.jsonl"
 CHECKPOINT_GLOB = "step-*.pt"
 SIDECAR_GLOB = "step-*.json"
@@ -69,6 +70,7 @@ def checkpoint_step(path: str | os.PathLike) -> int:
 @dataclass(frozen=True)
 class TaskPaths:
     """One task's folder, RUN_DIR/tasks/<name>/."""
+
     dir: Path
 
     @property
@@ -119,6 +121,7 @@ class TaskPaths:
 @dataclass(frozen=True)
 class RunLayout:
     """A run directory's paths (the directory need not exist yet)."""
+
     root: Path
 
     def __init__(self, root: str | os.PathLike):
@@ -181,8 +184,11 @@ class RunLayout:
         if not resume:
             return self.code, self.code_diff, self.pip_freeze
         suffix = f"-resume{resume}"
-        return (self.root / f"{CODE_DIR}{suffix}", self.root / CODE_DIFF.replace(".", f"{suffix}.", 1),
-                self.root / PIP_FREEZE.replace(".", f"{suffix}.", 1))
+        return (
+            self.root / f"{CODE_DIR}{suffix}",
+            self.root / CODE_DIFF.replace(".", f"{suffix}.", 1),
+            self.root / PIP_FREEZE.replace(".", f"{suffix}.", 1),
+        )
 
     def requeue_request(self, job_id: str) -> Path:
         """logs/requeue-request.<job id>: a task inside a container asks the batch script to requeue it."""

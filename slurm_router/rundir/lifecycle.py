@@ -8,6 +8,7 @@ Every state here is one that something writes: the local queue and the Slurm lau
 `status` maps Slurm's own words onto them for display. The exit codes are shared by the job process, the
 pack runner and the local queue, so they all read a child's end the same way (TaskOutcome.from_exit_code).
 """
+
 from __future__ import annotations
 
 import enum
@@ -19,11 +20,11 @@ from typing import cast
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 EXIT_OK = 0
-EXIT_FAILED = 1             # a worker died or raised
-EXIT_USAGE = 2              # the user's mistake (bad config, unusable checkpoints): one line said why
-EXIT_STOPPED = 75           # stopped on a signal after a checkpoint; resume continues (EX_TEMPFAIL)
-EXIT_REQUEUE = 76           # stopped after a checkpoint, asks its pack (or, in a container, its batch script) to requeue
-EXIT_INTERRUPTED = 130      # the launcher itself after Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_FAILED = 1  # a worker died or raised
+EXIT_USAGE = 2  # the user's mistake (bad config, unusable checkpoints): one line said why
+EXIT_STOPPED = 75  # stopped on a signal after a checkpoint; resume continues (EX_TEMPFAIL)
+EXIT_REQUEUE = 76  # stopped after a checkpoint, asks its pack (or, in a container, its batch script) to requeue
+EXIT_INTERRUPTED = 130  # the launcher itself after Ctrl-C (128 + SIGINT, as shells report it)
 
 
 # The command's stop signals (Ctrl-C, `kill`) raise KeyboardInterrupt, and none may be lost. One raised while the
@@ -60,14 +61,15 @@ def forget_stops() -> None:
 
 class TaskState(str, enum.Enum):
     """What manifest.json says of a task. A str enum: it is written to JSON as its value."""
-    PENDING = "pending"             # planned, not started or submitted yet
-    CACHED = "cached"               # a base stage an earlier run trained: nothing to run
-    SUBMITTED = "submitted"         # in Slurm's queue (status asks Slurm for the live state)
-    RUNNING = "running"             # started by the local queue
+
+    PENDING = "pending"  # planned, not started or submitted yet
+    CACHED = "cached"  # a base stage an earlier run trained: nothing to run
+    SUBMITTED = "submitted"  # in Slurm's queue (status asks Slurm for the live state)
+    RUNNING = "running"  # started by the local queue
     COMPLETED = "completed"
     FAILED = "failed"
-    INTERRUPTED = "interrupted"     # stopped on a signal with a checkpoint: resume= continues it
-    SKIPPED = "skipped"             # an earlier stage did not complete: never started
+    INTERRUPTED = "interrupted"  # stopped on a signal with a checkpoint: resume= continues it
+    SKIPPED = "skipped"  # an earlier stage did not complete: never started
 
     @property
     def done(self) -> bool:
@@ -80,21 +82,31 @@ class TaskState(str, enum.Enum):
         return _SLURM_WORDS[self]
 
 
-_SLURM_WORDS = {TaskState.PENDING: "PENDING", TaskState.CACHED: "CACHED", TaskState.SUBMITTED: "PENDING",
-                TaskState.RUNNING: "RUNNING", TaskState.COMPLETED: "COMPLETED", TaskState.FAILED: "FAILED",
-                TaskState.INTERRUPTED: "CANCELLED", TaskState.SKIPPED: "CANCELLED"}
+_SLURM_WORDS = {
+    TaskState.PENDING: "PENDING",
+    TaskState.CACHED: "CACHED",
+    TaskState.SUBMITTED: "PENDING",
+    TaskState.RUNNING: "RUNNING",
+    TaskState.COMPLETED: "COMPLETED",
+    TaskState.FAILED: "FAILED",
+    TaskState.INTERRUPTED: "CANCELLED",
+    TaskState.SKIPPED: "CANCELLED",
+}
 
 
 class TaskOutcome(str, enum.Enum):
     """How one task process (or a pack of them) ended."""
+
     COMPLETED = "completed"
-    STOPPED = "stopped"             # checkpointed after a signal; not requeued
-    REQUEUE = "requeue"             # checkpointed and wants its allocation requeued (packed tasks)
+    STOPPED = "stopped"  # checkpointed after a signal; not requeued
+    REQUEUE = "requeue"  # checkpointed and wants its allocation requeued (packed tasks)
     FAILED = "failed"
 
     @classmethod
     def from_exit_code(cls, code: int | None) -> "TaskOutcome":
-        return {EXIT_OK: cls.COMPLETED, EXIT_STOPPED: cls.STOPPED, EXIT_REQUEUE: cls.REQUEUE}.get(cast(int, code), cls.FAILED)
+        return {EXIT_OK: cls.COMPLETED, EXIT_STOPPED: cls.STOPPED, EXIT_REQUEUE: cls.REQUEUE}.get(
+            cast(int, code), cls.FAILED
+        )
 
     @classmethod
     def combine(cls, outcomes: list["TaskOutcome"]) -> "TaskOutcome":
@@ -107,11 +119,16 @@ class TaskOutcome(str, enum.Enum):
 
     @property
     def exit_code(self) -> int:
-        return {TaskOutcome.COMPLETED: EXIT_OK, TaskOutcome.STOPPED: EXIT_STOPPED,
-                TaskOutcome.REQUEUE: EXIT_REQUEUE, TaskOutcome.FAILED: EXIT_FAILED}[self]
+        return {
+            TaskOutcome.COMPLETED: EXIT_OK,
+            TaskOutcome.STOPPED: EXIT_STOPPED,
+            TaskOutcome.REQUEUE: EXIT_REQUEUE,
+            TaskOutcome.FAILED: EXIT_FAILED,
+        }[self]
 
     @property
     def state(self) -> TaskState:
         """The manifest state this outcome leaves (a requeued task is interrupted until it runs again)."""
         return {TaskOutcome.COMPLETED: TaskState.COMPLETED, TaskOutcome.FAILED: TaskState.FAILED}.get(
-            self, TaskState.INTERRUPTED)
+            self, TaskState.INTERRUPTED
+        )

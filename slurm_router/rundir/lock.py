@@ -16,6 +16,7 @@ while the file still names it without `released`, and the next writer takes it o
 A second writer refuses with one line naming the holder (RunInUse, exit 2). Short writes to manifest.json go
 through `short_lock` (manifest.lock), so a job process and the launcher never overwrite each other's fields.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -32,7 +33,7 @@ from pathlib import Path
 from slurm_router.errors import UserError
 from slurm_router.rundir.layout import RunLayout
 
-LOCK_FD_ENV = "SLURM_ROUTER_RUN_LOCK_FD"    # a local job process: the launcher's locked fd it inherited
+LOCK_FD_ENV = "SLURM_ROUTER_RUN_LOCK_FD"  # a local job process: the launcher's locked fd it inherited
 # A holder that is gone but whose lock is still held: its orphaned tasks, which stop within seconds
 # (supervisor.ORPHAN_GRACE_S and the kill after it); wait this long for them before refusing.
 ORPHANS_WAIT_S = 15.0
@@ -45,6 +46,7 @@ class RunInUse(UserError):
 @dataclass
 class RunLock:
     """A held run.lock: its open file (kept open for as long as the lock is held) and the holder written into it."""
+
     root: Path
     fd: int
     info: dict
@@ -57,14 +59,20 @@ def _pid_started(pid: int) -> float | None:
     """When a process started (seconds since the epoch): with its pid, it names one process, never a reused pid."""
     try:
         import psutil
+
         return psutil.Process(pid).create_time()
     except Exception:
         return None
 
 
 def holder_info() -> dict:
-    return {"host": platform.node(), "pid": os.getpid(), "pid_started": _pid_started(os.getpid()),
-            "since": time.time(), "command": _command()}
+    return {
+        "host": platform.node(),
+        "pid": os.getpid(),
+        "pid_started": _pid_started(os.getpid()),
+        "since": time.time(),
+        "command": _command(),
+    }
 
 
 def _command() -> str:
@@ -81,6 +89,7 @@ def owner_alive(info: dict | None) -> bool | None:
     if info.get("host") != platform.node():
         return None
     import psutil
+
     try:
         proc = psutil.Process(int(info["pid"]))
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -96,7 +105,7 @@ def describe(info: dict | None) -> str:
     if not info:
         return "a process that has not said who it is yet"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("since") or 0)))
-    command = " ".join(str(info.get("command") or "?").split())        # one line, whatever was typed
+    command = " ".join(str(info.get("command") or "?").split())  # one line, whatever was typed
     command = command if len(command) <= 200 else command[:197] + "..."
     return f"pid {info.get('pid')} on {info.get('host')} since {since} ({command})"
 
@@ -132,14 +141,19 @@ def _open(path: Path) -> int:
 
 def _refusal(root: Path, info: dict | None) -> RunInUse:
     if not info:
-        return RunInUse(f"{root} is in use by another process (not named in {RunLayout(root).run_lock} yet): "
-                        "wait for it")
+        return RunInUse(
+            f"{root} is in use by another process (not named in {RunLayout(root).run_lock} yet): wait for it"
+        )
     if owner_alive(info) is False:
-        return RunInUse(f"{root} is in use by the tasks of {describe(info)}, which is gone: they stop by "
-                        "themselves within seconds; try again then")
+        return RunInUse(
+            f"{root} is in use by the tasks of {describe(info)}, which is gone: they stop by "
+            "themselves within seconds; try again then"
+        )
     there = "" if info.get("host") == platform.node() else f" on {info.get('host')}"
-    return RunInUse(f"{root} is in use by {describe(info)}: wait for it, or stop it with kill {info.get('pid')}"
-                    f"{there} (its tasks checkpoint at the step end; resume={root} continues them)")
+    return RunInUse(
+        f"{root} is in use by {describe(info)}: wait for it, or stop it with kill {info.get('pid')}"
+        f"{there} (its tasks checkpoint at the step end; resume={root} continues them)"
+    )
 
 
 def acquire(run_dir: str | os.PathLike, orphans_wait_s: float = ORPHANS_WAIT_S) -> RunLock:
@@ -158,8 +172,11 @@ def acquire(run_dir: str | os.PathLike, orphans_wait_s: float = ORPHANS_WAIT_S) 
                 raise _refusal(root, _read(fd))
         previous = _read(fd)
         if previous and not previous.get("released"):
-            print(f"note: {root}: its last holder, {describe(previous)}, is gone without releasing it: taking it "
-                  "over", file=sys.stderr, flush=True)
+            print(
+                f"note: {root}: its last holder, {describe(previous)}, is gone without releasing it: taking it over",
+                file=sys.stderr,
+                flush=True,
+            )
         info = holder_info()
         _write(fd, info)
     except BaseException:
@@ -183,8 +200,11 @@ def _holder(fd: int) -> dict | None:
 def _wait_for_orphans(fd: int, info: dict | None, wait_s: float) -> bool:
     """The holder is gone but its tasks still hold the lock while they stop: wait for them (True: the lock is
     ours); False at once if a live holder took it meanwhile, or after wait_s."""
-    print(f"waiting up to {wait_s:.0f} s for the tasks of {describe(info)}, which is gone, to stop",
-          file=sys.stderr, flush=True)
+    print(
+        f"waiting up to {wait_s:.0f} s for the tasks of {describe(info)}, which is gone, to stop",
+        file=sys.stderr,
+        flush=True,
+    )
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         time.sleep(0.2)
@@ -230,6 +250,7 @@ def short_lock(path: str | os.PathLike):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         from slurm_router.fileio import WriteError
+
         raise WriteError.of(path, e) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -2,6 +2,7 @@
 resume, analysis and the job alike. File names come from slurm_router.rundir.layout; the manifest is rewritten
 atomically on every change, so a reader never sees half of it.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,9 @@ def _versions() -> dict:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -83,8 +85,12 @@ class Manifest:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise NotARunDir(f"{path}: cannot be read ({type(e).__name__}): the manifest is damaged") from None
-        ok = (isinstance(data, dict) and isinstance(data.get("stages"), list) and isinstance(data.get("tasks"), dict)
-              and all(isinstance(s, dict) and isinstance(s.get("tasks"), list) for s in data["stages"]))
+        ok = (
+            isinstance(data, dict)
+            and isinstance(data.get("stages"), list)
+            and isinstance(data.get("tasks"), dict)
+            and all(isinstance(s, dict) and isinstance(s.get("tasks"), list) for s in data["stages"])
+        )
         if not ok:
             raise NotARunDir(f"{path}: not a slurm_router manifest (no stages or tasks): the manifest is damaged")
         return cls(path, data)
@@ -124,6 +130,7 @@ class Manifest:
             for name, fields in mine["tasks"].items():
                 tasks.setdefault(name, {}).update(fields)
             disk.update({k: v for k, v in mine.items() if k != "tasks"}, tasks=tasks)
+
         self.update(merge)
 
     def stage_tasks(self, stage: str) -> list[str]:
@@ -146,7 +153,7 @@ def create_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Sta
         raise WriteError.of(run_dir, e) from None
     try:
         return _fill_run_dir(cfg, run_id, run_dir, stages, launcher)
-    except BaseException as e:                  # a Ctrl-C too: never a half-made run directory
+    except BaseException as e:  # a Ctrl-C too: never a half-made run directory
         shutil.rmtree(run_dir, ignore_errors=True)
         if isinstance(e, OSError):
             raise WriteError.of(e.filename or run_dir, e) from None
@@ -164,14 +171,33 @@ def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stag
             paths.dir.mkdir(parents=True)
             atomic_write_text(paths.task_file, t.to_json())
             state = TaskState.CACHED if stage.cached else TaskState.PENDING
-            tasks[t.name] = {"stage": t.stage, "variant": t.variant, "seed": t.seed, "index": t.index,
-                             "devices": t.devices, "state": state.value, "task_dir": str(paths.dir)}
-    data = {"run_id": run_id, "experiment": cfg.experiment, "run_dir": str(run_dir), "launcher": launcher,
-            "created": time.time(), "host": platform.node(), "command": sys.argv, "git_commit": _git_commit(),
-            "versions": _versions(), "state": "running",
-            "stages": [{"name": s.name, "tasks": [t.name for t in s.tasks], "cached": s.cached,
-                        "depends_on": s.depends_on} for s in stages],
-            "tasks": tasks, "jobs": []}
+            tasks[t.name] = {
+                "stage": t.stage,
+                "variant": t.variant,
+                "seed": t.seed,
+                "index": t.index,
+                "devices": t.devices,
+                "state": state.value,
+                "task_dir": str(paths.dir),
+            }
+    data = {
+        "run_id": run_id,
+        "experiment": cfg.experiment,
+        "run_dir": str(run_dir),
+        "launcher": launcher,
+        "created": time.time(),
+        "host": platform.node(),
+        "command": sys.argv,
+        "git_commit": _git_commit(),
+        "versions": _versions(),
+        "state": "running",
+        "stages": [
+            {"name": s.name, "tasks": [t.name for t in s.tasks], "cached": s.cached, "depends_on": s.depends_on}
+            for s in stages
+        ],
+        "tasks": tasks,
+        "jobs": [],
+    }
     manifest = Manifest(layout.manifest, data)
     manifest.save()
     return manifest

@@ -7,6 +7,7 @@ rfind of that opening finds the newest rows of a kind without reading (or parsin
 file costs what its last rows cost; a kind that is far back (the first evaluation, with train.eval_every=0)
 costs one scan in C, no JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,13 @@ from slurm_router.rundir.attempts import load_attempts
 from slurm_router.rundir.events import EVENT, EvalRow, StepRow
 from slurm_router.rundir.layout import RunLayout, TaskPaths
 
-RECENT_STEPS = 10               # tokens/s and the ETA: over this many of the newest steps (of the current attempt)
+RECENT_STEPS = 10  # tokens/s and the ETA: over this many of the newest steps (of the current attempt)
 
 
 def last_rows(path: str | os.PathLike, kind: str, n: int = 1) -> list[dict]:
     """The newest n rows of one kind in an events file, newest first; [] if there are none (or no file). A row
     being written (no newline yet) is not one."""
-    needle = json.dumps({EVENT: kind}, separators=(",", ":"))[:-1].encode()        # {"event":"step"
+    needle = json.dumps({EVENT: kind}, separators=(",", ":"))[:-1].encode()  # {"event":"step"
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
@@ -42,7 +43,7 @@ def last_rows(path: str | os.PathLike, kind: str, n: int = 1) -> list[dict]:
                         try:
                             out.append(json.loads(m[start:stop]))
                         except ValueError:
-                            pass            # a damaged line: the readers skip it too
+                            pass  # a damaged line: the readers skip it too
                     end = start
                 return out
     except (OSError, ValueError):
@@ -52,15 +53,16 @@ def last_rows(path: str | os.PathLike, kind: str, n: int = 1) -> list[dict]:
 @dataclass
 class Progress:
     """Where a task is. None: not known (no step yet, no evaluation yet, not running)."""
-    step: int | None = None             # steps done: the newest step row's step + 1
-    steps: int | None = None            # the task's total (task.json)
-    train_loss: float | None = None     # the newest step's global, token-weighted loss
-    val_loss: float | None = None       # the newest held-out loss
-    val_step: int | None = None         # ... at this step
-    tokens_per_s: float | None = None   # over the newest RECENT_STEPS steps of the current attempt
-    eta_s: float | None = None          # running tasks: the remaining steps at that pace
-    attempts: int = 0                   # starts of the task (attempts.json): requeues and resumes are attempts - 1
-    retries: list = field(default_factory=list)     # launcher.max_failures records (retry.py), oldest first
+
+    step: int | None = None  # steps done: the newest step row's step + 1
+    steps: int | None = None  # the task's total (task.json)
+    train_loss: float | None = None  # the newest step's global, token-weighted loss
+    val_loss: float | None = None  # the newest held-out loss
+    val_step: int | None = None  # ... at this step
+    tokens_per_s: float | None = None  # over the newest RECENT_STEPS steps of the current attempt
+    eta_s: float | None = None  # running tasks: the remaining steps at that pace
+    attempts: int = 0  # starts of the task (attempts.json): requeues and resumes are attempts - 1
+    retries: list = field(default_factory=list)  # launcher.max_failures records (retry.py), oldest first
 
     @property
     def retry_note(self) -> str | None:

@@ -1,5 +1,6 @@
 """A task's spec (tasks/<name>/task.json) and the stages that group them: what a launcher submits and a job
 runs, as data. How they are made from a config: slurm_router.launch.plan (docs/ARCHITECTURE.md, "Data flow")."""
+
 from __future__ import annotations
 
 import json
@@ -16,23 +17,23 @@ class TaskSpec:
     run_id: str
     run_dir: str
     experiment: str
-    name: str                       # "base" or the variant's name; names tasks/<name>/
-    stage: str                      # "base" | "variants"
+    name: str  # "base" or the variant's name; names tasks/<name>/
+    stage: str  # "base" | "variants"
     variant: str
-    index: int                      # position in its stage (Slurm array index)
+    index: int  # position in its stage (Slurm array index)
     devices: int
-    config: dict                    # the variant's fully resolved config
+    config: dict  # the variant's fully resolved config
     steps: int
     lr: float
     global_batch_size: int
     lora: bool
-    base_weights: Optional[str] = None      # load these weights before training (variants)
-    save_weights: Optional[str] = None      # save the trained weights here (base stage)
+    base_weights: Optional[str] = None  # load these weights before training (variants)
+    save_weights: Optional[str] = None  # save the trained weights here (base stage)
     attempt: int = 0
-    seed: Optional[int] = None              # training seed (LoRA init, data order); None: the config's seed
+    seed: Optional[int] = None  # training seed (LoRA init, data order); None: the config's seed
 
     def __post_init__(self):
-        if self.seed is None:               # a task.json written before replicates existed
+        if self.seed is None:  # a task.json written before replicates existed
             self.seed = int(self.config.get("seed", 0))
 
     @property
@@ -51,7 +52,7 @@ class TaskSpec:
 class Stage:
     name: str
     tasks: list[TaskSpec]
-    cached: bool = False            # the base stage found in the cache: nothing to run
+    cached: bool = False  # the base stage found in the cache: nothing to run
     depends_on: list[str] = field(default_factory=list)
 
 

@@ -13,6 +13,7 @@ after the last checkpoint, before a crash) keeps the value first logged (bitwise
 keeps the last); an interruption by a stop signal checkpoints at the step end and re-runs nothing. A crash can
 cost W&B the rows of its last second (its offline log is flushed every second); replay rebuilds any tracker.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,16 +31,24 @@ from slurm_router.tracking.loggers import ENDED_WELL, LOGGERS
 
 KINDS = ("tensorboard", "mlflow", "wandb")
 # what each tracker needs installed: the module, and what to pip install (pyproject.toml's `tracking` extra)
-PACKAGES = {"tensorboard": ("tensorboard", "tensorboard>=2.14"), "mlflow": ("mlflow", "mlflow-skinny>=2.10"),
-            "wandb": ("wandb", "wandb>=0.19")}
+PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard>=2.14"),
+    "mlflow": ("mlflow", "mlflow-skinny>=2.10"),
+    "wandb": ("wandb", "wandb>=0.19"),
+}
 PIP_EXTRA = "pip install -e '.[tracking]'"
 WANDB_MODES = ("offline", "online")
 
 # The events' fields a tracker gets: row kind -> {field: metric name}. Steps are the rows' own: a step row's
 # `step` is the optimizer step (0-based), an eval row's the number of steps done.
 METRICS = {
-    "step": {"loss": "train/loss", "lr": "train/lr", "t_step_s": "train/step_s", "n_tokens": "train/tokens",
-             "mem_peak_bytes": "train/mem_peak_bytes"},
+    "step": {
+        "loss": "train/loss",
+        "lr": "train/lr",
+        "t_step_s": "train/step_s",
+        "n_tokens": "train/tokens",
+        "mem_peak_bytes": "train/mem_peak_bytes",
+    },
     "eval": {"val_loss": "eval/loss"},
 }
 
@@ -53,8 +62,10 @@ def missing_package(kind: str, where: str = "") -> UserError | None:
     module, requirement = PACKAGES[kind]
     if importlib.util.find_spec(module) is not None:
         return None
-    return UserError(f"{where}tracker={kind} needs the {module} package, which is not installed: "
-                     f"pip install '{requirement}' (or {PIP_EXTRA} for every tracker)")
+    return UserError(
+        f"{where}tracker={kind} needs the {module} package, which is not installed: "
+        f"pip install '{requirement}' (or {PIP_EXTRA} for every tracker)"
+    )
 
 
 def check_tracker(tracker: Any, where: str = "") -> None:
@@ -65,18 +76,24 @@ def check_tracker(tracker: Any, where: str = "") -> None:
     if tracker is None:
         return
     if tracker.get("wandb_mode") not in (None, *WANDB_MODES):
-        raise UserError(f"{where}tracker.wandb_mode={tracker.wandb_mode!r} is not valid: choose one of "
-                        f"{', '.join(WANDB_MODES)} (or leave it unset: $WANDB_MODE, else offline)")
+        raise UserError(
+            f"{where}tracker.wandb_mode={tracker.wandb_mode!r} is not valid: choose one of "
+            f"{', '.join(WANDB_MODES)} (or leave it unset: $WANDB_MODE, else offline)"
+        )
     from slurm_router.config.checks import check_writable_dir
+
     if enabled(tracker) and tracker.get("dir"):
         check_writable_dir(tracker.dir, f"{where}tracker.dir={tracker.dir!r}")
     if tracker.get("mlflow"):
         setting, uri = mlflow_uri_setting(tracker)
         folder = mlflow_local_folder(uri) if uri else None
         if folder is not None:
-            where = where if setting.startswith("tracker.") else ""      # the environment's is the run's
-            check_writable_dir(folder, f"{where}{setting}={uri!r}",
-                               fix=f"set {setting} to a file:// URI (or path) of a folder you can write")
+            where = where if setting.startswith("tracker.") else ""  # the environment's is the run's
+            check_writable_dir(
+                folder,
+                f"{where}{setting}={uri!r}",
+                fix=f"set {setting} to a file:// URI (or path) of a folder you can write",
+            )
     for kind in enabled(tracker):
         error = missing_package(kind, where)
         if error:
@@ -98,13 +115,14 @@ def mlflow_local_folder(uri: str) -> Path | None:
     database's parent; None for a server (http, databricks, ...: only reaching it would tell)."""
     from urllib.parse import urlparse
     from urllib.request import url2pathname
+
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         return Path(url2pathname(parsed.path))
-    if parsed.scheme == "sqlite":       # sqlite:///relative.db, sqlite:////absolute.db
+    if parsed.scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db
         path = uri.split(":///", 1)[1] if ":///" in uri else ""
         return Path(path).parent if path and path != ":memory:" else None
-    if not parsed.scheme and "://" not in uri:      # a plain path is a file store
+    if not parsed.scheme and "://" not in uri:  # a plain path is a file store
         return Path(uri)
     return None
 
@@ -113,6 +131,7 @@ def mlflow_local_folder(uri: str) -> Path | None:
 @dataclass
 class Target:
     """One task's tracker settings, resolved: the config's `tracker` node, the environment, the run dir."""
+
     kinds: list[str]
     run_id: str
     task: str
@@ -125,7 +144,7 @@ class Target:
     wandb_mode: str
     tags: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
-    run_dir: str = "RUN_DIR"                # where the run is (for the replay command a warning names)
+    run_dir: str = "RUN_DIR"  # where the run is (for the replay command a warning names)
 
     @classmethod
     def of(cls, spec, kinds: list[str] | None = None, run_dir: str | os.PathLike | None = None) -> "Target":
@@ -134,16 +153,27 @@ class Target:
         tracker = dict(spec.config.get("tracker") or {})
         d = Path(os.path.expanduser(tracker.get("dir") or Path(run_dir or spec.run_dir) / TRACKERS_DIR)).absolute()
         uri = tracker.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or (d / "mlruns").as_uri()
-        return cls(kinds=list(kinds if kinds is not None else [k for k in KINDS if tracker.get(k)]),
-                   run_id=spec.run_id, task=spec.name, experiment=spec.experiment, dir=d, mlflow_uri=uri,
-                   mlflow_experiment=tracker.get("mlflow_experiment") or spec.experiment,
-                   wandb_project=tracker.get("wandb_project") or os.environ.get("WANDB_PROJECT") or spec.experiment,
-                   wandb_entity=tracker.get("wandb_entity"),
-                   wandb_mode=tracker.get("wandb_mode") or os.environ.get("WANDB_MODE") or "offline",
-                   tags={"run_id": spec.run_id, "task": spec.name, "variant": spec.variant, "stage": spec.stage,
-                         "seed": spec.seed},
-                   config={k: v for k, v in spec.config.items() if k != "variants"},    # the task's own
-                   run_dir=str(run_dir or spec.run_dir))
+        return cls(
+            kinds=list(kinds if kinds is not None else [k for k in KINDS if tracker.get(k)]),
+            run_id=spec.run_id,
+            task=spec.name,
+            experiment=spec.experiment,
+            dir=d,
+            mlflow_uri=uri,
+            mlflow_experiment=tracker.get("mlflow_experiment") or spec.experiment,
+            wandb_project=tracker.get("wandb_project") or os.environ.get("WANDB_PROJECT") or spec.experiment,
+            wandb_entity=tracker.get("wandb_entity"),
+            wandb_mode=tracker.get("wandb_mode") or os.environ.get("WANDB_MODE") or "offline",
+            tags={
+                "run_id": spec.run_id,
+                "task": spec.name,
+                "variant": spec.variant,
+                "stage": spec.stage,
+                "seed": spec.seed,
+            },
+            config={k: v for k, v in spec.config.items() if k != "variants"},  # the task's own
+            run_dir=str(run_dir or spec.run_dir),
+        )
 
     @property
     def name(self) -> str:
@@ -168,7 +198,7 @@ class TrackerSink:
         self.state: str | None = None
         self.logged = {"step": 0, "eval": 0}
         trailing = [r for r in earlier or () if r.KIND == "eval" and ("step", r.step) not in self.seen]
-        if trailing:            # the last attempt stopped after an evaluation, before the step that follows it
+        if trailing:  # the last attempt stopped after an evaluation, before the step that follows it
             last = max(trailing, key=lambda r: r.step)
             for logger in loggers:
                 logger.carry(metrics_of(last), last.step)
@@ -184,11 +214,15 @@ class TrackerSink:
         for logger in list(self.loggers):
             try:
                 logger.log(metrics_of(row), row.step, row.time, row.KIND)
-            except Exception as e:          # a tracker's trouble never stops training
+            except Exception as e:  # a tracker's trouble never stops training
                 self.loggers.remove(logger)
-                print(f"warning: tracker {logger.kind}: logging failed at the {row.KIND} row of step {row.step} "
-                      f"({one_line(e)}); dropped, training goes on; it gets no more rows this attempt; the events "
-                      f"file has them all", file=sys.stderr, flush=True)
+                print(
+                    f"warning: tracker {logger.kind}: logging failed at the {row.KIND} row of step {row.step} "
+                    f"({one_line(e)}); dropped, training goes on; it gets no more rows this attempt; the events "
+                    f"file has them all",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.logged[row.KIND] += 1
 
     def close(self) -> None:
@@ -198,8 +232,7 @@ class TrackerSink:
             try:
                 logger.close(self.state, last)
             except Exception as e:
-                print(f"warning: tracker {logger.kind}: closing failed ({one_line(e)})", file=sys.stderr,
-                      flush=True)
+                print(f"warning: tracker {logger.kind}: closing failed ({one_line(e)})", file=sys.stderr, flush=True)
         self.loggers = []
 
 
@@ -228,8 +261,9 @@ def one_line(e: BaseException, limit: int = 200) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
 
 
-def open_trackers(target: Target, task_dir: Path, earlier: list | None = None, replay: bool = False,
-                  drop_failed: bool = False) -> TrackerSink:
+def open_trackers(
+    target: Target, task_dir: Path, earlier: list | None = None, replay: bool = False, drop_failed: bool = False
+) -> TrackerSink:
     """Open each of target's trackers, continuing the runs tracker.json names; record new ones there. A tracker
     that cannot open raises RuntimeError (one line), or with drop_failed (a training task: a tracker's trouble
     never stops training) is left out with one warning line."""
@@ -240,17 +274,23 @@ def open_trackers(target: Target, task_dir: Path, earlier: list | None = None, r
             loggers.append(LOGGERS[kind](target, records.get(kind)))
         except Exception as e:
             if drop_failed:
-                print(f"warning: tracker {kind}: cannot open its run for task {target.task} ({one_line(e)}): "
-                      f"dropped, training goes on; the events file has every row (python -m slurm_router.analysis "
-                      f"{shlex.quote(target.run_dir)} --to {kind} replays them)", file=sys.stderr, flush=True)
+                print(
+                    f"warning: tracker {kind}: cannot open its run for task {target.task} ({one_line(e)}): "
+                    f"dropped, training goes on; the events file has every row (python -m slurm_router.analysis "
+                    f"{shlex.quote(target.run_dir)} --to {kind} replays them)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 continue
             for logger in loggers:
                 logger.close(None, False)
-            raise RuntimeError(f"tracker {kind}: cannot open its run for task {target.task} "
-                               f"({one_line(e, 300)})") from e
+            raise RuntimeError(
+                f"tracker {kind}: cannot open its run for task {target.task} ({one_line(e, 300)})"
+            ) from e
     new = {logger.kind: logger.record for logger in loggers if records.get(logger.kind) != logger.record}
     if new:
         from slurm_router.fileio import atomic_write_text
+
         records.update({"run_id": target.run_id, "task": target.task, **new})
         atomic_write_text(tracker_file(task_dir), json.dumps(records, indent=1))
     return TrackerSink(loggers, earlier, replay)
@@ -267,6 +307,7 @@ def tracked_rows(events_path: Path, also: tuple[str, ...] = ("end",)) -> list:
     """An events file's step and eval rows (and `also` kinds), typed, in the order written; a row that does not fit
     the schema (an older version's) is left out."""
     from slurm_router.rundir.events import parse_row, scan_events
+
     rows, out = scan_events(events_path)[0], []
     for r in rows:
         if r.get("event") in METRICS or r.get("event") in also:
@@ -284,75 +325,9 @@ def task_sink(spec, events_path: Path) -> TrackerSink | None:
     target = Target.of(spec)
     if not target.kinds:
         return None
-    for kind in list(target.kinds):         # a node without the package, or uninstalled since the submission
+    for kind in list(target.kinds):  # a node without the package, or uninstalled since the submission
         error = missing_package(kind)
         if error:
             target.kinds.remove(kind)
             print(f"warning: {error}: dropped, training goes on without it", file=sys.stderr, flush=True)
     return open_trackers(target, spec.task_dir, logged_before(events_path), drop_failed=True)
-
-
-# ---- after the run: replay, and what to type next -----------------------------------------------------------
-def replay(run_dir: str | os.PathLike, kind: str) -> list[str]:
-    """`python -m slurm_router.analysis RUN_DIR --to KIND`: each task's rank-0 events, in the order written, into
-    a new tracker run per task, through the sink the workers use. Returns the lines to print. UserError (one line)
-    for a missing package, or a task whose tracker.json already has a run of that tracker."""
-    from slurm_router.rundir.manifest import Manifest
-    from slurm_router.rundir.spec import TaskSpec
-    error = missing_package(kind)
-    if error:
-        raise error
-    manifest = Manifest.load(run_dir)
-    layout = manifest.layout
-    tasks = [layout.task(name) for name in manifest.data["tasks"]]
-    tasks = [t for t in tasks if t.events(0).is_file() and t.task_file.is_file()]
-    if not tasks:
-        raise UserError(f"{run_dir}: no task has written events yet: nothing to replay")
-    for t in tasks:
-        record = read_records(t.dir).get(kind)
-        if record:
-            which = record.get("run_id") or record.get("id") or record.get("log_dir")
-            raise UserError(f"{tracker_file(t.dir)}: task {t.name} already has a {kind} run ({which}): its events "
-                            f"are there; remove the {kind!r} entry to replay again")
-    lines = []
-    state = manifest.data.get("state")
-    if state not in ("completed", "failed", "interrupted"):
-        lines.append(f"note: the run is {state}: its tasks are replayed up to the last step they have written")
-    for t in tasks:
-        try:
-            sink = open_trackers(Target.of(TaskSpec.load(t.task_file), [kind], layout.root), t.dir, replay=True)
-        except RuntimeError as e:          # the tracker refused (a server that cannot be reached, ...)
-            raise UserError(str(e)) from None
-        for row in tracked_rows(t.events(0)):
-            sink.log(row)
-        sink.close()
-        lines.append(f"{t.name}: {sink.logged['step']} steps, {sink.logged['eval']} evaluations -> {kind}")
-    return lines + tracker_lines(layout.root)
-
-
-def tracker_lines(run_dir: str | os.PathLike) -> list[str]:
-    """What to type to look at a run's trackers (and to upload its offline W&B runs), from its tasks' tracker.json:
-    printed under the report's table and by the replay."""
-    from slurm_router.rundir.layout import RunLayout
-    tasks = RunLayout(run_dir).tasks
-    records = [read_records(d) for d in sorted(tasks.iterdir())] if tasks.is_dir() else []
-    lines = []
-    tb = sorted({str(Path(r["tensorboard"]["log_dir"]).parents[1]) for r in records if "tensorboard" in r})
-    lines += [f"tensorboard: tensorboard --logdir {shlex.quote(d)}" for d in tb]
-    ml = sorted({r["mlflow"]["tracking_uri"] for r in records if "mlflow" in r})
-    lines += [f"mlflow: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {shlex.quote(u)}"
-              if u.startswith("file:")
-              else f"mlflow: runs in {u}" for u in ml]
-    for d in sorted({r["wandb"]["dir"] for r in records if "wandb" in r}):
-        offline = Path(d) / "wandb"
-        ids = sorted(r["wandb"]["id"] for r in records if r.get("wandb", {}).get("dir") == d
-                     and any(offline.glob(f"offline-run-*-{r['wandb']['id']}")))
-        if not ids:                 # online: W&B has them already
-            continue
-        # this run's own folder holds its runs only; a shared tracker.dir is named run by run (each attempt of a
-        # task is an offline-run-<time>-<id> folder; wandb sync uploads them as one run, in start order)
-        own = Path(run_dir).absolute() in offline.parents
-        patterns = ["offline-run-*"] if own else [f"offline-run-*-{i}" for i in ids]
-        paths = " ".join(f"{shlex.quote(str(offline))}/{p}" for p in patterns)
-        lines.append(f"wandb: offline runs; upload them with: wandb sync {paths}")
-    return lines

@@ -6,6 +6,7 @@ order, so symbol i is id i) and no merges: every byte stays its own token. `spli
 literal "<|endoftext|>" in a text as its bytes, as ByteTokenizer does; end-of-text (256) is the BOS, EOS and pad
 token. tests/test_adapters_export.py proves it encodes like ByteTokenizer.
 """
+
 from __future__ import annotations
 
 EOT = "<|endoftext|>"
@@ -23,6 +24,7 @@ def transformers_byte_tokenizer(max_len: int | None = None):
     """A PreTrainedTokenizerFast that encodes text exactly as ByteTokenizer does (ids 0-256)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     vocab = {s: b for b, s in enumerate(byte_symbols())}
     vocab[EOT] = 256
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -30,8 +32,9 @@ def transformers_byte_tokenizer(max_len: int | None = None):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     extra = {"model_max_length": max_len} if max_len else {}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, pad_token=EOT,
-                                   split_special_tokens=True, **extra)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=EOT, eos_token=EOT, pad_token=EOT, split_special_tokens=True, **extra
+    )
 
 
 def to_transformers(tokenizer, max_len: int | None = None):

@@ -8,6 +8,7 @@ follow is not prefix-consistent, and is refused in one line). The whole renderin
 character offsets, and a token is a target when its characters overlap an assistant span. Whitespace the
 template writes after a turn's end token (ChatML's '\\n') belongs to the template, not to the answer.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ class ChatError(ValueError):
 def _render(tok, messages: list[dict], generation_prompt: bool = False) -> str:
     try:
         return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    except Exception as e:          # the template's own raise_exception(...) or a jinja error
+    except Exception as e:  # the template's own raise_exception(...) or a jinja error
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ChatError(f"the chat template fails on it ({first})") from None
 
@@ -34,17 +35,19 @@ def assistant_spans(tok, messages: list[dict]) -> tuple[str, list[tuple[int, int
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        through = _render(tok, messages[:k + 1])
+        through = _render(tok, messages[: k + 1])
         if k:
             before = _render(tok, messages[:k], generation_prompt=True)
             start, consistent = len(before), through.startswith(before)
-        else:                       # an opening assistant turn: nothing to render before it; its content
+        else:  # an opening assistant turn: nothing to render before it; its content
             start = through.rfind(m["content"])
             consistent = start >= 0
         if not (consistent and text.startswith(through)):
-            raise ChatError(f"the chat template is not prefix-consistent (the conversation rendered up to "
-                            f"assistant turn {k + 1} is not the start of the whole rendering), so its assistant "
-                            "turns cannot be located")
+            raise ChatError(
+                f"the chat template is not prefix-consistent (the conversation rendered up to "
+                f"assistant turn {k + 1} is not the start of the whole rendering), so its assistant "
+                "turns cannot be located"
+            )
         end = start + len(through[start:].rstrip())
         if end > start:
             spans.append((start, end))

@@ -7,10 +7,10 @@ router balances. Prompt/completion and chat records (records.py, chat.py) are on
 are the completion (+ a closing end-of-text) or the assistant turns; one longer than `data.max_len` keeps its
 first max_len tokens, and is left out if that leaves it no target (docs/ARCHITECTURE.md, "Target masks").
 """
+
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -20,88 +20,10 @@ from typing import Any, Iterator, cast
 import numpy as np
 
 from slurm_router.errors import UserError
-from slurm_router.train.chat import ChatError, chat_tokens
+from slurm_router.train.chat import ChatError
 from slurm_router.train.records import Fields, checked_records, jsonl_rows, read_bytes, record_fields, records
 
-MAX_FILE_BYTES = 64 << 20          # a single text file above this is almost surely not a text corpus
-
-
-class ByteTokenizer:
-    """Bytes are tokens 0-255; 256 is end-of-text: it starts every sample, ends a prompt/completion one and pads
-    (padding is never a target). It has no chat template: chat data needs model=hf."""
-    vocab_size = 257
-    eot_id = 256
-    pad_id = 256
-    start_id = 256
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8", errors="replace"), dtype=np.uint8).astype(np.int32)
-
-
-# The files a transformers tokenizer is read from; a checkpoint with none of them has no tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
-                   "spiece.model", "sentencepiece.bpe.model")
-
-
-class HFTokenizer:
-    """A local transformers tokenizer (model=hf). A checkpoint without one is named as such (not blamed on the
-    data, which it would otherwise turn into no tokens)."""
-
-    def __init__(self, path: str, setting: str = "model.name_or_path"):
-        self.path, self.setting = path, setting
-        fix = (f"save the tokenizer beside the weights (tokenizer.save_pretrained('{path}')) or copy its files "
-               "from the model this checkpoint was trained from")
-        if not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
-            raise UserError(f"{setting}: the checkpoint {path} has no tokenizer (none of "
-                            f"{', '.join(TOKENIZER_FILES)}): {fix}")
-        from transformers import AutoTokenizer
-        self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        if not len(self.encode("Hello, world.")):
-            raise UserError(f"{setting}: the tokenizer in {path} turns text into no tokens (its files are "
-                            f"incomplete: {', '.join(sorted(f.name for f in Path(path).iterdir()))}): {fix}")
-        self.vocab_size = len(self.tok)
-        model_vocab = _config_value(Path(path) / "config.json", "vocab_size")
-        if isinstance(model_vocab, int) and self.vocab_size > model_vocab:
-            raise UserError(f"{setting}: the tokenizer in {path} has {self.vocab_size} tokens, more than the "
-                            f"model's vocab_size={model_vocab} (config.json): they come from different models; "
-                            f"{fix}")
-        self.eot_id = self.tok.eos_token_id if self.tok.eos_token_id is not None else 0
-        # a sample starts with BOS (Llama), else with EOS as a separator (GPT-2, Qwen2); padding, never a
-        # target, is the pad token or else EOS
-        self.start_id = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.eot_id
-        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eot_id
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self.tok.encode(text, add_special_tokens=False), dtype=np.int32)
-
-    def check_chat(self) -> None:
-        """Chat data is rendered with the tokenizer's chat template and located by character offsets."""
-        if not self.tok.chat_template:
-            raise UserError(f"{self.setting}: the tokenizer in {self.path} has no chat template, which "
-                            "data.messages_field needs: save one beside it (tokenizer.chat_template = TEMPLATE; "
-                            f"tokenizer.save_pretrained('{self.path}') writes chat_template.jinja), or give the data "
-                            "as data.prompt_field + data.completion_field")
-        if not self.tok.is_fast:
-            raise UserError(f"{self.setting}: the tokenizer in {self.path} is a slow (Python) tokenizer without "
-                            "character offsets, which data.messages_field needs: save its fast version beside it "
-                            "(tokenizer.json)")
-
-    def chat(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, is-target mask): the assistant turns of the conversation rendered with the chat template."""
-        return chat_tokens(self.tok, messages)
-
-
-def _config_value(config: Path, key: str):
-    try:
-        return json.loads(config.read_text(encoding="utf-8")).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def make_tokenizer(model_cfg):
-    if model_cfg.kind == "hf":
-        return HFTokenizer(os.path.expanduser(model_cfg.name_or_path), f"model.name_or_path={model_cfg.name_or_path!r}")
-    return ByteTokenizer()
+MAX_FILE_BYTES = 64 << 20  # a single text file above this is almost surely not a text corpus
 
 
 @dataclass
@@ -109,6 +31,7 @@ class Split:
     """Samples stored flat: tokens[starts[i]:starts[i] + lengths[i]] is sample i; is_target over the same range
     says which of its tokens are targets (predicted from the token before: never the first), n_targets[i] counts
     them. The loss and its token count use the targets; the router's cost uses lengths (every token computed)."""
+
     tokens: np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
@@ -120,11 +43,11 @@ class Split:
 
     def sample(self, i: int) -> np.ndarray:
         s = self.starts[i]
-        return self.tokens[s:s + self.lengths[i]]
+        return self.tokens[s : s + self.lengths[i]]
 
     def target_mask(self, i: int) -> np.ndarray:
         s = self.starts[i]
-        return self.is_target[s:s + self.lengths[i]]
+        return self.is_target[s : s + self.lengths[i]]
 
     def count_targets(self, ids) -> int:
         """Target tokens of these samples: the global batch's loss divides by this."""
@@ -142,7 +65,7 @@ class Split:
         is_target[starts[lengths > 0]] = False
         for i, m in enumerate(masks or []):
             if m is not None and lengths[i]:
-                is_target[starts[i]:starts[i] + lengths[i]] = m
+                is_target[starts[i] : starts[i] + lengths[i]] = m
                 is_target[starts[i]] = False
         running = np.concatenate(([0], np.cumsum(is_target, dtype=np.int64)))
         return cls(flat, starts, lengths, is_target, running[starts + lengths] - running[starts])
@@ -155,16 +78,18 @@ class Corpus:
     n_documents: int
     description: str
     max_len: int = 0
-    n_truncated: int = 0            # prompt/completion or chat samples cut to data.max_len (kept)
-    n_dropped: int = 0              # ... whose every target token the cut removed (left out)
-    n_without_targets: int = 0      # conversations without an assistant turn: nothing to learn (left out)
+    n_truncated: int = 0  # prompt/completion or chat samples cut to data.max_len (kept)
+    n_dropped: int = 0  # ... whose every target token the cut removed (left out)
+    n_without_targets: int = 0  # conversations without an assistant turn: nothing to learn (left out)
 
     def counts_note(self) -> str:
         """What data.max_len cut or left out, for the data line the command prints ('' when nothing)."""
         notes = []
         if self.n_truncated or self.n_dropped:
-            notes.append(f"{self.n_truncated} truncated to data.max_len={self.max_len}, {self.n_dropped} dropped "
-                         "(no target tokens left)")
+            notes.append(
+                f"{self.n_truncated} truncated to data.max_len={self.max_len}, {self.n_dropped} dropped "
+                "(no target tokens left)"
+            )
         if self.n_without_targets:
             notes.append(f"{self.n_without_targets} without an assistant turn left out")
         return "".join(f"; {n}" for n in notes)
@@ -180,13 +105,13 @@ def stdlib_documents() -> Iterator[tuple[str, str]]:
     skip = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
     paths = []
     for folder, subfolders, names in os.walk(root):
-        subfolders[:] = [d for d in subfolders if d not in skip]     # never walked: site-packages is 30x the stdlib
+        subfolders[:] = [d for d in subfolders if d not in skip]  # never walked: site-packages is 30x the stdlib
         paths += [Path(folder, n) for n in names if n.endswith(".py")]
     for path in sorted(paths):
         try:
             yield str(path.relative_to(root)), path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
-            continue   # a few stdlib files are deliberately not UTF-8 (encoding tests)
+            continue  # a few stdlib files are deliberately not UTF-8 (encoding tests)
 
 
 def text_dir_documents(path: str) -> Iterator[tuple[str, str]]:
@@ -208,15 +133,18 @@ def text_dir_documents(path: str) -> Iterator[tuple[str, str]]:
 def _text_files(root: Path) -> list[Path]:
     """Every file under root but hidden ones, sorted. A folder that cannot be listed or a link to nothing is an
     error naming it (never silently less data); FIFOs, sockets and devices are not text files and are skipped."""
+
     def unreadable(e: OSError):
         raise UserError(f"data folder {e.filename} cannot be read ({e.strerror}): make it readable or remove it")
+
     files = []
     for folder, _, names in os.walk(root, onerror=unreadable):
         for name in (n for n in names if not n.startswith(".")):
             p = Path(folder) / name
             if p.is_symlink() and not p.exists():
-                raise UserError(f"data file {p} is a dangling symbolic link (to {os.readlink(p)}): "
-                                "fix the link or remove it")
+                raise UserError(
+                    f"data file {p} is a dangling symbolic link (to {os.readlink(p)}): fix the link or remove it"
+                )
             if p.is_file():
                 files.append(p)
     return sorted(files)
@@ -232,7 +160,7 @@ def jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
 def _pieces(tokens: np.ndarray, max_len: int, start: int) -> Iterator[np.ndarray]:
     body = max_len - 1
     for i in range(0, len(tokens), body):
-        yield np.concatenate(([start], tokens[i:i + body])).astype(np.int32)
+        yield np.concatenate(([start], tokens[i : i + body])).astype(np.int32)
 
 
 def _documents(data_cfg, fields: Fields) -> Iterator[tuple[str, str, object]]:
@@ -251,7 +179,7 @@ def _prompt_completion(tokenizer, prompt: str, completion: str) -> tuple[np.ndar
     p, c = tokenizer.encode(prompt), tokenizer.encode(completion)
     tokens = np.concatenate(([tokenizer.start_id], p, c, [tokenizer.eot_id])).astype(np.int32)
     mask = np.zeros(len(tokens), dtype=bool)
-    mask[1 + len(p):] = True
+    mask[1 + len(p) :] = True
     return tokens, mask
 
 
@@ -264,9 +192,11 @@ def _chat(tokenizer, messages: list[dict], where: str) -> tuple[np.ndarray, np.n
 
 def _check_chat(tokenizer, data_cfg) -> None:
     if not hasattr(tokenizer, "chat"):
-        raise UserError(f"data.messages_field={data_cfg.messages_field}: chat data is rendered with the "
-                        "tokenizer's chat template, and model=gpt2 models (a byte-level tokenizer) have none: use "
-                        "model=hf model.name_or_path=CHECKPOINT, a checkpoint whose tokenizer has a chat template")
+        raise UserError(
+            f"data.messages_field={data_cfg.messages_field}: chat data is rendered with the "
+            "tokenizer's chat template, and model=gpt2 models (a byte-level tokenizer) have none: use "
+            "model=hf model.name_or_path=CHECKPOINT, a checkpoint whose tokenizer has a chat template"
+        )
     tokenizer.check_chat()
 
 
@@ -294,12 +224,15 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
                 if part.strip():
                     side.extend((p, None) for p in _pieces(tokenizer.encode(part), max_len, tokenizer.start_id))
             continue
-        tokens, mask = (_prompt_completion(tokenizer, *record) if fields.format == "prompt_completion"
-                        else _chat(tokenizer, record, where))
-        if not mask[1:].any():          # the first token is never a target: nothing predicts it
+        tokens, mask = (
+            _prompt_completion(tokenizer, *record)
+            if fields.format == "prompt_completion"
+            else _chat(tokenizer, record, where)
+        )
+        if not mask[1:].any():  # the first token is never a target: nothing predicts it
             n_without_targets += 1
             continue
-        if len(tokens) > max_len:       # keep the start (the prompt, the first turns); the rest is cut
+        if len(tokens) > max_len:  # keep the start (the prompt, the first turns); the rest is cut
             tokens, mask = tokens[:max_len], mask[:max_len]
             if not mask[1:].any():
                 n_dropped += 1
@@ -309,24 +242,36 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
     train, val = sides[False], sides[True]
     where = data_cfg.path or "the standard library"
     if not train and n_dropped:
-        raise UserError(f"no training sample is left: data.max_len={max_len} cuts every target token out of "
-                        f"{n_dropped} sample(s) of {where!r} (their prompts or first turns are longer): raise "
-                        "data.max_len or shorten the prompts")
+        raise UserError(
+            f"no training sample is left: data.max_len={max_len} cuts every target token out of "
+            f"{n_dropped} sample(s) of {where!r} (their prompts or first turns are longer): raise "
+            "data.max_len or shorten the prompts"
+        )
     if not train and n_without_targets:
-        raise UserError(f"no conversation of {where!r} has an assistant turn (data.messages_field="
-                        f"{data_cfg.messages_field}): the loss covers the assistant turns only, so there is nothing "
-                        "to learn; check the roles")
+        raise UserError(
+            f"no conversation of {where!r} has an assistant turn (data.messages_field="
+            f"{data_cfg.messages_field}): the loss covers the assistant turns only, so there is nothing "
+            "to learn; check the roles"
+        )
     if not train:
-        raise UserError(f"the corpus at {where!r} has no training text (data={data_cfg.kind}): "
-                        "point data.path at non-empty text")
+        raise UserError(
+            f"the corpus at {where!r} has no training text (data={data_cfg.kind}): point data.path at non-empty text"
+        )
     if not val:
         # Too few documents for the hash split: hold out the last sample rather than fail.
         val.append(train.pop())
         if not train:
             raise UserError(f"the corpus at {where!r} is too small: it needs at least two text samples")
     label = {"text": "", "prompt_completion": " (prompt/completion)", "chat": " (chat)"}[fields.format]
-    return Corpus(*cast("tuple[Split, Split]", (Split.build([t for t, _ in s], [m for _, m in s]) for s in (train, val))), n_docs,
-                  f"{data_cfg.kind}:{where}{label}", max_len, n_truncated, n_dropped, n_without_targets)
+    return Corpus(
+        *cast("tuple[Split, Split]", (Split.build([t for t, _ in s], [m for _, m in s]) for s in (train, val))),
+        n_docs,
+        f"{data_cfg.kind}:{where}{label}",
+        max_len,
+        n_truncated,
+        n_dropped,
+        n_without_targets,
+    )
 
 
 def synthetic_corpus(data_cfg, tokenizer) -> Corpus:
@@ -337,7 +282,7 @@ def synthetic_corpus(data_cfg, tokenizer) -> Corpus:
     elif data_cfg.length_dist == "uniform":
         lengths = rng.integers(data_cfg.min_len, 2 * data_cfg.mean_len - data_cfg.min_len + 1, n)
     else:
-        mu = np.log(data_cfg.mean_len) - data_cfg.sigma ** 2 / 2
+        mu = np.log(data_cfg.mean_len) - data_cfg.sigma**2 / 2
         lengths = rng.lognormal(mu, data_cfg.sigma, n).round()
     lengths = np.clip(lengths, data_cfg.min_len, data_cfg.max_len).astype(np.int64)
     vocab = min(tokenizer.vocab_size, 256)
@@ -364,7 +309,7 @@ class GlobalBatchSampler:
         while len(out) < self.batch_size:
             epoch, offset = divmod(pos, self.n)
             take = min(self.batch_size - len(out), self.n - offset)
-            out.extend(int(i) for i in self._perm(epoch)[offset:offset + take])
+            out.extend(int(i) for i in self._perm(epoch)[offset : offset + take])
             pos += take
         return out
 
@@ -372,5 +317,5 @@ class GlobalBatchSampler:
 def eval_batches(val: Split, n_batches: int, batch_size: int, seed: int) -> list[list[int]]:
     """Fixed held-out batches (same for every variant and the base, so their losses compare)."""
     order = np.random.default_rng([seed, 999]).permutation(len(val))
-    ids = [int(i) for i in order[:n_batches * batch_size]]
-    return [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
+    ids = [int(i) for i in order[: n_batches * batch_size]]
+    return [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]

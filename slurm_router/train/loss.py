@@ -6,6 +6,7 @@ and the cross-entropy run N tokens at a time under activation checkpointing: eac
 while that chunk is computed (forward, then again in backward), so peak memory holds one chunk, not all.
 The sum is the same as the plain loss up to float reduction order.
 """
+
 from __future__ import annotations
 
 from typing import Any, cast
@@ -26,9 +27,15 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
 
 
-def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = 0,
-                   n_targets: int | None = None, target_index: torch.Tensor | None = None,
-                   model_kwargs: dict | None = None) -> tuple[torch.Tensor, int]:
+def token_loss_sum(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_tokens: int = 0,
+    n_targets: int | None = None,
+    target_index: torch.Tensor | None = None,
+    model_kwargs: dict | None = None,
+) -> tuple[torch.Tensor, int]:
     """(sum of next-token losses over real targets, number of real targets). labels are -100 at every token
     that is not a target: padding, and for masked data the prompt or the non-assistant turns.
 
@@ -44,36 +51,33 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.T
         n_targets = int((targets != -100).sum())
     if chunk_tokens <= 0:
         logits = model(input_ids=inputs, **extra).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets, ignore_index=-100,
-                               reduction="sum")
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets, ignore_index=-100, reduction="sum")
         return loss, n_targets
     lm: Any = _lm(model)
     hidden = lm.base_model(input_ids=inputs, **extra).last_hidden_state
     weight = lm.get_output_embeddings().weight
-    if target_index is None:                       # padding positions never reach the vocabulary projection
+    if target_index is None:  # padding positions never reach the vocabulary projection
         target_index = (targets != -100).nonzero().squeeze(1)
     hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, target_index)
     flat_targets = targets.index_select(0, target_index)
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.size(0), chunk_tokens):
         end = start + chunk_tokens
-        total = total + checkpoint(_chunk_loss, hidden[start:end], weight, flat_targets[start:end],
-                                   use_reentrant=False)
+        total = total + checkpoint(_chunk_loss, hidden[start:end], weight, flat_targets[start:end], use_reentrant=False)
     return total, n_targets
 
 
-def target_positions(lengths: list[int], width: int, masks: list[np.ndarray] | None = None
-                     ) -> tuple[int, torch.Tensor]:
+def target_positions(lengths: list[int], width: int, masks: list[np.ndarray] | None = None) -> tuple[int, torch.Tensor]:
     """(number of real targets, their flat positions) in a right-padded batch of these sample lengths. The loss
     of row r at position t predicts token t + 1. Without masks every token but the first is a target (plain
     text); masks[r][j] says whether token j of row r is (data.Split.target_mask: completions, assistant turns)."""
     if masks is not None:
         is_target = np.zeros((len(lengths), width + 1), dtype=bool)
         for r, m in enumerate(masks):
-            is_target[r, :len(m)] = m
-        index = np.flatnonzero(is_target[:, 1:])            # token j is a target -> position j - 1 predicts it
+            is_target[r, : len(m)] = m
+        index = np.flatnonzero(is_target[:, 1:])  # token j is a target -> position j - 1 predicts it
         return len(index), torch.from_numpy(index.astype(np.int64))
-    per_row = np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)      # targets t = 0 .. n-2 of each row
+    per_row = np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)  # targets t = 0 .. n-2 of each row
     offsets = np.arange(int(per_row.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_row) - per_row, per_row)
     index = np.repeat(np.arange(len(per_row), dtype=np.int64) * width, per_row) + offsets
     return int(per_row.sum()), torch.from_numpy(index)

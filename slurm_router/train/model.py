@@ -1,6 +1,7 @@
 """The model: a causal LM built from a transformers config (model=gpt2_*: GPT-2-shaped, no download) or loaded
 from a local checkpoint (model=hf: any architecture AutoModelForCausalLM loads), wrapped in a peft LoRA adapter
 for a variant. Frozen weights in model.dtype, trainable weights in fp32 (docs/ARCHITECTURE.md, "The model")."""
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,12 @@ from slurm_router.config.checks import check_target_modules, target_module_names
 from slurm_router.errors import UserError
 
 # What transformers loads a causal LM's weights from, in its order of preference.
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def frozen_dtype(model_cfg, device: torch.device | str | None = None) -> torch.dtype:
@@ -31,13 +36,21 @@ def frozen_dtype(model_cfg, device: torch.device | str | None = None) -> torch.d
 def quiet_transformers() -> None:
     """No progress bars, warnings or advice lines from transformers in a task's log (loading, save_pretrained)."""
     from transformers.utils import logging as hf_logging
+
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
 
-def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None = None, lora: bool = True,
-                device: torch.device | str | None = None, gradient_checkpointing: bool = False,
-                lora_seed: int | None = None) -> torch.nn.Module:
+def build_model(
+    model_cfg,
+    vocab_size: int,
+    seed: int,
+    base_weights: str | None = None,
+    lora: bool = True,
+    device: torch.device | str | None = None,
+    gradient_checkpointing: bool = False,
+    lora_seed: int | None = None,
+) -> torch.nn.Module:
     """The model a task trains, on the CPU (the caller moves it to `device`, which decides model.dtype=auto).
 
     Weights: base_weights (a folder: the base stage's save_pretrained cache, base_cache.py) instead of the
@@ -48,6 +61,7 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
     model.lora.enabled=false) keeps fp32 master weights whatever model.dtype says (autocast still computes in
     bf16 on a GPU)."""
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
     quiet_transformers()
     adapt = lora and model_cfg.lora.enabled
     dtype = frozen_dtype(model_cfg, device) if adapt else torch.float32
@@ -55,33 +69,51 @@ def build_model(model_cfg, vocab_size: int, seed: int, base_weights: str | None 
     folder = base_weights or None
     model: Any
     if folder or model_cfg.kind == "hf":
-        model = AutoModelForCausalLM.from_pretrained(folder or os.path.expanduser(model_cfg.name_or_path),
-                                                     local_files_only=True, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder or os.path.expanduser(model_cfg.name_or_path), local_files_only=True, dtype=dtype
+        )
     else:
         # Dropout off: routing must never change the math, and dropout masks would depend on the split.
-        config = GPT2Config(vocab_size=vocab_size, n_positions=model_cfg.n_positions, n_embd=model_cfg.n_embd,
-                            n_layer=model_cfg.n_layer, n_head=model_cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
-                            attn_pdrop=0.0, bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=model_cfg.n_positions,
+            n_embd=model_cfg.n_embd,
+            n_layer=model_cfg.n_layer,
+            n_head=model_cfg.n_head,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=vocab_size - 1,
+            eos_token_id=vocab_size - 1,
+        )
         model = GPT2LMHeadModel(config)
     if not folder and model_cfg.kind != "hf":
-        model.to(dtype)     # built in fp32 (the seeded init), kept in dtype; from_pretrained loaded it in dtype
-    if gradient_checkpointing:      # layer activations recomputed in backward; a KV cache is of no use in training
-        if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name for it
+        model.to(dtype)  # built in fp32 (the seeded init), kept in dtype; from_pretrained loaded it in dtype
+    if gradient_checkpointing:  # layer activations recomputed in backward; a KV cache is of no use in training
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name for it
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if adapt:
         from peft import LoraConfig, get_peft_model
+
         lc = model_cfg.lora
-        cfg = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, use_rslora=lc.use_rslora,
-                         use_dora=lc.use_dora, target_modules=lora_targets(model_cfg, model), task_type="CAUSAL_LM")
+        cfg = LoraConfig(
+            r=lc.r,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            use_rslora=lc.use_rslora,
+            use_dora=lc.use_dora,
+            target_modules=lora_targets(model_cfg, model),
+            task_type="CAUSAL_LM",
+        )
         with warnings.catch_warnings():
             # GPT-2's Conv1D layers make peft warn about fan_in_fan_out; peft handles it.
             warnings.simplefilter("ignore")
             torch.manual_seed((seed if lora_seed is None else lora_seed) + 1)
-            model = get_peft_model(model, cfg)    # autocast_adapter_dtype (default): LoRA weights in fp32
-    return model.train()        # from_pretrained returns a model in eval mode
+            model = get_peft_model(model, cfg)  # autocast_adapter_dtype (default): LoRA weights in fp32
+    return model.train()  # from_pretrained returns a model in eval mode
 
 
 def lora_targets(model_cfg, model: torch.nn.Module) -> str | list[str] | None:
@@ -92,6 +124,7 @@ def lora_targets(model_cfg, model: torch.nn.Module) -> str | list[str] | None:
         return names
     if model_cfg.lora.target_modules == "auto":
         from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+
         return None if cast(Any, model).config.model_type in PEFT_DEFAULTS else "all-linear"
     return "all-linear"
 
@@ -99,6 +132,7 @@ def lora_targets(model_cfg, model: torch.nn.Module) -> str | list[str] | None:
 def lora_layers(model: torch.nn.Module) -> list[str]:
     """The dotted names of the layers peft's LoRA can adapt (linear, embedding, convolution)."""
     from transformers.pytorch_utils import Conv1D
+
     kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
     return [name for name, m in model.named_modules() if name and isinstance(m, kinds)]
 
@@ -118,25 +152,32 @@ def meta_model(path: str, setting: str) -> torch.nn.Module:
     """The causal LM of the checkpoint at `path` on the meta device (shapes and names only)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
     quiet_transformers()
     where = f"model.name_or_path={setting!r}"
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as e:          # an unknown model_type, custom code, a config transformers cannot parse
+    except Exception as e:  # an unknown model_type, custom code, a config transformers cannot parse
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"{where}: transformers cannot read the config.json of {path} ({first}): give a "
-                        "causal-LM checkpoint saved with save_pretrained") from None
+        raise UserError(
+            f"{where}: transformers cannot read the config.json of {path} ({first}): give a "
+            "causal-LM checkpoint saved with save_pretrained"
+        ) from None
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise UserError(f"{where}: the checkpoint is a {config.model_type} model ({type(config).__name__}), not a "
-                        "causal language model AutoModelForCausalLM can load: give a decoder-only checkpoint "
-                        "(llama, qwen2, mistral, gpt2, ...)")
+        raise UserError(
+            f"{where}: the checkpoint is a {config.model_type} model ({type(config).__name__}), not a "
+            "causal language model AutoModelForCausalLM can load: give a decoder-only checkpoint "
+            "(llama, qwen2, mistral, gpt2, ...)"
+        )
     try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"{where}: transformers cannot build the {config.model_type} model its config.json "
-                        f"describes ({first}): fix config.json or save the model again") from None
+        raise UserError(
+            f"{where}: transformers cannot build the {config.model_type} model its config.json "
+            f"describes ({first}): fix config.json or save the model again"
+        ) from None
 
 
 def check_checkpoint(model_cfg, max_len: int) -> None:
@@ -156,14 +197,17 @@ def check_checkpoint(model_cfg, max_len: int) -> None:
         raise UserError(f"{setting}: {config} cannot be read ({getattr(e, 'strerror', None) or e}): {save}") from None
     if not isinstance(settings, dict):
         raise UserError(f"{setting}: {config} is not a transformers config (a JSON object): {save}")
-    positions = settings.get("n_positions")                  # GPT-2's learned positions: a hard limit
+    positions = settings.get("n_positions")  # GPT-2's learned positions: a hard limit
     if isinstance(positions, int) and max_len > positions:
-        raise UserError(f"data.max_len={max_len} exceeds the n_positions={positions} of {config}: "
-                        f"set data.max_len={positions} or lower")
+        raise UserError(
+            f"data.max_len={max_len} exceeds the n_positions={positions} of {config}: "
+            f"set data.max_len={positions} or lower"
+        )
     found = next((where / f for f in WEIGHT_FILES if (where / f).exists()), None)
     if found is None:
-        raise UserError(f"{setting}: the checkpoint {where} has no model weights (none of {', '.join(WEIGHT_FILES)}): "
-                        f"{save}")
+        raise UserError(
+            f"{setting}: the checkpoint {where} has no model weights (none of {', '.join(WEIGHT_FILES)}): {save}"
+        )
     for path in _shards(found, setting, save) if found.name.endswith(".index.json") else [found]:
         problem = _weights_problem(path)
         if problem:
@@ -177,8 +221,10 @@ def _shards(index: Path, setting: str, save: str) -> list[Path]:
         raise UserError(f"{setting}: {index} cannot be read ({type(e).__name__}): {save}") from None
     missing = [s for s in shards if not (index.parent / s).is_file()]
     if missing:
-        raise UserError(f"{setting}: weights file {index.parent / missing[0]} is missing ({len(missing)} of the "
-                        f"{len(shards)} shards {index.name} lists): copy it again or {save}")
+        raise UserError(
+            f"{setting}: weights file {index.parent / missing[0]} is missing ({len(missing)} of the "
+            f"{len(shards)} shards {index.name} lists): copy it again or {save}"
+        )
     return [index.parent / s for s in shards]
 
 
@@ -190,7 +236,7 @@ def _weights_problem(path: Path) -> str | None:
             return "is empty"
         with open(path, "rb") as f:
             head = f.read(8)
-            if path.suffix != ".safetensors":     # a torch.save zip: a truncated one lost its central directory
+            if path.suffix != ".safetensors":  # a torch.save zip: a truncated one lost its central directory
                 return None if head[:2] != b"PK" or zipfile.is_zipfile(f) else "is truncated (not a whole zip file)"
             if len(head) < 8:
                 return f"is truncated ({size} bytes)"
@@ -236,8 +282,12 @@ def parameter_bytes(model: torch.nn.Module) -> tuple[int, int]:
 
 def adapter_input_features(model: torch.nn.Module) -> int:
     """Per token, the input features of every LoRA-adapted layer (the memory model's adapter activations)."""
-    return sum(a.in_features for m in model.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
-               for a in cast(Any, m).lora_A.values())
+    return sum(
+        a.in_features
+        for m in model.modules()
+        if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
+        for a in cast(Any, m).lora_A.values()
+    )
 
 
 def memory_shape(model, cfg, device: torch.device) -> dict:
@@ -249,10 +299,14 @@ def memory_shape(model, cfg, device: torch.device) -> dict:
     autocast = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
     bf16 = autocast or any(p.dtype == torch.bfloat16 for p in model.parameters())
     copies = sum(2 * p.numel() for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32)
-    return {"frozen_bytes": frozen, "trainable_bytes": trainable, "compute_bytes": 2 if bf16 else 4,
-            "workspace_bytes": copies if autocast else 0,
-            "hidden_size": c.n_embd if hasattr(c, "n_embd") else c.hidden_size,
-            "n_layers": getattr(c, "n_layer", None) or c.num_hidden_layers,
-            "n_heads": getattr(c, "n_head", None) or getattr(c, "num_attention_heads", None),
-            "adapter_features": adapter_input_features(model),
-            "gradient_checkpointing": bool(cfg.train.gradient_checkpointing)}
+    return {
+        "frozen_bytes": frozen,
+        "trainable_bytes": trainable,
+        "compute_bytes": 2 if bf16 else 4,
+        "workspace_bytes": copies if autocast else 0,
+        "hidden_size": c.n_embd if hasattr(c, "n_embd") else c.hidden_size,
+        "n_layers": getattr(c, "n_layer", None) or c.num_hidden_layers,
+        "n_heads": getattr(c, "n_head", None) or getattr(c, "num_attention_heads", None),
+        "adapter_features": adapter_input_features(model),
+        "gradient_checkpointing": bool(cfg.train.gradient_checkpointing),
+    }

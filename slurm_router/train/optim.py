@@ -1,4 +1,5 @@
 """Optimizer and learning-rate schedule (linear warm-up, cosine decay to 10%)."""
+
 from __future__ import annotations
 
 import math

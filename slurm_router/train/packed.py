@@ -10,6 +10,7 @@ The linear layers, the embeddings and the loss see only real tokens. What keeps 
 So a packed micro-batch computes the same token losses as the padded one, up to float reduction order
 (tests/test_packed.py). docs/ARCHITECTURE.md, "Packed micro-batches".
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -20,36 +21,52 @@ import torch
 import torch.nn.functional as F
 
 ATTENTION = "slurm_router_packed"
-SPANS = "packed_spans"          # the model kwarg that carries the row's sample spans down to the attention
+SPANS = "packed_spans"  # the model kwarg that carries the row's sample spans down to the attention
 
 
-def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                     packed_spans: tuple | None = None, **kwargs):
+def packed_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    packed_spans: tuple | None = None,
+    **kwargs,
+):
     """transformers' attention-function signature: query/key/value are (batch, heads, tokens, head_dim); returns
     (batch, tokens, heads, head_dim) and no weights. packed_spans: ((start, end), ...) of one packed row."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
     if packed_spans is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     by_length: dict[int, list[int]] = defaultdict(list)
     for start, end in packed_spans:
         by_length[end - start].append(start)
-    pieces: dict[int, torch.Tensor] = {}          # span start -> that sample's attention output
+    pieces: dict[int, torch.Tensor] = {}  # span start -> that sample's attention output
     for length, starts in by_length.items():
         causal = length > 1
         if len(starts) == 1:
             s = starts[0]
-            pieces[s] = F.scaled_dot_product_attention(query[:, :, s:s + length], key[:, :, s:s + length],
-                                                       value[:, :, s:s + length], dropout_p=dropout, is_causal=causal,
-                                                       scale=scaling)
+            pieces[s] = F.scaled_dot_product_attention(
+                query[:, :, s : s + length],
+                key[:, :, s : s + length],
+                value[:, :, s : s + length],
+                dropout_p=dropout,
+                is_causal=causal,
+                scale=scaling,
+            )
             continue
         # samples of one length: one SDPA call over them stacked along the batch dimension
-        q, k, v = (torch.cat([t[:, :, s:s + length] for s in starts]) for t in (query, key, value))
+        q, k, v = (torch.cat([t[:, :, s : s + length] for s in starts]) for t in (query, key, value))
         o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scaling)
-        pieces.update((s, o[i:i + 1]) for i, s in enumerate(starts))
+        pieces.update((s, o[i : i + 1]) for i, s in enumerate(starts))
     # the spans tile the row in order: one concatenation (no per-sample in-place copies for autograd to undo)
     out = torch.cat([pieces[start] for start, _ in packed_spans], dim=2)
     return out.transpose(1, 2).contiguous(), None
@@ -58,6 +75,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
 def register() -> None:
     """Make ATTENTION known to transformers (idempotent); no mask function: the spans are the mask."""
     from transformers import AttentionInterface
+
     AttentionInterface.register(ATTENTION, packed_attention)
 
 
@@ -113,10 +131,14 @@ def packed_tensors(split, ids, device: torch.device):
     is_target[bounds[:-1]] = False
     labels = np.where(is_target, inputs, -100)
     positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
-    index = np.flatnonzero(is_target[1:])               # position t predicts token t + 1
-    tensors = [torch.from_numpy(inputs)[None], torch.from_numpy(labels)[None], torch.from_numpy(index),
-               torch.from_numpy(positions)[None]]
-    if device.type == "cuda":      # pinned host memory: the copy overlaps with compute
+    index = np.flatnonzero(is_target[1:])  # position t predicts token t + 1
+    tensors = [
+        torch.from_numpy(inputs)[None],
+        torch.from_numpy(labels)[None],
+        torch.from_numpy(index),
+        torch.from_numpy(positions)[None],
+    ]
+    if device.type == "cuda":  # pinned host memory: the copy overlaps with compute
         tensors = [t.pin_memory() for t in tensors]
     inputs_t, labels_t, index_t, positions_t = (t.to(device, non_blocking=True) for t in tensors)
     spans = tuple((int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))

@@ -1,5 +1,6 @@
 """Training checkpoints: keep the last K, verify on load (their sha256 sidecars: slurm_router.fileio), fall back
 to the newest whole one."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ class CheckpointError(Exception):
     """Checkpoints exist but none can be loaded: one line saying which and what to do."""
 
 
-checkpoint_path = checkpoint_file          # checkpoints/step-NNNNNNNN.pt (the name is layout's)
+checkpoint_path = checkpoint_file  # checkpoints/step-NNNNNNNN.pt (the name is layout's)
 
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, state: dict, keep: int) -> dict:
@@ -33,8 +34,8 @@ def prune_checkpoints(ckpt_dir: str | os.PathLike, keep: int) -> None:
             checkpoint_path(ckpt_dir, step).unlink(missing_ok=True)
             sidecar.unlink(missing_ok=True)
     for name in (CHECKPOINT_GLOB, SIDECAR_GLOB):
-        for tmp in ckpt_dir.glob(f".{name}.*.tmp"):      # atomic_write_bytes' temp files
-            if time.time() - tmp.stat().st_mtime > 60:     # not a save in progress
+        for tmp in ckpt_dir.glob(f".{name}.*.tmp"):  # atomic_write_bytes' temp files
+            if time.time() - tmp.stat().st_mtime > 60:  # not a save in progress
                 tmp.unlink(missing_ok=True)
 
 
@@ -75,17 +76,22 @@ def latest_valid_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path | None, l
             return path, warnings
         warnings.append(f"checkpoint {path} is not usable: {problem}; trying an older one")
     if warnings:
-        raise CheckpointError(f"no valid checkpoint in {ckpt_dir} ({len(warnings)} damaged, newest: "
-                              f"{warnings[0].split(': ', 1)[1].split(';')[0]}): delete that folder to restart "
-                              "the task from step 0")
+        raise CheckpointError(
+            f"no valid checkpoint in {ckpt_dir} ({len(warnings)} damaged, newest: "
+            f"{warnings[0].split(': ', 1)[1].split(';')[0]}): delete that folder to restart "
+            "the task from step 0"
+        )
     return None, []
 
 
 def load_checkpoint(path: str | os.PathLike, map_location) -> dict:
     """torch.load with weights_only=True: a checkpoint holds tensors and plain Python values, never code."""
     import torch
+
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:      # verified before, so this is damage after the check: say which file
-        raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(e).__name__}: {str(e)[:200]}); "
-                              "delete it to fall back to the previous one") from None
+    except Exception as e:  # verified before, so this is damage after the check: say which file
+        raise CheckpointError(
+            f"checkpoint {path} cannot be loaded ({type(e).__name__}: {str(e)[:200]}); "
+            "delete it to fall back to the previous one"
+        ) from None

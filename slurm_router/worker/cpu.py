@@ -5,6 +5,7 @@ its allocation; each passes the answer to its children in SLURM_ROUTER_THREADS, 
 Without it (an sbatch or srun task started by Slurm) a worker divides the cores it may use by the workers
 beside it. A single variant on an idle machine gets every core.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ On an out-of-memory error the micro-batch is halved and both halves are queued a
 computed twice, and the gradients accumulate all or nothing (a failed backward leaves none behind). Losses
 and timings are read once, after the last micro-batch: one host-device sync a step, not one each.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -28,6 +29,7 @@ class CpuMemorySim:
     """Testing aid (router.cpu_memory_cap_bytes): a CPU worker acts as a device of `cap` bytes whose true peak
     per micro-batch is TRUE_SCALE x the router's initial estimate. The router starts optimistic and has to
     learn from out-of-memory errors and observed peaks, as it does on a GPU."""
+
     TRUE_SCALE = 1.5
 
     def __init__(self, cap_bytes: int, truth: MemoryModel):
@@ -39,8 +41,10 @@ class CpuMemorySim:
 
     def check(self, mb: MicroBatch) -> None:
         if self.peak_bytes(mb) > self.cap_bytes:
-            raise SimulatedOOM(f"micro-batch of {mb.n_padded_tokens} padded tokens needs {self.peak_bytes(mb)} "
-                               f"bytes > router.cpu_memory_cap_bytes={self.cap_bytes}")
+            raise SimulatedOOM(
+                f"micro-batch of {mb.n_padded_tokens} padded tokens needs {self.peak_bytes(mb)} "
+                f"bytes > router.cpu_memory_cap_bytes={self.cap_bytes}"
+            )
 
 
 def autocast(cfg, device: torch.device):
@@ -49,11 +53,11 @@ def autocast(cfg, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
-def loss_sum(model, inputs, labels, n_targets, target_index, cfg, device, model_kwargs: dict | None = None
-             ) -> tuple[torch.Tensor, int]:
+def loss_sum(
+    model, inputs, labels, n_targets, target_index, cfg, device, model_kwargs: dict | None = None
+) -> tuple[torch.Tensor, int]:
     with autocast(cfg, device):
-        return token_loss_sum(model, inputs, labels, cfg.train.loss_chunk_tokens, n_targets, target_index,
-                              model_kwargs)
+        return token_loss_sum(model, inputs, labels, cfg.train.loss_chunk_tokens, n_targets, target_index, model_kwargs)
 
 
 def batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple: int = 1):
@@ -65,11 +69,11 @@ def batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple
     inputs = np.full((len(seqs), width), pad_id, dtype=np.int64)
     labels = np.full((len(seqs), width), -100, dtype=np.int64)
     for r, (s, m) in enumerate(zip(seqs, masks)):
-        inputs[r, :len(s)] = s
-        labels[r, :len(s)] = np.where(m, s, -100)
+        inputs[r, : len(s)] = s
+        labels[r, : len(s)] = np.where(m, s, -100)
     n_targets, index = target_positions([len(s) for s in seqs], width, masks)
     tensors = [torch.from_numpy(inputs), torch.from_numpy(labels), index]
-    if device.type == "cuda":      # pinned host memory: the copy overlaps with compute
+    if device.type == "cuda":  # pinned host memory: the copy overlaps with compute
         tensors = [t.pin_memory() for t in tensors]
     inputs_t, labels_t, index_t = (t.to(device, non_blocking=True) for t in tensors)
     return inputs_t, labels_t, n_targets, index_t
@@ -78,6 +82,7 @@ def batch_tensors(split, ids, pad_id: int, device: torch.device, pad_to_multiple
 class Loader:
     """Builds a micro-batch's tensors; with prefetch, the next one is built on a thread while this one computes
     (numpy padding and the pinned host-to-device copy release the GIL)."""
+
     _pool = None
 
     def __init__(self, build, prefetch: bool):
@@ -129,7 +134,7 @@ def accumulate(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
     for p, g in zip(params, grads):
         if g is None:
             continue
-        if p.grad is None:      # in the parameter's own layout, as backward() would leave it (fused AdamW)
+        if p.grad is None:  # in the parameter's own layout, as backward() would leave it (fused AdamW)
             p.grad = g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
         else:
             p.grad.add_(g)
@@ -138,6 +143,7 @@ def accumulate(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
 @dataclass
 class _Ran:
     """A micro-batch whose forward and backward are queued; its loss and time are read after the sync."""
+
     mb: MicroBatch
     t_start: float
     t_data_s: float
@@ -151,19 +157,33 @@ class _Ran:
 @dataclass
 class DeviceStep:
     """What this device did in one step."""
-    done: list = field(default_factory=list)     # the micro-batches computed (after any OOM halving)
-    loss_sum: float = 0.0                        # summed token loss
+
+    done: list = field(default_factory=list)  # the micro-batches computed (after any OOM halving)
+    loss_sum: float = 0.0  # summed token loss
     compute_s: float = 0.0
     peak_bytes: int = 0
     oom_count: int = 0
-    oom_mb: tuple[int, int] = (0, 0)             # (padded tokens, samples) of the largest that did not fit
+    oom_mb: tuple[int, int] = (0, 0)  # (padded tokens, samples) of the largest that did not fit
 
 
 class MicroBatchRunner:
     """Runs one device's micro-batches of each step (a worker holds one for the whole run)."""
 
-    def __init__(self, model, params, split, cfg, device, pad_id: int, telemetry, mem_sim, router, events,
-                 slowdown: float = 1.0, packed: bool = False):
+    def __init__(
+        self,
+        model,
+        params,
+        split,
+        cfg,
+        device,
+        pad_id: int,
+        telemetry,
+        mem_sim,
+        router,
+        events,
+        slowdown: float = 1.0,
+        packed: bool = False,
+    ):
         self.model, self.params, self.split, self.cfg, self.device = model, params, split, cfg, device
         self.pad_id, self.telemetry, self.mem_sim, self.router = pad_id, telemetry, mem_sim, router
         self.events, self.slowdown, self.packed = events, slowdown, packed
@@ -190,7 +210,13 @@ class MicroBatchRunner:
                 if self.mem_sim is not None:
                     self.mem_sim.check(mb)
                 timer = ComputeTimer(self.device)
-                loss, n_tok = loss_sum(self.model, *cast("tuple[Any, Any, Any, Any]", batch[:4]), self.cfg, self.device, model_kwargs=batch[4])
+                loss, n_tok = loss_sum(
+                    self.model,
+                    *cast("tuple[Any, Any, Any, Any]", batch[:4]),
+                    self.cfg,
+                    self.device,
+                    model_kwargs=batch[4],
+                )
                 accumulate(loss, self.params)
                 timer.stop()
             except (torch.cuda.OutOfMemoryError, SimulatedOOM):
@@ -213,7 +239,7 @@ class MicroBatchRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         out.oom_count += 1
-        out.oom_mb = max(out.oom_mb, (mb.n_padded_tokens, len(mb.sample_ids)))   # the largest that failed
+        out.oom_mb = max(out.oom_mb, (mb.n_padded_tokens, len(mb.sample_ids)))  # the largest that failed
         lengths = {i: int(self.split.lengths[i]) for i in mb.sample_ids}
         return list(self.router.split_for_oom(mb, lengths))
 
@@ -221,16 +247,29 @@ class MicroBatchRunner:
         """After the step's one sync: read losses and times, write a micro row each."""
         for micro, r in enumerate(ran):
             t_compute = r.timer.seconds()
-            if self.slowdown != 1.0:      # testing aid: make this device look slower, in proportion to its work
+            if self.slowdown != 1.0:  # testing aid: make this device look slower, in proportion to its work
                 time.sleep(t_compute * (self.slowdown - 1.0))
                 t_compute *= self.slowdown
             out.compute_s += t_compute
             loss = float(r.loss)
             out.loss_sum += loss
             mb = r.mb
-            self.events.write(MicroRow(
-                step=step, micro=micro, sample_ids=cast(Any, mb.sample_ids), n_samples=len(mb.sample_ids),
-                n_tokens=mb.n_tokens, n_pad_tokens=mb.n_padded_tokens - mb.n_tokens, cost=mb.cost, t_start=r.t_start,
-                t_data_s=r.t_data_s, t_compute_s=t_compute, mem_peak_bytes=r.peak_bytes,
-                mem_predicted_bytes=mb.predicted_mem_bytes, loss=loss / max(1, r.n_targets), lr=lr,
-                oom_retries=r.oom_retries))
+            self.events.write(
+                MicroRow(
+                    step=step,
+                    micro=micro,
+                    sample_ids=cast(Any, mb.sample_ids),
+                    n_samples=len(mb.sample_ids),
+                    n_tokens=mb.n_tokens,
+                    n_pad_tokens=mb.n_padded_tokens - mb.n_tokens,
+                    cost=mb.cost,
+                    t_start=r.t_start,
+                    t_data_s=r.t_data_s,
+                    t_compute_s=t_compute,
+                    mem_peak_bytes=r.peak_bytes,
+                    mem_predicted_bytes=mb.predicted_mem_bytes,
+                    loss=loss / max(1, r.n_targets),
+                    lr=lr,
+                    oom_retries=r.oom_retries,
+                )
+            )

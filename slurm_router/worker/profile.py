@@ -5,6 +5,7 @@ directory). benchmarks/throughput.py --profile uses it.
 
     SLURM_ROUTER_PROFILE_STEP=20 python -m slurm_router train.steps=30
 """
+
 from __future__ import annotations
 
 import os
@@ -37,11 +38,15 @@ def profiled(train_step: Callable[[int], T], step: int, device: torch.device, ta
 def top_operators(run: Callable[[], T], device: torch.device) -> tuple[T, str]:
     """run() under torch.profiler: its result, and a table of the top operators by self time."""
     from torch.profiler import ProfilerActivity, profile
+
     cuda = device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         result = run()
         if cuda:
             torch.cuda.synchronize(device)
-    table = prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
-                                      row_limit=TOP_OPERATORS, max_name_column_width=60)
+    table = prof.key_averages().table(
+        sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+        row_limit=TOP_OPERATORS,
+        max_name_column_width=60,
+    )
     return result, table

@@ -16,6 +16,7 @@ Pruning only ends tasks: a task that is not pruned computes exactly what it comp
 invariant is untouched). Which tasks a decision sees depends on how far the others have got, so two runs may
 prune at different steps; the reason each pruned task stopped is in its result and the report.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,12 +29,13 @@ import numpy as np
 from slurm_router.rundir.layout import EVALS_FILE, RunLayout
 
 LEVEL = 0.95
-NEGLIGIBLE = 1e-4           # nats per token: below this a difference is float reduction order (abtest.NEGLIGIBLE)
+NEGLIGIBLE = 1e-4  # nats per token: below this a difference is float reduction order (abtest.NEGLIGIBLE)
 
 
 @dataclass
 class Pruned:
     """A task that prune=true ended after the evaluation at `step`; `result` is rank 0's (None on other ranks)."""
+
     step: int
     result: dict | None = None
 
@@ -41,6 +43,7 @@ class Pruned:
 @dataclass
 class Decision:
     """Why a variant stops: it is worse than `best` at `step` by `diff` nats per token."""
+
     variant: str
     step: int
     best: str
@@ -49,8 +52,8 @@ class Decision:
     ci_high: float
     p: float
     p_holm: float
-    threshold: float        # (1 - LEVEL) / looks: the prune level
-    n_compared: int         # variants compared with the best (Holm's family)
+    threshold: float  # (1 - LEVEL) / looks: the prune level
+    n_compared: int  # variants compared with the best (Holm's family)
     looks: int
     n_seeds: int
     n_seeds_best: int
@@ -67,12 +70,12 @@ def looks(steps: int, eval_every: int) -> int:
     return max(1, (steps - 1) // eval_every) if eval_every > 0 else 1
 
 
-def record(task_dir: str | os.PathLike, step: int, variant: str, seed: int, loss_sums: list[float],
-           tokens: list[int]) -> None:
+def record(
+    task_dir: str | os.PathLike, step: int, variant: str, seed: int, loss_sums: list[float], tokens: list[int]
+) -> None:
     """Append one evaluation as one line (one write to an O_APPEND file: readers never see half of it locally;
     a torn line elsewhere is skipped by read_step)."""
-    line = json.dumps({"step": step, "variant": variant, "seed": seed, "loss_sums": loss_sums,
-                       "tokens": tokens}) + "\n"
+    line = json.dumps({"step": step, "variant": variant, "seed": seed, "loss_sums": loss_sums, "tokens": tokens}) + "\n"
     fd = os.open(Path(task_dir) / EVALS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -92,11 +95,13 @@ def read_step(run_dir: str | os.PathLike, step: int) -> dict[str, dict[int, dict
         for line in lines:
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:        # a torn line being written: the next evaluation sees it
+            except json.JSONDecodeError:  # a torn line being written: the next evaluation sees it
                 continue
             if row.get("step") == step:
                 out.setdefault(str(row["variant"]), {})[int(row["seed"])] = {
-                    "loss_sums": row["loss_sums"], "tokens": row["tokens"]}
+                    "loss_sums": row["loss_sums"],
+                    "tokens": row["tokens"],
+                }
     return out
 
 
@@ -105,13 +110,21 @@ def mean_loss(side: dict[int, dict]) -> float:
     return float(np.mean([sum(r["loss_sums"]) / max(1, sum(r["tokens"])) for r in side.values()]))
 
 
-def decide(groups: dict[str, dict[int, dict]], variant: str, step: int, n_looks: int, level: float = LEVEL,
-           task: str | None = None, single_seed_ok: bool = False) -> Decision | None:
+def decide(
+    groups: dict[str, dict[int, dict]],
+    variant: str,
+    step: int,
+    n_looks: int,
+    level: float = LEVEL,
+    task: str | None = None,
+    single_seed_ok: bool = False,
+) -> Decision | None:
     """The Decision to prune `variant` (its replicate `task`) at `step` given every variant's evaluations there,
     or None to go on. single_seed_ok: also on eval-sample noise alone (only benchmarks/ use it, to show why not)."""
     if variant not in groups or len(groups) < 2:
         return None
     from slurm_router.analysis import stats  # scipy: imported when a prune decision is made, not by every worker
+
     best = min(groups, key=lambda v: mean_loss(groups[v]))
     if best == variant:
         return None
@@ -121,7 +134,7 @@ def decide(groups: dict[str, dict[int, dict]], variant: str, step: int, n_looks:
             continue
         try:
             rows[other] = stats.compare(groups[other], groups[best], level=level)
-        except ValueError:                      # not comparable (other eval batches): never a reason to prune
+        except ValueError:  # not comparable (other eval batches): never a reason to prune
             continue
     if variant not in rows:
         return None
@@ -132,10 +145,23 @@ def decide(groups: dict[str, dict[int, dict]], variant: str, step: int, n_looks:
     # equally good variants most of the time (benchmarks/results/verdict_calibration.md); its next seeds decide.
     if not ((r.training_noise or single_seed_ok) and r.diff >= NEGLIGIBLE and adjusted[variant] < threshold):
         return None
-    d = Decision(variant=variant, step=step, best=best, diff=r.diff, ci_low=r.ci_low, ci_high=r.ci_high, p=r.p,
-                 p_holm=adjusted[variant], threshold=threshold, n_compared=len(names), looks=max(1, n_looks),
-                 n_seeds=r.n_seeds_a, n_seeds_best=r.n_seeds_b, n_batches=r.n_batches,
-                 training_noise=r.training_noise)
+    d = Decision(
+        variant=variant,
+        step=step,
+        best=best,
+        diff=r.diff,
+        ci_low=r.ci_low,
+        ci_high=r.ci_high,
+        p=r.p,
+        p_holm=adjusted[variant],
+        threshold=threshold,
+        n_compared=len(names),
+        looks=max(1, n_looks),
+        n_seeds=r.n_seeds_a,
+        n_seeds_best=r.n_seeds_b,
+        n_batches=r.n_batches,
+        training_noise=r.training_noise,
+    )
     d.reason = reason(task if task and task != variant else variant, d)
     return d
 
@@ -146,9 +172,11 @@ def reason(who: str, d: Decision) -> str:
     nd = 3 if max(abs(d.ci_low), abs(d.ci_high)) >= 0.01 else 4
     family = f"Holm-adjusted over {d.n_compared} variants {_p(d.p_holm)}, " if d.n_compared > 1 else ""
     seeds = f"{d.variant} {_n(d.n_seeds, 'seed')}, {d.best} {_n(d.n_seeds_best, 'seed')} x {d.n_batches} eval batches"
-    return (f"{who}: pruned at step {d.step}: worse than {d.best} by {d.diff:.{nd}f} nats per token (95% CI "
-            f"{d.ci_low:.{nd}f} to {d.ci_high:.{nd}f}, {_p(d.p)}; {family}below {d.threshold:.3g} = 5% / {d.looks} "
-            f"evaluations; {seeds})")
+    return (
+        f"{who}: pruned at step {d.step}: worse than {d.best} by {d.diff:.{nd}f} nats per token (95% CI "
+        f"{d.ci_low:.{nd}f} to {d.ci_high:.{nd}f}, {_p(d.p)}; {family}below {d.threshold:.3g} = 5% / {d.looks} "
+        f"evaluations; {seeds})"
+    )
 
 
 def _n(n: int, what: str) -> str:

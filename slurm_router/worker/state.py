@@ -9,6 +9,7 @@ Signals (USR2 from Slurm or submitit, TERM on preemption or from the local launc
 raise a flag here; the training loop all-reduces it with the step's stats so every rank stops after the
 same step, and rank 0 saves.
 """
+
 from __future__ import annotations
 
 import random
@@ -31,6 +32,7 @@ FORMAT = 1
 @dataclass
 class Stopped:
     """train()'s return after a stop signal: the checkpoint holds every step before `step`."""
+
     step: int
     signum: int
 
@@ -54,7 +56,7 @@ class StopFlag:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-_FLAG = StopFlag()          # one per worker process: signal handlers are per process
+_FLAG = StopFlag()  # one per worker process: signal handlers are per process
 
 
 def install_stop_handlers() -> None:
@@ -73,8 +75,11 @@ def request_stop(signum: int) -> None:
 def _rng_state(device: torch.device) -> dict:
     # Plain bytes, no tensors: all_gather_object pickles it, and torch.load(weights_only=True) reads bytes.
     np_state = cast(tuple, np.random.get_state())
-    state = {"torch": torch.get_rng_state().numpy().tobytes(), "python": random.getstate(),
-             "numpy": (np_state[0], np_state[1].tobytes(), *np_state[2:])}
+    state = {
+        "torch": torch.get_rng_state().numpy().tobytes(),
+        "python": random.getstate(),
+        "numpy": (np_state[0], np_state[1].tobytes(), *np_state[2:]),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device).numpy().tobytes()
     return state
@@ -102,21 +107,38 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def capture(model, optimizer, router, train_losses: list[float], next_step: int, world: int,
-            device: torch.device, identity: dict) -> dict | None:
+def capture(
+    model,
+    optimizer,
+    router,
+    train_losses: list[float],
+    next_step: int,
+    world: int,
+    device: torch.device,
+    identity: dict,
+) -> dict | None:
     """Collective (every rank calls it): the checkpoint dict on rank 0, None elsewhere. Weights, optimizer
     and router are identical on every replica; RNG states are per rank, so they are gathered."""
     rngs = [None] * world
     dist.all_gather_object(rngs, _rng_state(device))
     if dist.get_rank() != 0:
         return None
-    return {"format": FORMAT, **identity, "step": next_step, "world": world, "model": trainable_state(model),
-            "optimizer": optimizer.state_dict(), "router": router.state_dict(), "rng": rngs,
-            "train_losses": list(train_losses)}
+    return {
+        "format": FORMAT,
+        **identity,
+        "step": next_step,
+        "world": world,
+        "model": trainable_state(model),
+        "optimizer": optimizer.state_dict(),
+        "router": router.state_dict(),
+        "rng": rngs,
+        "train_losses": list(train_losses),
+    }
 
 
-def restore(state: dict, model, optimizer, router, rank: int, device: torch.device, identity: dict
-            ) -> tuple[int, list[float]]:
+def restore(
+    state: dict, model, optimizer, router, rank: int, device: torch.device, identity: dict
+) -> tuple[int, list[float]]:
     """Load a checkpoint into this rank's replica; returns (next step, losses so far)."""
     if state.get("format") != FORMAT:
         raise ValueError(f"checkpoint format {state.get('format')!r}, this version reads {FORMAT}")

@@ -1,6 +1,7 @@
 """What every worker tells every other after a step: one row of one small all-gather (float64), not a poll
 per routing decision. The router learns from every device's row; the stop flag rides along so every rank
 sees every flag and all stop after the same step."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,15 +11,15 @@ from typing import Any, cast
 
 @dataclass(frozen=True)
 class StepStats:
-    busy_s: float = 0.0         # wall time from the step's start to the end of this device's micro-batches
-    compute_s: float = 0.0      # forward+backward time of its micro-batches
-    cost: float = 0.0           # the router's cost of the samples it computed
-    peak_bytes: int = 0         # memory peak of its micro-batches (0: unknown)
-    free_bytes: int = 0         # device memory free after the step
-    oom_count: int = 0          # out-of-memory halvings this step
-    oom_padded: int = 0         # the largest micro-batch that did not fit: padded tokens ...
-    oom_n: int = 0              # ... and samples
-    stop: int = 0               # the stop signal this worker received (0: none)
+    busy_s: float = 0.0  # wall time from the step's start to the end of this device's micro-batches
+    compute_s: float = 0.0  # forward+backward time of its micro-batches
+    cost: float = 0.0  # the router's cost of the samples it computed
+    peak_bytes: int = 0  # memory peak of its micro-batches (0: unknown)
+    free_bytes: int = 0  # device memory free after the step
+    oom_count: int = 0  # out-of-memory halvings this step
+    oom_padded: int = 0  # the largest micro-batch that did not fit: padded tokens ...
+    oom_n: int = 0  # ... and samples
+    stop: int = 0  # the stop signal this worker received (0: none)
 
     def pack(self) -> list[float]:
         """The gathered row: the fields in declaration order (exact in float64 for ints below 2**53)."""
@@ -29,8 +30,12 @@ class StepStats:
         fields = dataclasses.fields(cls)
         if len(row) != len(fields):
             raise ValueError(f"a StepStats row has {len(fields)} values, got {len(row)}")
-        return cls(**cast("dict[str, Any]", {f.name: (int(v) if f.type in ("int", int) else float(v))
-                                              for f, v in zip(fields, row)}))
+        return cls(
+            **cast(
+                "dict[str, Any]",
+                {f.name: (int(v) if f.type in ("int", int) else float(v)) for f, v in zip(fields, row)},
+            )
+        )
 
     @classmethod
     def width(cls) -> int:

@@ -1,5 +1,6 @@
 """Device telemetry, read by a worker between steps (never per routing decision): memory peak and total,
 utilisation. pynvml on NVIDIA GPUs, psutil for CPU workers."""
+
 from __future__ import annotations
 
 import os
@@ -12,17 +13,21 @@ class Telemetry:
     def __init__(self, device: torch.device):
         self.device = device
         self._proc = psutil.Process()
-        self._proc.cpu_percent(None)         # first call primes the counter
+        self._proc.cpu_percent(None)  # first call primes the counter
         self._nvml = None
         if device.type == "cuda":
             try:
                 import pynvml
+
                 pynvml.nvmlInit()
                 physical = self._physical_index(device.index or 0)
-                self._nvml = (pynvml.nvmlDeviceGetHandleByUUID(physical) if isinstance(physical, str)
-                              else pynvml.nvmlDeviceGetHandleByIndex(physical))
+                self._nvml = (
+                    pynvml.nvmlDeviceGetHandleByUUID(physical)
+                    if isinstance(physical, str)
+                    else pynvml.nvmlDeviceGetHandleByIndex(physical)
+                )
                 self._pynvml = pynvml
-            except Exception:                   # telemetry is best effort: no NVML, still train
+            except Exception:  # telemetry is best effort: no NVML, still train
                 self._nvml = None
 
     @staticmethod
@@ -69,4 +74,5 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     import platform
+
     return platform.processor() or platform.machine() or "cpu"

@@ -9,11 +9,9 @@ A step, in the Worker's named parts: plan (the router splits the global batch), 
 (microbatch.py: forward/backward, OOM halving), sync (gradients and loss all-reduced), learn (optimizer
 step), observe (every device's StepStats gathered; the router learns), then evaluate and checkpoint when due.
 """
+
 from __future__ import annotations
 
-import copy
-import dataclasses
-import datetime
 import math
 import os
 import time
@@ -24,30 +22,23 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from slurm_router.router import Assignment, MemoryModel, MicroBatch, Router, RouterSettings
+from slurm_router.router import Assignment, MicroBatch
 from slurm_router.rundir import events as ev
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
-from slurm_router.tracking.trackers import task_sink
-from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, make_tokenizer
-from slurm_router.train.model import build_model, compile_backbone, count_parameters, memory_shape, trainable_parameters
-from slurm_router.train.optim import lr_at, make_optimizer
-from slurm_router.train.packed import choose_packing
+from slurm_router.train.optim import lr_at
 from slurm_router.worker import state as train_state
-from slurm_router.worker.cpu import worker_threads
-from slurm_router.worker.microbatch import CpuMemorySim, DeviceStep, MicroBatchRunner, batch_tensors, loss_sum
+from slurm_router.worker.microbatch import DeviceStep, batch_tensors, loss_sum
 from slurm_router.worker.profile import profile_step, profiled
 from slurm_router.worker.prune import Pruned
+from slurm_router.worker.setup import COLLECTIVE_TIMEOUT_S, WorkerSetup  # noqa: F401  (COLLECTIVE_TIMEOUT_S: read from here)
 from slurm_router.worker.step_stats import StepStats
-from slurm_router.worker.telemetry import Telemetry, device_name
-
-# A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
-# dies, so this only bounds a hang nobody else catches (a peer stuck without dying; srun_workers mode).
-COLLECTIVE_TIMEOUT_S = float(os.environ.get("SLURM_ROUTER_COLLECTIVE_TIMEOUT_S", "600"))
+from slurm_router.worker.telemetry import device_name
 
 
-def train(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None = None
-          ) -> dict | train_state.Stopped | None:
+def train(
+    spec: TaskSpec, rank: int, world: int, master: str, resume: str | None = None
+) -> dict | train_state.Stopped | None:
     """Train spec's task as rank `rank` of `world`, from checkpoint `resume` if given. Returns the result (rank 0),
     None (other ranks), or Stopped after a stop signal (checkpoint saved at a step end, every rank agreeing)."""
     return Worker(spec, rank, world, master, resume).run()
@@ -56,14 +47,14 @@ def train(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None
 def allreduce_grads(params: list[torch.nn.Parameter], total_tokens: int) -> None:
     """Sum every replica's token-summed gradients in one flat buffer, then divide by the global token count."""
     for p in params:
-        if p.grad is None:          # a device that got no samples this step still joins the sum
+        if p.grad is None:  # a device that got no samples this step still joins the sum
             p.grad = torch.zeros_like(p)
     flat = torch.cat([cast(torch.Tensor, p.grad).reshape(-1) for p in params])
     dist.all_reduce(flat)
     flat.div_(total_tokens)
     offset = 0
     for p in params:
-        cast(torch.Tensor, p.grad).copy_(flat[offset:offset + p.numel()].view_as(p))
+        cast(torch.Tensor, p.grad).copy_(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
 
 
@@ -80,17 +71,18 @@ class Diverged(Exception):
 @dataclass
 class StepPlan:
     """The router's split of one global batch."""
+
     ids: list[int]
     lengths: list[int]
     speeds: list[float]
     assignment: Assignment
     mine: list[MicroBatch]
-    target_tokens: int              # what the global loss divides by (data.Split: completions, assistant turns)
+    target_tokens: int  # what the global loss divides by (data.Split: completions, assistant turns)
 
 
-class Worker:
-    """One rank of one task: setup, then per step plan -> run micro-batches -> sync -> learn -> observe,
-    with evaluate and checkpoint when due."""
+class Worker(WorkerSetup):
+    """One rank of one task: setup (setup.py), then per step plan -> run micro-batches -> sync -> learn ->
+    observe, with evaluate and checkpoint when due."""
 
     def __init__(self, spec: TaskSpec, rank: int, world: int, master: str, resume: str | None = None):
         self.spec, self.rank, self.world, self.master, self.resume = spec, rank, world, master, resume
@@ -99,98 +91,45 @@ class Worker:
         self.train_losses: list[float] = []
         self.first_step = 0
 
-    # ---- setup -------------------------------------------------------------------------------------------
-    def setup(self) -> None:
-        """Device, threads and process group; then data, model, optimizer, router and the events file."""
-        if torch.cuda.is_available():
-            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
-            torch.cuda.set_device(self.device)
-            backend = "nccl"
-        else:
-            self.device = torch.device("cpu")
-            backend = "gloo"
-            # srun workers (attempt < 0, see job.py) are one Slurm task each, with their own allocation
-            torch.set_num_threads(worker_threads(1 if self.spec.attempt < 0 else self.world))
-        dist.init_process_group(backend, init_method=f"tcp://{self.master}", rank=self.rank, world_size=self.world,
-                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        if self.spec.attempt < 0:       # srun workers (no job process above them): rank 0 counts, the others learn it
-            from slurm_router.rundir.attempts import next_attempt
-            self.spec.attempt = int(self.gather([next_attempt(self.spec.task_dir) if self.rank == 0 else 0])[0][0])
-        self._build()
-        sink = task_sink(self.spec, self.paths.events(0)) if self.rank == 0 else None   # trackers.py, or None
-        self.events = ev.EventWriter(self.paths.events(self.rank), sink, run_id=self.spec.run_id, task=self.spec.name,
-                                     variant=self.spec.variant, stage=self.spec.stage, attempt=self.spec.attempt,
-                                     device=self.rank, policy=self.settings.policy)
-        self.micro = MicroBatchRunner(self.model, self.params, self.corpus.train, self.cfg, self.device,
-                                      self.tokenizer.pad_id, self.telemetry, self.mem_sim, self.router, self.events,
-                                      self.slowdown, self.packed)
-
-    def _build(self) -> None:
-        spec, cfg = self.spec, self.cfg
-        self.tokenizer = make_tokenizer(cfg.model)
-        self.corpus = build_corpus(cfg.data, self.tokenizer)
-        if spec.base_weights:           # the cache is verified (size, sha256) before its weights are loaded
-            from slurm_router.artifacts.base_cache import verify_before_load
-            verify_before_load(spec.base_weights)
-        # the base's init from the config's seed; the LoRA init and the data order from the task's training seed
-        self.model = build_model(cfg.model, self.tokenizer.vocab_size, cfg.seed, spec.base_weights, lora=spec.lora,
-                                 device=self.device, gradient_checkpointing=cfg.train.gradient_checkpointing,
-                                 lora_seed=spec.seed).to(self.device)
-        self.packed = choose_packing(self.model, cfg.train, self.rank == 0)
-        if cfg.train.compile:
-            compile_backbone(self.model)
-        self.params = trainable_parameters(self.model)
-        self.n_params, self.n_trainable = count_parameters(self.model)
-        self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
-        self.telemetry = Telemetry(self.device)
-        self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=self.packed)
-        mem_model = MemoryModel.from_model_bytes(**memory_shape(self.model, cfg, self.device),
-                                                 vocab_size=self.tokenizer.vocab_size)
-        self.mem_sim, total = None, self.telemetry.total_bytes()
-        if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
-            self.mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
-            total = cfg.router.cpu_memory_cap_bytes
-        self.router = Router(self.settings, self.world, memory_model=mem_model)
-        self.totals = [int(row[0]) for row in self.gather([total])]
-        for d, t in enumerate(self.totals):
-            self.router.set_device_memory(d, t)
-        slowdowns = list(cfg.router.device_slowdown) or [1.0]
-        self.slowdown = float(slowdowns[self.rank % len(slowdowns)])   # testing aid: a slower device
-        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cast(int, spec.seed))
-        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
-        self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
-
     def start(self) -> None:
         """The start row, then the checkpoint to resume from, or the step-0 held-out loss."""
         spec = self.spec
-        self.events.write(ev.StartRow(
-            steps=spec.steps, world=self.world, device_type=self.device.type, n_params=self.n_params,
-            n_trainable_params=self.n_trainable, global_batch_size=spec.global_batch_size, lr=spec.lr,
-            n_train_samples=len(self.corpus.train), n_val_samples=len(self.corpus.val),
-            mem_total_bytes=self.telemetry.total_bytes(),
-            mem_budget_bytes=[d.mem_budget_bytes for d in self.router.device_states()], torch=torch.__version__,
-            pid=os.getpid(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), resume_from=self.resume,
-            device_name=device_name(self.device)))
+        self.events.write(
+            ev.StartRow(
+                steps=spec.steps,
+                world=self.world,
+                device_type=self.device.type,
+                n_params=self.n_params,
+                n_trainable_params=self.n_trainable,
+                global_batch_size=spec.global_batch_size,
+                lr=spec.lr,
+                n_train_samples=len(self.corpus.train),
+                n_val_samples=len(self.corpus.val),
+                mem_total_bytes=self.telemetry.total_bytes(),
+                mem_budget_bytes=[d.mem_budget_bytes for d in self.router.device_states()],
+                torch=torch.__version__,
+                pid=os.getpid(),
+                cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                resume_from=self.resume,
+                device_name=device_name(self.device),
+            )
+        )
         if self.resume:
             from slurm_router.worker.checkpoint import load_checkpoint
+
             t0 = time.time()
             self.first_step, self.train_losses = train_state.restore(
-                load_checkpoint(self.resume, self.device), self.model, self.optimizer, self.router, self.rank,
-                self.device, self.ckpt_identity)
-            self.events.write(ev.CheckpointLoadedRow(step=self.first_step, path=self.resume,
-                                                     t_load_s=time.time() - t0))
-        else:           # a resumed task measured its step-0 held-out loss in its first attempt
+                load_checkpoint(self.resume, self.device),
+                self.model,
+                self.optimizer,
+                self.router,
+                self.rank,
+                self.device,
+                self.ckpt_identity,
+            )
+            self.events.write(ev.CheckpointLoadedRow(step=self.first_step, path=self.resume, t_load_s=time.time() - t0))
+        else:  # a resumed task measured its step-0 held-out loss in its first attempt
             self.evaluate(0)
-
-    def stopped_in_setup(self) -> train_state.Stopped | None:
-        """A stop signal during start-up (it waited, blocked, until the handlers existed: supervisor.py): every
-        rank learns of any rank's, and all stop before the first step; the checkpoint resumed from stands."""
-        signum = int(max(row[0] for row in self.gather([float(train_state.stop_requested())])))
-        if not signum:
-            return None
-        self.close()
-        from slurm_router.rundir.layout import checkpoint_step
-        return train_state.Stopped(checkpoint_step(self.resume) if self.resume else 0, signum)
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self) -> dict | train_state.Stopped | None:
@@ -202,8 +141,11 @@ class Worker:
         self.start()
         to_profile = profile_step() if self.rank == 0 else None
         for step in range(self.first_step, self.spec.steps):
-            ended = (profiled(self.train_step, step, self.device, self.spec.task_dir) if step == to_profile
-                     else self.train_step(step))
+            ended = (
+                profiled(self.train_step, step, self.device, self.spec.task_dir)
+                if step == to_profile
+                else self.train_step(step)
+            )
             if isinstance(ended, Diverged):
                 return self.diverged(ended)
             if isinstance(ended, Pruned):
@@ -227,15 +169,30 @@ class Worker:
         stats = self.observe(plan, mine, busy_s)
         loss = global_loss_sum / plan.target_tokens
         self.train_losses.append(loss)
-        self.events.write(ev.StepRow(
-            step=step, loss=loss, n_tokens=sum(plan.lengths), n_target_tokens=plan.target_tokens,
-            n_samples=len(plan.ids), t_step_s=time.time() - t_step0, t_sync_wait_s=t_sync, lr=lr, busy_s=busy_s,
-            busy_s_all=[s.busy_s for s in stats], planned_cost=plan.assignment.planned_cost(),
-            n_micro=[len(p) for p in plan.assignment.per_device], speed=plan.speeds,
-            cost_balance_ratio=plan.assignment.cost_balance_ratio(), oom_retries=mine.oom_count,
-            n_pad_tokens=sum(mb.n_padded_tokens - mb.n_tokens for mb in mine.done), mem_peak_bytes=mine.peak_bytes,
-            mem_total_bytes=self.telemetry.total_bytes(), util=self.telemetry.util()))
-        if not math.isfinite(loss):     # the same all-reduced loss on every rank: all of them end here
+        self.events.write(
+            ev.StepRow(
+                step=step,
+                loss=loss,
+                n_tokens=sum(plan.lengths),
+                n_target_tokens=plan.target_tokens,
+                n_samples=len(plan.ids),
+                t_step_s=time.time() - t_step0,
+                t_sync_wait_s=t_sync,
+                lr=lr,
+                busy_s=busy_s,
+                busy_s_all=[s.busy_s for s in stats],
+                planned_cost=plan.assignment.planned_cost(),
+                n_micro=[len(p) for p in plan.assignment.per_device],
+                speed=plan.speeds,
+                cost_balance_ratio=plan.assignment.cost_balance_ratio(),
+                oom_retries=mine.oom_count,
+                n_pad_tokens=sum(mb.n_padded_tokens - mb.n_tokens for mb in mine.done),
+                mem_peak_bytes=mine.peak_bytes,
+                mem_total_bytes=self.telemetry.total_bytes(),
+                util=self.telemetry.util(),
+            )
+        )
+        if not math.isfinite(loss):  # the same all-reduced loss on every rank: all of them end here
             return Diverged(step, loss, self.spec.lr)
         every_eval = self.cfg.train.eval_every
         if every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps:
@@ -244,12 +201,12 @@ class Worker:
             if pruned is not None:
                 return pruned
         signum = max(s.stop for s in stats)
-        stop = signum and step + 1 < self.spec.steps       # a stop during the last step: finishing is quicker
+        stop = signum and step + 1 < self.spec.steps  # a stop during the last step: finishing is quicker
         every = self.cfg.train.checkpoint_every
         if stop or (every and (step + 1) % every == 0):
             self.checkpoint(step + 1, "signal" if stop else "periodic")
         if stop:
-            dist.barrier()          # the checkpoint is on disk before any rank exits (srun kills the step then)
+            dist.barrier()  # the checkpoint is on disk before any rank exits (srun kills the step then)
             self.close()
             return train_state.Stopped(step + 1, signum)
         return None
@@ -259,9 +216,15 @@ class Worker:
         ids = self.sampler.batch(step)
         lengths = [int(self.corpus.train.lengths[i]) for i in ids]
         speeds = [d.speed for d in self.router.device_states()]
-        assignment = self.router.plan(ids, lengths)       # the router's cost counts every token (lengths)
-        return StepPlan(ids, lengths, speeds, assignment, list(assignment.per_device[self.rank]),
-                        self.corpus.train.count_targets(ids))
+        assignment = self.router.plan(ids, lengths)  # the router's cost counts every token (lengths)
+        return StepPlan(
+            ids,
+            lengths,
+            speeds,
+            assignment,
+            list(assignment.per_device[self.rank]),
+            self.corpus.train.count_targets(ids),
+        )
 
     def sync(self, local_loss_sum: float, total_tokens: int) -> float:
         """Gradients summed over replicas and divided by the global token count; the global loss sum."""
@@ -279,14 +242,21 @@ class Worker:
     def observe(self, plan: StepPlan, mine: DeviceStep, busy_s: float) -> list[StepStats]:
         """Every device's StepStats, gathered; the router learns speeds, peaks, OOMs and free memory from them.
         The stop flag rides with them: every rank sees every flag, so all stop after the same step."""
-        own = StepStats(busy_s=busy_s, compute_s=mine.compute_s, cost=sum(mb.cost for mb in plan.mine),
-                        peak_bytes=mine.peak_bytes, free_bytes=self.telemetry.free_bytes(), oom_count=mine.oom_count,
-                        oom_padded=mine.oom_mb[0], oom_n=mine.oom_mb[1], stop=train_state.stop_requested())
+        own = StepStats(
+            busy_s=busy_s,
+            compute_s=mine.compute_s,
+            cost=sum(mb.cost for mb in plan.mine),
+            peak_bytes=mine.peak_bytes,
+            free_bytes=self.telemetry.free_bytes(),
+            oom_count=mine.oom_count,
+            oom_padded=mine.oom_mb[0],
+            oom_n=mine.oom_mb[1],
+            stop=train_state.stop_requested(),
+        )
         stats = [StepStats.unpack(row) for row in self.gather(own.pack())]
         for d, s in enumerate(stats):
-            self.router.observe_step(d, s.cost, s.compute_s, s.peak_bytes or None,
-                                     list(plan.assignment.per_device[d]))
-            if s.oom_count > 0:      # the memory model learns that this size did not fit this device
+            self.router.observe_step(d, s.cost, s.compute_s, s.peak_bytes or None, list(plan.assignment.per_device[d]))
+            if s.oom_count > 0:  # the memory model learns that this size did not fit this device
                 self.router.observe_oom(d, MicroBatch(tuple(range(s.oom_n)), 0, s.oom_padded, 0.0, None))
             self.router.set_device_memory(d, self.totals[d], s.free_bytes)
         return stats
@@ -299,10 +269,17 @@ class Worker:
         self.model.eval()
         with torch.no_grad():
             for b, ids in enumerate(batches):
-                mine = ids[self.rank::self.world]
+                mine = ids[self.rank :: self.world]
                 if mine:
-                    loss, n = loss_sum(self.model, *cast("tuple[Any, Any, Any, Any]", batch_tensors(self.corpus.val, mine, self.tokenizer.pad_id,
-                                                                  self.device)), self.cfg, self.device)
+                    loss, n = loss_sum(
+                        self.model,
+                        *cast(
+                            "tuple[Any, Any, Any, Any]",
+                            batch_tensors(self.corpus.val, mine, self.tokenizer.pad_id, self.device),
+                        ),
+                        self.cfg,
+                        self.device,
+                    )
                     sums[2 * b] += loss.double()
                     sums[2 * b + 1] += n
         self.model.train()
@@ -311,35 +288,60 @@ class Worker:
         loss_sums, tokens = s[0::2], [int(t) for t in s[1::2]]
         val_loss = sum(loss_sums) / max(1, sum(tokens))
         self.last_eval = (loss_sums, tokens)
-        self.events.write(ev.EvalRow(step=step, val_loss=val_loss, val_tokens=sum(tokens), batch_loss_sums=loss_sums,
-                                     batch_tokens=tokens))
+        self.events.write(
+            ev.EvalRow(
+                step=step, val_loss=val_loss, val_tokens=sum(tokens), batch_loss_sums=loss_sums, batch_tokens=tokens
+            )
+        )
         return val_loss
 
     def checkpoint(self, next_step: int, reason: str) -> None:
         """Collective; rank 0 writes (replicas are identical, only the RNG states differ and are gathered)."""
         from slurm_router.worker.checkpoint import save_checkpoint
+
         t0 = time.time()
-        state = train_state.capture(self.model, self.optimizer, self.router, self.train_losses, next_step,
-                                    self.world, self.device, self.ckpt_identity)
+        state = train_state.capture(
+            self.model,
+            self.optimizer,
+            self.router,
+            self.train_losses,
+            next_step,
+            self.world,
+            self.device,
+            self.ckpt_identity,
+        )
         if self.rank == 0:
             assert state is not None
             meta = save_checkpoint(self.paths.checkpoints, next_step, state, self.cfg.train.keep_checkpoints)
-            self.events.write(ev.CheckpointSavedRow(step=next_step, path=meta["path"], bytes=meta["bytes"],
-                                                    sha256=meta["sha256"], reason=reason, t_save_s=time.time() - t0))
+            self.events.write(
+                ev.CheckpointSavedRow(
+                    step=next_step,
+                    path=meta["path"],
+                    bytes=meta["bytes"],
+                    sha256=meta["sha256"],
+                    reason=reason,
+                    t_save_s=time.time() - t0,
+                )
+            )
 
     def finish(self) -> dict | None:
         """The final held-out loss; rank 0's result (and the base weights, for a base stage)."""
         val_loss = self.evaluate(self.spec.steps)
         result, saved = None, {}
         if self.rank == 0:
-            tail = self.train_losses[-max(1, len(self.train_losses) // 10):]
+            tail = self.train_losses[-max(1, len(self.train_losses) // 10) :]
             result = {"val_loss": val_loss, "train_loss": sum(tail) / len(tail), "steps": self.spec.steps}
             if self.spec.save_weights:
                 from slurm_router.artifacts import base_cache
                 from slurm_router.train.byte_tokenizer import to_transformers
-                base_cache.save(self.model, self.spec.save_weights, result,
-                                to_transformers(self.tokenizer, self.cfg.model.get("n_positions")))
-            else:           # the variant's adapter (adapters.py); the result names it
+
+                base_cache.save(
+                    self.model,
+                    self.spec.save_weights,
+                    result,
+                    to_transformers(self.tokenizer, self.cfg.model.get("n_positions")),
+                )
+            else:  # the variant's adapter (adapters.py); the result names it
                 saved = self.adapters.final(self.model, self.spec.steps, val_loss)
         self.events.write(ev.EndRow(exit_state="completed", **cast("dict[str, Any]", result or {})))
         self.close()
@@ -350,6 +352,7 @@ class Worker:
         """Rank 0 of a variant: what saves its adapters (adapters.AdapterSaver), made on first use."""
         if getattr(self, "_adapters", None) is None:
             from slurm_router.artifacts.adapters import AdapterSaver
+
             self._adapters = AdapterSaver(self.spec, self.cfg, self.tokenizer)
         return self._adapters
 
@@ -366,8 +369,10 @@ class Worker:
         decision = None
         if self.rank == 0:
             from slurm_router.worker.prune import after_eval, looks
-            decision = after_eval(self.spec, step, *self.last_eval, n_looks=looks(self.spec.steps,
-                                                                                   self.cfg.train.eval_every))
+
+            decision = after_eval(
+                self.spec, step, *self.last_eval, n_looks=looks(self.spec.steps, self.cfg.train.eval_every)
+            )
         if not self.gather([1.0 if decision else 0.0])[0][0]:
             return None
         self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=decision.reason if decision else None))
@@ -385,16 +390,8 @@ class Worker:
         self.close()
         if self.spec.save_weights:
             raise Diverged(d.step, d.loss, d.lr, "base.lr")
-        return {"exit_state": "diverged", "step": d.step, "loss": str(d.loss), "lr": d.lr,
-                "message": d.message} if self.rank == 0 else None
-
-    def close(self) -> None:
-        self.events.close()
-        dist.destroy_process_group()
-
-    def gather(self, values: list[float]) -> list[list[float]]:
-        """All-gather one small float64 row per rank."""
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        out = [torch.zeros_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t)
-        return [o.cpu().tolist() for o in out]
+        return (
+            {"exit_state": "diverged", "step": d.step, "loss": str(d.loss), "lr": d.lr, "message": d.message}
+            if self.rank == 0
+            else None
+        )

@@ -9,6 +9,7 @@ report once every stage has ended (afterany), so a failed stage still gets a rep
 Both ask Slurm for USR2 launcher.signal_delay_s before the time limit and allow requeues: the task
 checkpoints at its step end and is requeued into the same run dir (slurm_router.allocation.job, slurm_router.allocation.requeue).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs
 from slurm_router.rundir.spec import Stage
 
-REPORT_TIMEOUT_MIN = 30         # the report job reads events and sacct: minutes at most
-KILL_ON_INVALID_DEP = "kill-on-invalid-dep"     # sbatch's option: cancel a job whose dependency cannot be met
+REPORT_TIMEOUT_MIN = 30  # the report job reads events and sacct: minutes at most
+KILL_ON_INVALID_DEP = "kill-on-invalid-dep"  # sbatch's option: cancel a job whose dependency cannot be met
 
 
 def afterok(job_id: str) -> dict[str, str]:
@@ -35,6 +36,7 @@ def mail_options(launcher) -> dict[str, str]:
     ones left out (checked by config.check_job_values; a run made before they existed has neither)."""
     from slurm_router.config.checks import mail_types
     from slurm_router.config.schema import launcher_setting
+
     types, user = ",".join(mail_types(launcher_setting(launcher, "mail_type"))), launcher_setting(launcher, "mail_user")
     return {k: v for k, v in (("mail-type", types), ("mail-user", user)) if v}
 
@@ -59,11 +61,15 @@ def tasks_per_pack(cfg) -> int:
 
 def check_packing(cfg) -> None:
     if cfg.resources.tasks_per_gpu == 0:
-        raise UserError("resources.tasks_per_gpu=0 (pack by predicted memory) works with launcher=local only: "
-                        "the GPU's memory is unknown at submit time; set resources.tasks_per_gpu=N")
+        raise UserError(
+            "resources.tasks_per_gpu=0 (pack by predicted memory) works with launcher=local only: "
+            "the GPU's memory is unknown at submit time; set resources.tasks_per_gpu=N"
+        )
     if cfg.resources.tasks_per_gpu > 1 and cfg.launcher.srun_workers:
-        raise UserError("resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
-                        "a packed array task runs its tasks side by side on the same GPUs")
+        raise UserError(
+            "resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
+            "a packed array task runs its tasks side by side on the same GPUs"
+        )
 
 
 def check_nodes(cfg) -> None:
@@ -73,15 +79,21 @@ def check_nodes(cfg) -> None:
     if nodes == 1:
         return
     if not cfg.launcher.srun_workers:
-        raise UserError(f"resources.nodes_per_task={nodes} needs launcher.srun_workers=true: without it one process "
-                        "per task starts its workers on one node")
+        raise UserError(
+            f"resources.nodes_per_task={nodes} needs launcher.srun_workers=true: without it one process "
+            "per task starts its workers on one node"
+        )
     devices = {("", int(cfg.resources.devices_per_task))} | {
-        (f"variants.{name}.", int(v["resources"]["devices_per_task"])) for name, v in (cfg.variants or {}).items()
-        if v and "devices_per_task" in (v.get("resources") or {})}
+        (f"variants.{name}.", int(v["resources"]["devices_per_task"]))
+        for name, v in (cfg.variants or {}).items()
+        if v and "devices_per_task" in (v.get("resources") or {})
+    }
     for where, d in sorted(devices):
         if d % nodes:
-            raise UserError(f"{where}resources.devices_per_task={d} does not split evenly over resources."
-                            f"nodes_per_task={nodes}: use a multiple of {nodes} (each node runs devices/nodes workers)")
+            raise UserError(
+                f"{where}resources.devices_per_task={d} does not split evenly over resources."
+                f"nodes_per_task={nodes}: use a multiple of {nodes} (each node runs devices/nodes workers)"
+            )
 
 
 def srun_layout(cfg, devices: int) -> tuple[int, int]:
@@ -97,12 +109,14 @@ def stage_devices(stage: Stage) -> int:
 
 class SlurmLauncher(Launcher):
     """The part of launcher=slurm (submitit) and launcher=sbatch that does not depend on how they submit."""
-    pythonpath: str | None = None       # launcher.snapshot's RUN_DIR/code once prepare() ran (launch/snapshot.py)
-    new_snapshot: bool = False          # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
+
+    pythonpath: str | None = None  # launcher.snapshot's RUN_DIR/code once prepare() ran (launch/snapshot.py)
+    new_snapshot: bool = False  # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
 
     @classmethod
     def check(cls, cfg) -> None:
         from slurm_router.launch.container import resolve_container
+
         check_slurm()
         check_packing(cfg)
         check_nodes(cfg)
@@ -110,11 +124,14 @@ class SlurmLauncher(Launcher):
 
     def prepare(self) -> None:
         from slurm_router.launch import snapshot
-        self.pythonpath = snapshot.ensure(self.manifest, bool(self.cfg.launcher.get("snapshot", False)),
-                                          self.new_snapshot)
+
+        self.pythonpath = snapshot.ensure(
+            self.manifest, bool(self.cfg.launcher.get("snapshot", False)), self.new_snapshot
+        )
 
     def check_resume(self) -> None:
         from slurm_router.launch import snapshot
+
         check_slurm()
         snapshot.check_resume(self.manifest, bool(self.cfg.launcher.get("snapshot", False)), self.new_snapshot)
 
@@ -124,18 +141,22 @@ class SlurmLauncher(Launcher):
         if not self.manifest.data.get("job_ids") and not self.manifest.data.get("jobs"):
             return
         from slurm_router.launch.slurm.status import live_tasks
-        cancelled = self.cancel_never_runnable("resume", report_too=True)      # sacct lags the scancel
+
+        cancelled = self.cancel_never_runnable("resume", report_too=True)  # sacct lags the scancel
         live = [t for t in live_tasks(self.manifest.data) if t.job_id not in cancelled]
         if live:
             run_dir = self.layout.root
-            raise UserError(f"resume={run_dir}: {len(live)} task(s) of this run are still in Slurm "
-                            f"({', '.join(f'{t.variant} {t.job_id} {t.state}' for t in live[:3])}): wait for them "
-                            f"(python -m slurm_router.status {run_dir} --wait) or cancel them (--cancel) first")
+            raise UserError(
+                f"resume={run_dir}: {len(live)} task(s) of this run are still in Slurm "
+                f"({', '.join(f'{t.variant} {t.job_id} {t.state}' for t in live[:3])}): wait for them "
+                f"(python -m slurm_router.status {run_dir} --wait) or cancel them (--cancel) first"
+            )
 
     def cancel_never_runnable(self, who: str, report_too: bool = False) -> set[str]:
         """scancel what waits on a dependency that can never be satisfied (a stage it waits on failed); one line.
         Returns the job ids of the tasks cancelled."""
         from slurm_router.launch.slurm.status import cancel_never_runnable
+
         stuck, report = cancel_never_runnable(self.manifest.data, report_too=report_too)
         if stuck:
             names = ", ".join(f"{t.variant} {t.job_id}" for t in stuck[:5]) + (", ..." if len(stuck) > 5 else "")
@@ -148,8 +169,10 @@ class SlurmLauncher(Launcher):
         if not run.job_ids:
             print(f"run_dir: {run_dir}")
             return 0
-        print(f"submitted {len(run.job_ids)} array job(s): {' '.join(run.job_ids)} "
-              f"(python -m slurm_router.status {run_dir} [--wait])")
+        print(
+            f"submitted {len(run.job_ids)} array job(s): {' '.join(run.job_ids)} "
+            f"(python -m slurm_router.status {run_dir} [--wait])"
+        )
         if not self.cfg.launcher.wait:
             print(f"run_dir: {run_dir}")
             return 0
@@ -160,9 +183,10 @@ class SlurmLauncher(Launcher):
         if it did not, say so and write it here: by then nothing else writes report/)."""
         from slurm_router.analysis.report import print_table, write_report
         from slurm_router.launch.slurm.status import SUCCESS_STATES, wait_for_job, wait_for_run
+
         tasks = wait_for_run(self.manifest.data, poll_s=2.0)
         ok = all(t.state in SUCCESS_STATES for t in tasks)
-        self.cancel_never_runnable("launcher.wait")     # a cluster that kept them PENDING: free the report job
+        self.cancel_never_runnable("launcher.wait")  # a cluster that kept them PENDING: free the report job
         self.manifest.set(state="completed" if ok else "failed")
         report_state = wait_for_job(run.report_job_id, poll_s=2.0) if run.report_job_id else "NOT SUBMITTED"
         summary_file = self.layout.summary
@@ -170,9 +194,13 @@ class SlurmLauncher(Launcher):
             summary = json.loads(summary_file.read_text())
         else:
             from slurm_router.rundir.progress import setup_failure
+
             setup = setup_failure(self.layout.root, run.report_job_id)
-            print(f"report job {run.report_job_id or '-'} ended {report_state}"
-                  f"{f' (setup failed: {setup})' if setup else ''}: writing the report here", file=sys.stderr)
+            print(
+                f"report job {run.report_job_id or '-'} ended {report_state}"
+                f"{f' (setup failed: {setup})' if setup else ''}: writing the report here",
+                file=sys.stderr,
+            )
             summary = write_report(self.layout.root)
         print_table(summary)
         print(f"run_dir: {self.layout.root}")

@@ -14,6 +14,7 @@ it (the launchers submit with --kill-on-invalid-dep=yes; squeue's reason Depende
 forgets) or, without the flag, keeps it PENDING with that reason forever. Either way it is terminal here, and
 its reason names the stage and the task that failed (blame_failed_stages).
 """
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,7 @@ from slurm_router.rundir.progress import Progress
 # CACHED is ours, not Slurm's: a task whose result an earlier run already produced (nothing submitted).
 SUCCESS_STATES = frozenset({"COMPLETED", "CACHED"})
 FAILED_STATES = frozenset(
-    {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-     "REVOKED"}
+    {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"}
 )
 TERMINAL_STATES = SUCCESS_STATES | FAILED_STATES
 # squeue's reason for a job whose dependency can never be satisfied (an afterok on a job that failed)
@@ -63,7 +63,9 @@ class TaskStatus(SlurmRow):
     err_path: str | None = None
     out_tail: list[str] = field(default_factory=list)
     err_tail: list[str] = field(default_factory=list)
-    progress: Progress = field(default_factory=Progress)   # from the task's own files (launch.slurm.status.attach_progress)
+    progress: Progress = field(
+        default_factory=Progress
+    )  # from the task's own files (launch.slurm.status.attach_progress)
 
     @property
     def terminal(self) -> bool:
@@ -259,7 +261,7 @@ def local_status(manifest: dict) -> list[TaskStatus]:
         out.append(
             TaskStatus(
                 stage=str(info.get("stage", "")),
-                variant=str(name),          # the task's name (r8, or r8-s1 with seeds): one row per task
+                variant=str(name),  # the task's name (r8, or r8-s1 with seeds): one row per task
                 job_id=str(info.get("job_id") or info.get("pid") or "-"),
                 state=local_word(info.get("state")),
                 elapsed_s=info.get("elapsed_s"),
@@ -270,5 +272,3 @@ def local_status(manifest: dict) -> list[TaskStatus]:
             )
         )
     return out
-
-

@@ -3,6 +3,7 @@ submitted with sbatch; its array tasks run `python -m slurm_router.allocation.jo
 launcher.dry_run=true renders the scripts and submits nothing. A resumed run submits only the unfinished
 tasks' array indices, to submit[-<stage>]-resume<N>.sbatch: an array index always means the same task.
 How the task's command is formed (launcher.setup, .python, .container, .snapshot): sbatch_render, container."""
+
 from __future__ import annotations
 
 import shlex
@@ -36,24 +37,48 @@ from slurm_router.launch.slurm.sbatch_render import (
 from slurm_router.rundir.spec import Stage
 
 
-def sbatch_spec(cfg, run_dir: str, stage: str, n_arrays: int, devices: int, after: str | None,
-                indices: tuple[int, ...] | None = None, pythonpath: str | None = None) -> SbatchSpec:
+def sbatch_spec(
+    cfg,
+    run_dir: str,
+    stage: str,
+    n_arrays: int,
+    devices: int,
+    after: str | None,
+    indices: tuple[int, ...] | None = None,
+    pythonpath: str | None = None,
+) -> SbatchSpec:
     lc, per_pack = cfg.launcher, tasks_per_pack(cfg)
     gpus, mail = 1 if lc.srun_workers else devices, mail_options(lc)
     container = container_spec(cfg, run_dir, gpus=gpus > 0)
     return SbatchSpec(
-        job_name=safe_job_name(f"{cfg.experiment}-{stage}"), run_dir=run_dir,
-        array_size=n_arrays, array_parallelism=lc.array_parallelism, array_indices=indices,
-        gpus_per_task=gpus, cpus_per_task=lc.cpus_per_task, mem_gb=lc.mem_gb,
-        timeout_min=lc.timeout_min, partition=lc.partition, account=lc.account, qos=lc.qos,
-        constraint=lc.constraint, signal_delay_s=lc.signal_delay_s, requeue=True, dependency_job_id=after,
-        ntasks=devices if lc.srun_workers else 1, nodes=srun_layout(cfg, devices)[0] if lc.srun_workers else 1,
+        job_name=safe_job_name(f"{cfg.experiment}-{stage}"),
+        run_dir=run_dir,
+        array_size=n_arrays,
+        array_parallelism=lc.array_parallelism,
+        array_indices=indices,
+        gpus_per_task=gpus,
+        cpus_per_task=lc.cpus_per_task,
+        mem_gb=lc.mem_gb,
+        timeout_min=lc.timeout_min,
+        partition=lc.partition,
+        account=lc.account,
+        qos=lc.qos,
+        constraint=lc.constraint,
+        signal_delay_s=lc.signal_delay_s,
+        requeue=True,
+        dependency_job_id=after,
+        ntasks=devices if lc.srun_workers else 1,
+        nodes=srun_layout(cfg, devices)[0] if lc.srun_workers else 1,
         extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
         python=task_python(cfg, in_container=container is not None),
         task_argv=("-m", "slurm_router.allocation.job", "--run-dir", run_dir, "--stage", stage)
         + (("--pack", str(per_pack)) if per_pack > 1 else ()),
-        setup=tuple(str(line) for line in launcher_setting(lc, "setup") or ()), pythonpath=pythonpath,
-        container=container, mail_type=mail.get("mail-type"), mail_user=mail.get("mail-user"))
+        setup=tuple(str(line) for line in launcher_setting(lc, "setup") or ()),
+        pythonpath=pythonpath,
+        container=container,
+        mail_type=mail.get("mail-type"),
+        mail_user=mail.get("mail-user"),
+    )
 
 
 def report_script(cfg, run_dir: str, pythonpath: str | None) -> str:
@@ -89,8 +114,16 @@ class SbatchLauncher(SlurmLauncher):
         per_pack, resumed = tasks_per_pack(self.cfg), self.manifest.data.get("resumed", 0)
         n_arrays = -(-len(self.manifest.stage_tasks(stage.name)) // per_pack)
         indices = tuple(sorted({t.index // per_pack for t in stage.tasks}))
-        spec = sbatch_spec(self.cfg, str(self.layout.root), stage.name, n_arrays, stage_devices(stage), after,
-                           indices if len(indices) < n_arrays else None, self.pythonpath)
+        spec = sbatch_spec(
+            self.cfg,
+            str(self.layout.root),
+            stage.name,
+            n_arrays,
+            stage_devices(stage),
+            after,
+            indices if len(indices) < n_arrays else None,
+            self.pythonpath,
+        )
         last = stage.name == self.manifest.data["stages"][-1]["name"]
         try:
             script = write_sbatch(spec, self.layout.sbatch_script(stage.name, last, resumed))
@@ -103,8 +136,9 @@ class SbatchLauncher(SlurmLauncher):
             job_id = submit_sbatch(script)
         except RuntimeError as e:
             raise sbatch_error(e) from None
-        return StageJobs(job_id=job_id, tasks={t.name: self._task_job(f"{job_id}_{t.index // per_pack}")
-                                               for t in stage.tasks})
+        return StageJobs(
+            job_id=job_id, tasks={t.name: self._task_job(f"{job_id}_{t.index // per_pack}") for t in stage.tasks}
+        )
 
     def _task_job(self, array_task: str) -> TaskJob:
         """An array task (JOB_INDEX; packed tasks share one) and the logs the template names after it."""
@@ -112,16 +146,28 @@ class SbatchLauncher(SlurmLauncher):
         return TaskJob(array_task, str(logs / f"{array_task}.out"), str(logs / f"{array_task}.err"))
 
     def report_job(self, after: str | None) -> str | None:
-        logs = str(self.layout.logs).replace("%", "%%")          # Slurm expands %j etc. in --output
+        logs = str(self.layout.logs).replace("%", "%%")  # Slurm expands %j etc. in --output
         lc = self.cfg.launcher
         partition = [f"--partition={lc.partition}"] if lc.partition else []
         mail = [f"--{key}={value}" for key, value in mail_options(lc).items()]
         try:
-            return submit_wrapped(["bash", "-c", report_script(self.cfg, str(self.layout.root), self.pythonpath)],
-                                  f"--dependency=afterany:{after}", *mail, "--job-name",
-                                  safe_job_name(f"{self.cfg.experiment}-report"), "--output", f"{logs}/report-%j.out",
-                                  "--time", str(REPORT_TIMEOUT_MIN), *partition, what="the report job")
-        except RuntimeError as e:           # the tasks are queued: the report can be written later
-            print(f"warning: the report job was not submitted ({sbatch_error(e)}): "
-                  f"write it with python -m slurm_router.analysis {self.layout.root}", file=sys.stderr)
+            return submit_wrapped(
+                ["bash", "-c", report_script(self.cfg, str(self.layout.root), self.pythonpath)],
+                f"--dependency=afterany:{after}",
+                *mail,
+                "--job-name",
+                safe_job_name(f"{self.cfg.experiment}-report"),
+                "--output",
+                f"{logs}/report-%j.out",
+                "--time",
+                str(REPORT_TIMEOUT_MIN),
+                *partition,
+                what="the report job",
+            )
+        except RuntimeError as e:  # the tasks are queued: the report can be written later
+            print(
+                f"warning: the report job was not submitted ({sbatch_error(e)}): "
+                f"write it with python -m slurm_router.analysis {self.layout.root}",
+                file=sys.stderr,
+            )
             return None

@@ -16,6 +16,7 @@ The one exception is launcher.setup: its lines are the user's own shell, run as 
 venv), trusted like a hand-written sbatch script. A container (launch/container.py) keeps the batch shell
 outside it: the task is its child, and the shell requeues when the task asks (REQUEUE_REQUEST_ENV).
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -133,9 +134,12 @@ def _validate(spec: SbatchSpec) -> None:
         raise ValueError(f"array_parallelism={spec.array_parallelism!r} must be an integer >= 1 or None")
     if spec.ntasks % spec.nodes:
         raise ValueError(f"ntasks={spec.ntasks} does not split evenly over nodes={spec.nodes}")
-    if spec.array_indices is not None and (not spec.array_indices or any(
-        not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < spec.array_size for i in spec.array_indices
-    )):
+    if spec.array_indices is not None and (
+        not spec.array_indices
+        or any(
+            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < spec.array_size for i in spec.array_indices
+        )
+    ):
         raise ValueError(f"array_indices={spec.array_indices!r} must be integers in 0..{spec.array_size - 1}")
     if spec.mem_gb is not None and not (isinstance(spec.mem_gb, (int, float)) and spec.mem_gb > 0):
         raise ValueError(f"mem_gb={spec.mem_gb!r} must be a number > 0 or None")
@@ -157,8 +161,10 @@ def _validate(spec: SbatchSpec) -> None:
     if spec.mail_type is not None:
         bad = [t for t in spec.mail_type.split(",") if t not in MAIL_TYPES]
         if bad or not spec.mail_type:
-            raise ValueError(f"mail_type {spec.mail_type!r}: {bad[0] if bad else 'empty'!r} is not a Slurm mail "
-                             f"type ({', '.join(MAIL_TYPES)})")
+            raise ValueError(
+                f"mail_type {spec.mail_type!r}: {bad[0] if bad else 'empty'!r} is not a Slurm mail "
+                f"type ({', '.join(MAIL_TYPES)})"
+            )
     if spec.mail_user is not None:
         _check_sbatch_value("mail_user", spec.mail_user)
     if spec.container is not None:
@@ -180,8 +186,11 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
         array += f"%{spec.array_parallelism}"
     lines = [_directive("job-name", spec.job_name), _directive("array", array)]
     if spec.ntasks > 1:
-        lines += [_directive("nodes", spec.nodes), _directive("ntasks", spec.ntasks),
-                  _directive("ntasks-per-node", spec.ntasks // spec.nodes)]
+        lines += [
+            _directive("nodes", spec.nodes),
+            _directive("ntasks", spec.ntasks),
+            _directive("ntasks-per-node", spec.ntasks // spec.nodes),
+        ]
         if spec.gpus_per_task:
             lines.append(_directive("gpus-per-task", spec.gpus_per_task))
     elif spec.gpus_per_task:
@@ -217,7 +226,7 @@ def _srun(spec: SbatchSpec) -> list[str]:
         srun += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks // spec.nodes}", "--kill-on-bad-exit=0"]
         if spec.gpus_per_task:
             srun.append(f"--gpus-per-task={spec.gpus_per_task}")
-    return srun                 # one task: the step has the job's GPUs (--gres)
+    return srun  # one task: the step has the job's GPUs (--gres)
 
 
 def task_argv(spec: SbatchSpec) -> list[str]:
@@ -234,28 +243,30 @@ def _in_container(spec: SbatchSpec) -> str:
     """The task as this shell's child (it stays outside the image); it passes USR2 and TERM on, and requeues
     its own array task when the task asks with the request file (requeue.request_requeue_outside)."""
     request = shlex.quote(str(RunLayout(spec.run_dir).requeue_request(""))) + '"$SLURM_JOB_ID"'
-    return "\n".join([
-        f"# ---- the task runs in {cast(ContainerSpec, spec.container).runtime}'s image; this shell stays outside it "
-        "(launcher.container) ----",
-        "# Images seldom carry Slurm's client, so the task never runs scontrol in there: when its verdict is a",
-        f"# requeue it writes ${REQUEUE_REQUEST_ENV} and exits {EXIT_REQUEUE}, and this shell requeues its own array "
-        "task.",
-        f"export {REQUEUE_REQUEST_ENV}={request}",
-        f'rm -f "${REQUEUE_REQUEST_ENV}"',
-        *outside_exports(srun_workers=spec.ntasks > 1),
-        shlex.join(task_argv(spec)) + " &",
-        "task=$!",
-        "trap 'kill -USR2 \"$task\" 2>/dev/null || :' USR2",
-        "trap 'kill -TERM \"$task\" 2>/dev/null || :' TERM",
-        'while kill -0 "$task" 2>/dev/null; do wait "$task" || :; done     # a trapped signal interrupts wait',
-        'rc=0; wait "$task" || rc=$?',
-        f'if [ -e "${REQUEUE_REQUEST_ENV}" ]; then',
-        f'    rm -f "${REQUEUE_REQUEST_ENV}"',
-        '    scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
-        f"    exit {EXIT_STOPPED}",
-        "fi",
-        'exit "$rc"',
-    ])
+    return "\n".join(
+        [
+            f"# ---- the task runs in {cast(ContainerSpec, spec.container).runtime}'s image; this shell stays outside it "
+            "(launcher.container) ----",
+            "# Images seldom carry Slurm's client, so the task never runs scontrol in there: when its verdict is a",
+            f"# requeue it writes ${REQUEUE_REQUEST_ENV} and exits {EXIT_REQUEUE}, and this shell requeues its own array "
+            "task.",
+            f"export {REQUEUE_REQUEST_ENV}={request}",
+            f'rm -f "${REQUEUE_REQUEST_ENV}"',
+            *outside_exports(srun_workers=spec.ntasks > 1),
+            shlex.join(task_argv(spec)) + " &",
+            "task=$!",
+            "trap 'kill -USR2 \"$task\" 2>/dev/null || :' USR2",
+            "trap 'kill -TERM \"$task\" 2>/dev/null || :' TERM",
+            'while kill -0 "$task" 2>/dev/null; do wait "$task" || :; done     # a trapped signal interrupts wait',
+            'rc=0; wait "$task" || rc=$?',
+            f'if [ -e "${REQUEUE_REQUEST_ENV}" ]; then',
+            f'    rm -f "${REQUEUE_REQUEST_ENV}"',
+            '    scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+            f"    exit {EXIT_STOPPED}",
+            "fi",
+            'exit "$rc"',
+        ]
+    )
 
 
 def task_command(spec: SbatchSpec) -> str:
@@ -271,9 +282,9 @@ def prologue(spec: SbatchSpec) -> str:
     """What runs before `cd RUN_DIR`: launcher.setup's lines as written (in the directory the run was submitted
     from; a failing line stops the job and names itself: setup_lines.py), then the exports, quoted. Empty, or
     lines ending in a newline."""
-    lines = guarded(spec.setup, spec.run_dir, ("set +u", "set -u"))   # a venv's activate may read unset names
+    lines = guarded(spec.setup, spec.run_dir, ("set +u", "set -u"))  # a venv's activate may read unset names
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.env]
-    if spec.pythonpath:         # launcher.snapshot: the submitted code first
+    if spec.pythonpath:  # launcher.snapshot: the submitted code first
         lines.append(f'export PYTHONPATH={shlex.quote(spec.pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     return "".join(line + "\n" for line in lines)
 

@@ -6,6 +6,7 @@ A task's state comes from squeue, else sacct, else its own files in the run dir 
 progress (step/total, losses, tokens/s, ETA, retries) from its own files (slurm_router.rundir.progress).
 Parsing is pure, in slurm_router.launch.slurm.parse; this module queries, waits and cancels.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,14 +44,37 @@ from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.manifest import Manifest
 from slurm_router.rundir.progress import read_progress, setup_failure
 
-__all__ = ["FAILED_STATES", "LOCAL_STATES", "SACCT_FIELDS", "SQUEUE_FIELDS", "SUCCESS_STATES", "TERMINAL_STATES",
-           "SlurmRow", "TaskStatus", "expand_array_indices", "format_duration", "local_status", "local_word",
-           "merge_status", "never_runs", "normalize_state", "parse_duration", "parse_sacct", "parse_squeue",
-           "task_job_id", "collect_status", "attach_progress", "live_tasks", "cancel_run", "cancel_never_runnable",
-           "wait_for_run", "wait_for_job"]
+__all__ = [
+    "FAILED_STATES",
+    "LOCAL_STATES",
+    "SACCT_FIELDS",
+    "SQUEUE_FIELDS",
+    "SUCCESS_STATES",
+    "TERMINAL_STATES",
+    "SlurmRow",
+    "TaskStatus",
+    "expand_array_indices",
+    "format_duration",
+    "local_status",
+    "local_word",
+    "merge_status",
+    "never_runs",
+    "normalize_state",
+    "parse_duration",
+    "parse_sacct",
+    "parse_squeue",
+    "task_job_id",
+    "collect_status",
+    "attach_progress",
+    "live_tasks",
+    "cancel_run",
+    "cancel_never_runnable",
+    "wait_for_run",
+    "wait_for_job",
+]
 
 TAIL_LINES = 20
-UNKNOWN_GRACE_S = 600.0     # a wait gives up on a task Slurm has had no record of for this long
+UNKNOWN_GRACE_S = 600.0  # a wait gives up on a task Slurm has had no record of for this long
 
 
 # ---------------------------------------------------------------- I/O
@@ -108,7 +132,7 @@ def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskSta
         if t.state in FAILED_STATES:
             t.out_tail, t.err_tail = tail(t.log_path), tail(t.err_path)
         setup = setup_failure(manifest.get("run_dir"), t.job_id) if t.state == "FAILED" else None
-        if setup:               # the job ended in launcher.setup: the task itself never started
+        if setup:  # the job ended in launcher.setup: the task itself never started
             t.reason = f"setup failed: {setup}"
     attach_progress(manifest, tasks)
     return tasks
@@ -136,9 +160,10 @@ def local_tasks(manifest: dict) -> list[TaskStatus]:
     ended (interrupted, failed), an unfinished task cannot progress and is shown so (terminal: --wait
     returns); resume= continues it."""
     from slurm_router.rundir.lock import owner_alive
+
     try:
         manifest = Manifest.load(manifest["run_dir"]).data if manifest.get("run_dir") else manifest
-    except UserError:                           # moved, or gone since: what the caller read is all there is
+    except UserError:  # moved, or gone since: what the caller read is all there is
         pass
     tasks = local_status(manifest)
     infos = manifest.get("tasks") or {}
@@ -193,8 +218,9 @@ def cancel_run(manifest: dict, runner: Runner = run_command) -> list[str]:
     return ids
 
 
-def cancel_never_runnable(manifest: dict, runner: Runner = run_command,
-                          report_too: bool = False) -> tuple[list[TaskStatus], str | None]:
+def cancel_never_runnable(
+    manifest: dict, runner: Runner = run_command, report_too: bool = False
+) -> tuple[list[TaskStatus], str | None]:
     """scancel the tasks Slurm keeps PENDING on a dependency that can never be satisfied (a stage they wait on
     failed; submitted before --kill-on-invalid-dep, or a cluster that ignores it). report_too (resume=): the
     run's report job as well if it still waits, since it would start once they are cancelled and write a report
@@ -245,8 +271,9 @@ def wait_for_run(
         time.sleep(poll_s)
 
 
-def wait_for_job(job_id: str, runner: Runner = run_command, poll_s: float = 5.0,
-                 unknown_grace_s: float = UNKNOWN_GRACE_S) -> str:
+def wait_for_job(
+    job_id: str, runner: Runner = run_command, poll_s: float = 5.0, unknown_grace_s: float = UNKNOWN_GRACE_S
+) -> str:
     """Poll one plain job (the run's report job) until it has ended; its final state (UNKNOWN if Slurm kept
     no record of it for unknown_grace_s)."""
     since = time.monotonic()

@@ -8,6 +8,7 @@ the executor's `python`. launcher.container (container.py):
 apptainer wraps the task inside the callable (a PackRunner of one runs `apptainer exec ... python3 -m
 slurm_router.allocation.job TASK_FILE`), so submitit's own process stays outside and requeues; pyxis adds
 --container-image/--container-mounts to submitit's srun (`srun_args`): its process then runs in the image."""
+
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +63,10 @@ def job_setup(cfg, pythonpath: str | None, run_dir: str = "/run_dir") -> list[st
     first on sys.path."""
     lines = guarded(launcher_setting(cfg.launcher, "setup"), run_dir, ("set -e", "set +e"))
     if pythonpath:
-        lines += [f'export PYTHONPATH={shlex.quote(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
-                  "export PYTHONSAFEPATH=1"]
+        lines += [
+            f'export PYTHONPATH={shlex.quote(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+            "export PYTHONSAFEPATH=1",
+        ]
     return lines
 
 
@@ -80,21 +83,27 @@ def submitit_python(cfg, container: ContainerSpec | None) -> str:
     return shlex.quote(task_python(cfg, in_container=container is not None))
 
 
-def submitit_params(cfg, devices: int, stage: str, after: str | None, run_dir: str = "/run_dir",
-                    pythonpath: str | None = None) -> dict:
+def submitit_params(
+    cfg, devices: int, stage: str, after: str | None, run_dir: str = "/run_dir", pythonpath: str | None = None
+) -> dict:
     """The executor's parameters for one stage; `after`: the job it waits on (afterok, cancelled if that fails)."""
     lc = cfg.launcher
     extra = dict(lc.additional_parameters or {})
-    if after:                   # the user's own kill-on-invalid-dep, if any, wins (submitit: '_' means '-')
+    if after:  # the user's own kill-on-invalid-dep, if any, wins (submitit: '_' means '-')
         mine = {k.replace("_", "-") for k in extra}
         extra.update({k: v for k, v in afterok(after).items() if k == "dependency" or k not in mine})
-    params = dict(name=f"{cfg.experiment}-{stage}", timeout_min=lc.timeout_min, cpus_per_task=lc.cpus_per_task,
-                  slurm_array_parallelism=lc.array_parallelism, slurm_signal_delay_s=lc.signal_delay_s,
-                  slurm_additional_parameters=extra)
-    if lc.srun_workers:           # D srun tasks, one GPU each, over resources.nodes_per_task nodes
+    params = dict(
+        name=f"{cfg.experiment}-{stage}",
+        timeout_min=lc.timeout_min,
+        cpus_per_task=lc.cpus_per_task,
+        slurm_array_parallelism=lc.array_parallelism,
+        slurm_signal_delay_s=lc.signal_delay_s,
+        slurm_additional_parameters=extra,
+    )
+    if lc.srun_workers:  # D srun tasks, one GPU each, over resources.nodes_per_task nodes
         nodes, per_node = srun_layout(cfg, devices)
         params.update(nodes=nodes, tasks_per_node=per_node, slurm_gpus_per_task=1)
-    else:                         # one process per task starts D workers on its D GPUs
+    else:  # one process per task starts D workers on its D GPUs
         params.update(tasks_per_node=1, gpus_per_node=devices)
     for key in ("partition", "account", "qos", "constraint"):
         if lc[key]:
@@ -122,29 +131,37 @@ class SubmititLauncher(SlurmLauncher):
 
     def _executor(self, python: str, **params):
         import submitit
-        ex = submitit.AutoExecutor(folder=self.layout.logs / "%j", cluster="slurm",
-                                   slurm_max_num_timeout=SUBMITIT_MAX_TIMEOUTS, slurm_python=python)
+
+        ex = submitit.AutoExecutor(
+            folder=self.layout.logs / "%j",
+            cluster="slurm",
+            slurm_max_num_timeout=SUBMITIT_MAX_TIMEOUTS,
+            slurm_python=python,
+        )
         ex.update_parameters(**params)
         return ex
 
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
         from slurm_router.allocation.job import TaskRunner
         from slurm_router.allocation.pack import PackRunner
+
         run_dir = str(self.layout.root)
-        ex = self._executor(submitit_python(self.cfg, container_spec(self.cfg, run_dir, gpus=True)),
-                            **submitit_params(self.cfg, stage_devices(stage), stage.name, after, run_dir,
-                                              self.pythonpath))
+        ex = self._executor(
+            submitit_python(self.cfg, container_spec(self.cfg, run_dir, gpus=True)),
+            **submitit_params(self.cfg, stage_devices(stage), stage.name, after, run_dir, self.pythonpath),
+        )
         per_pack, wrapped = tasks_per_pack(self.cfg), task_runner_python(self.cfg, run_dir)
         files = [str(self.layout.task(t.name).task_file) for t in stage.tasks]
         failure: Exception | None
         with _captured_stderr() as err:
             try:
-                if per_pack > 1 or wrapped:     # K tasks share one array task's GPUs; or 1 task in a container
-                    jobs = ex.map_array(PackRunner(wrapped),
-                                        [files[i:i + per_pack] for i in range(0, len(files), per_pack)])
+                if per_pack > 1 or wrapped:  # K tasks share one array task's GPUs; or 1 task in a container
+                    jobs = ex.map_array(
+                        PackRunner(wrapped), [files[i : i + per_pack] for i in range(0, len(files), per_pack)]
+                    )
                 else:
                     jobs = ex.map_array(TaskRunner(), files)
-            except Exception as e:          # submitit wraps sbatch's refusal in several exception types
+            except Exception as e:  # submitit wraps sbatch's refusal in several exception types
                 failure = e
             else:
                 failure = None
@@ -152,17 +169,27 @@ class SubmititLauncher(SlurmLauncher):
             raise sbatch_error(failure, err["text"]) from None
         # Task i ran in pack i // K. submitit submits a 1-task stage as a plain job (id 18, not 18_0).
         packs = [jobs[i // per_pack] for i in range(len(stage.tasks))]
-        return StageJobs(job_id=jobs[0].job_id.split("_")[0], tasks={
-            t.name: TaskJob(j.job_id, str(j.paths.stdout), str(j.paths.stderr)) for t, j in zip(stage.tasks, packs)})
+        return StageJobs(
+            job_id=jobs[0].job_id.split("_")[0],
+            tasks={
+                t.name: TaskJob(j.job_id, str(j.paths.stdout), str(j.paths.stderr)) for t, j in zip(stage.tasks, packs)
+            },
+        )
 
     def report_job(self, after: str | None) -> str | None:
         from slurm_router.analysis.report import write_report_job
+
         partition = {"slurm_partition": self.cfg.launcher.partition} if self.cfg.launcher.partition else {}
         run_dir = str(self.layout.root)
         on_host = sys.executable if container_spec(self.cfg, run_dir, gpus=False) else task_python(self.cfg, False)
-        ex = self._executor(shlex.quote(on_host),          # the report runs outside any image
-                            name=f"{self.cfg.experiment}-report", timeout_min=REPORT_TIMEOUT_MIN, cpus_per_task=1,
-                            slurm_additional_parameters={"dependency": f"afterany:{after}"} if after else {},
-                            slurm_setup=job_setup(self.cfg, self.pythonpath, run_dir), **mail_params(self.cfg),
-                            **partition)
+        ex = self._executor(
+            shlex.quote(on_host),  # the report runs outside any image
+            name=f"{self.cfg.experiment}-report",
+            timeout_min=REPORT_TIMEOUT_MIN,
+            cpus_per_task=1,
+            slurm_additional_parameters={"dependency": f"afterany:{after}"} if after else {},
+            slurm_setup=job_setup(self.cfg, self.pythonpath, run_dir),
+            **mail_params(self.cfg),
+            **partition,
+        )
         return ex.submit(write_report_job, str(self.layout.root)).job_id

@@ -1,0 +1,333 @@
+"""The report's document: its sections (verdict, variants, seeds, balance, time, job facts, definitions) as
+blocks for render.py, and the table a run prints at its end. From the summary report.py computed."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from slurm_router.analysis.metrics import WARMUP_FRACTION
+from slurm_router.analysis.render import fmt, gib, pct
+
+DEFINITIONS = [
+    "Losses are token-weighted means in nats per token; 'final' is the last held-out evaluation, 'best' the lowest.",
+    f"Warm-up: the first {WARMUP_FRACTION:.0%} of steps (at least one) are left out of tokens/s, samples/s, "
+    "step-time percentiles and MFU.",
+    "Verdict: the difference of two variants' mean held-out losses over their seeds, paired by eval batch (every "
+    "task evaluates the same batches) and by seed (the same data order). Its variance has a seeds part (training "
+    "noise: LoRA init, data order) and an eval-batches part (which held-out samples were drawn), from the two-way "
+    "ANOVA of seeds x eval batches; +/- is its standard error, the 95% interval adds each part's standard error "
+    "times its own Student t quantile in quadrature (Banerjee), the p-value inverts that interval. With one seed "
+    "it is a paired t-test over eval batches and covers eval-sample noise only. With more than two variants the "
+    "pairs' p-values get Holm's correction (not the comparisons with the base). Calibration on simulated runs: "
+    "benchmarks/results/verdict_calibration.md.",
+    "Balance ratio of a step: max / mean over devices of busy time before the gradient sync (1.0 = all devices "
+    "finish together); reported as the mean and p95 over steps. Cost balance ratio: the router's planned cost, "
+    "max / mean (mean over steps).",
+    "Useful-token fraction: sum over steps of real tokens / sum over steps of (devices x the most padded tokens "
+    "one device computed in the step); padding and imbalance both lower it.",
+    "Sync wait: time in the gradient all-reduce, including waiting for the slowest device. Busy %: a device's "
+    "busy time / step time.",
+    "Device-hours: devices x task wall time (Slurm elapsed or the local launcher's; else the events' span). "
+    "Loss gain per device-hour: (held-out loss at step 0 - final) / device-hours.",
+    "MFU: tokens/s x FLOPs per token / (devices x bf16 dense peak); FLOPs per token = 4N + 2N_trainable "
+    "(6N for full training, about 4N for LoRA), attention FLOPs left out.",
+    "After a requeue, rows of a repeated step are kept from the last attempt only.",
+]
+
+
+def _tasks(summary: dict) -> dict[str, dict]:
+    base = {summary["base"]["task"]: summary["base"]} if summary["base"].get("task") else {}
+    return {**base, **summary["variants"]}
+
+
+def task_table(summary: dict) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"task": n, **{k: v for k, v in s.items() if not isinstance(v, (dict, list))}}
+            for n, s in _tasks(summary).items()
+        ]
+    )
+
+
+def document(summary: dict, tables: dict) -> list[tuple]:
+    """The report's blocks, section by section (render.py turns them into markdown and html)."""
+    tasks = _tasks(summary)
+    head = (
+        f"Run dir {summary['run_dir']} | run id {summary.get('run_id')} | launcher {summary.get('launcher')} | "
+        f"state {summary.get('state')}"
+    )
+    b: list[tuple] = [("h", 1, f"{summary['experiment']}: run report"), ("p", head)]
+    winner = [summary["winner"]["sentence"]] if summary.get("winner") else []
+    verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]] + summary.get("pruned", [])
+    b += [("h", 2, "Verdict"), ("ul", verdict or ["no variants to compare"])]
+    b += _seeds_section(summary)
+    if summary["missing"]:
+        b += [("h", 2, "What is missing"), ("ul", summary["missing"])]
+    b += _variants_section(summary, tasks) + _balance_section(tasks, tables["devices"]) + _time_section(tasks)
+    b += [("h", 2, "Job facts"), ("table", pd.DataFrame([_facts_row(n, s["job"]) for n, s in tasks.items()]))]
+    tips = [f"{n}: {a}" for n, s in tasks.items() for a in s.get("advice", [])]
+    b += [("h", 3, "Advice"), ("ul", tips or ["nothing stands out"])]
+    if summary.get("plots"):
+        b.append(("h", 2, "Plots"))
+        b += [("img", p, p.removesuffix(".png").replace("_", " ")) for p in summary["plots"]]
+    return b + [("h", 2, "Definitions"), ("ul", DEFINITIONS)]
+
+
+def _seeds_section(summary: dict) -> list[tuple]:
+    """Per variant, its held-out loss over seeds (shown when a variant has more than one seed)."""
+    by_variant = summary.get("by_variant") or {}
+    if not any(v["n_seeds"] > 1 for v in by_variant.values()):
+        return []
+    rows = []
+    for name, v in by_variant.items():
+        vs = v.get("vs_base") or {}
+        rows.append(
+            {
+                "variant": name,
+                "seeds": v["n_seeds"],
+                "held-out mean": fmt(v["val_loss_mean"], ".4f"),
+                "std over seeds": fmt(v["val_loss_std"], ".4f"),
+                "range": f"{min(v['val_loss_per_seed']):.4f} to {max(v['val_loss_per_seed']):.4f}"
+                if v["val_loss_per_seed"]
+                else "-",
+                "per seed": ", ".join(
+                    f"s{r['seed']} {r['val_loss']:.4f}" for r in v["replicates"] if r["val_loss"] is not None
+                )
+                or "-",
+                "best seed": "-" if v["best_seed"] is None else str(v["best_seed"]),
+                "vs base (95% CI)": f"{vs['diff']:+.4f} ({vs['ci_low']:+.4f} to {vs['ci_high']:+.4f})"
+                if vs.get("diff") is not None
+                else "-",
+            }
+        )
+    return [
+        ("h", 2, "Variants over seeds"),
+        ("table", pd.DataFrame(rows)),
+        (
+            "p",
+            "Held-out loss (nats per token) of each seed replicate after training; the mean is what the "
+            "verdict compares, the std (n-1) is the training noise one seed alone cannot show. The winner's "
+            "adapter is its best seed's; every replicate's adapter is in summary.json (by_variant).",
+        ),
+    ]
+
+
+def _state(s: dict) -> str | None:
+    """A task's state in the tables: 'diverged' or 'pruned', else the job's (Slurm's word) or the manifest's."""
+    if s.get("diverged") or s.get("pruned"):
+        return "diverged" if s.get("diverged") else "pruned"
+    return (s.get("job") or {}).get("state") or s.get("state")
+
+
+def _variants_section(summary: dict, tasks: dict[str, dict]) -> list[tuple]:
+    base = summary["base"].get("val_loss")
+    rows = [
+        {
+            "task": n,
+            "state": _state(s),
+            "steps": "cached"
+            if s.get("state") == "cached"
+            else f"{s['steps']}/{s.get('expected_steps') or '?'}"
+            + (f" (diverged at step {s['diverged']['step']})" if s.get("diverged") else "")
+            + (f" (pruned at step {s['pruned']['step']})" if s.get("pruned") else ""),
+            "final held-out": fmt(s.get("val_loss"), ".4f"),
+            "best held-out (step)": f"{s['best_val_loss']:.4f} ({s['best_val_loss_step']})"
+            if "best_val_loss" in s
+            else "-",
+            "vs base": fmt(s["val_loss"] - base, "+.4f")
+            if n in summary["variants"] and s.get("val_loss") is not None and base is not None
+            else "-",
+            "train loss": fmt(s.get("train_loss"), ".4f"),
+            "tokens/s": fmt(s.get("tokens_per_s"), ",.0f"),
+            "samples/s": fmt(s.get("samples_per_s"), ",.1f"),
+            "device-hours": fmt(s.get("device_hours"), ".4f"),
+            "loss gain per device-hour": fmt(s.get("loss_improvement_per_device_hour"), ",.2f"),
+        }
+        for n, s in tasks.items()
+    ]
+    warmup = ", ".join(f"{n} {s.get('warmup_steps', '-')}" for n, s in tasks.items())
+    return [
+        ("h", 2, "Variants"),
+        ("table", pd.DataFrame(rows)),
+        (
+            "p",
+            f"Losses in nats per token; base held-out loss {fmt(base, '.4f')}. Throughput leaves out the "
+            f"warm-up steps ({warmup}).",
+        ),
+    ]
+
+
+def _balance_section(tasks: dict[str, dict], dev: pd.DataFrame) -> list[tuple]:
+    b: list[tuple] = [
+        ("h", 2, "Routing balance"),
+        (
+            "table",
+            pd.DataFrame(
+                [
+                    {
+                        "task": n,
+                        "policy": s.get("policy"),
+                        "devices": s.get("devices"),
+                        "balance ratio (mean)": fmt(s.get("balance_ratio")),
+                        "balance ratio (p95)": fmt(s.get("balance_ratio_p95")),
+                        "cost balance ratio": fmt(s.get("cost_balance_ratio")),
+                        "useful tokens": pct(s.get("useful_token_fraction")),
+                        "OOM retries": s.get("oom_retries"),
+                    }
+                    for n, s in tasks.items()
+                ]
+            ),
+        ),
+    ]
+    for n in tasks:
+        d = dev[dev["task"] == n] if len(dev) else dev
+        if d.empty:
+            continue
+        col = lambda name: d.get(name, pd.Series(index=d.index, dtype=float))  # noqa: E731
+        b += [
+            ("h", 3, f"{n}: per device"),
+            (
+                "table",
+                pd.DataFrame(
+                    {
+                        "device": d["device"],
+                        "samples": d["samples_share"].map(pct),
+                        "tokens": d["tokens_share"].map(pct),
+                        "cost": d["cost_share"].map(pct),
+                        "busy": d["busy_pct"].map(lambda x: fmt(x, ".1f", "%")),
+                        "sync wait": col("sync_wait_s").map(lambda x: fmt(x, ".2f", " s")),
+                        "sync wait share": col("sync_wait_pct").map(lambda x: fmt(x, ".1f", "%")),
+                        "micro-batches/step": col("micro_per_step").map(lambda x: fmt(x, ".1f")),
+                        "OOM retries": d["oom_retries"],
+                        "memory peak": d["mem_peak_bytes"].map(gib),
+                        "predicted peak": d["mem_predicted_bytes"].map(gib),
+                        "budget": d["mem_budget_bytes"].map(gib),
+                    }
+                ),
+            ),
+        ]
+        mem = tasks[n].get("memory") or {}
+        if mem:
+            b.append(
+                (
+                    "p",
+                    f"Memory model: observed / predicted peak per micro-batch, median "
+                    f"{mem['observed_over_predicted_p50']:.2f}x, max {mem['observed_over_predicted_max']:.2f}x;"
+                    f" under-predicted in {pct(mem['under_predicted_share'], 0)} of micro-batches "
+                    f"(observed: {mem['observed_is']}).",
+                )
+            )
+    return b
+
+
+def _time_section(tasks: dict[str, dict]) -> list[tuple]:
+    rows = []
+    for n, s in tasks.items():
+        st, split = s.get("step_time_s") or {}, s.get("time_split") or {}
+        rows.append(
+            {
+                "task": n,
+                **{f"step {k}": fmt(st.get(k), ".3f", " s") for k in ("p50", "p95", "max")},
+                **{k: pct(split.get(k)) for k in ("data", "compute", "sync", "other")},
+                "tokens/s": fmt(s.get("tokens_per_s"), ",.0f"),
+                "MFU": s.get("mfu_text"),
+            }
+        )
+    return [
+        ("h", 2, "Throughput and time"),
+        ("table", pd.DataFrame(rows)),
+        (
+            "p",
+            "Step times after warm-up. data / compute / sync / other: shares of all devices' step time "
+            "(other: router plan, optimizer step, telemetry).",
+        ),
+    ]
+
+
+def _facts_row(name: str, f: dict) -> dict:
+    dur = lambda x: "-" if x is None else f"{float(x) / 60:.1f} min" if x >= 60 else f"{float(x):.1f} s"  # noqa: E731
+    mem_peak, mem_total = f.get("device_mem_peak_bytes"), f.get("device_mem_total_bytes")
+    return {
+        "task": name,
+        "source": f.get("source"),
+        "state": f.get("state"),
+        "elapsed": dur(f.get("elapsed_s")),
+        "time limit": dur(f.get("time_limit_s")) if f.get("time_limit_s") else "none",
+        "requeues": f.get("requeues"),
+        "node": f.get("node"),
+        "devices used/allocated": f"{f.get('devices_used', '-')}/{f.get('devices_allocated', '-')}",
+        "CPUs (efficiency)": f"{f['cpus_allocated']} ({pct(f.get('cpu_efficiency'), 0)})"
+        if f.get("cpus_allocated")
+        else "-",
+        "host memory (max RSS/asked)": f"{gib(f.get('mem_max_rss_bytes'))} / {gib(f.get('mem_allocated_bytes'))}"
+        if f.get("mem_allocated_bytes")
+        else "-",
+        "device memory peak/total": f"{gib(mem_peak)} / {gib(mem_total)} ({pct(mem_peak / mem_total, 0)})"
+        + (" RSS" if f.get("device_type") == "cpu" else "")
+        if mem_peak and mem_total
+        else "-",
+        "util": fmt(f.get("util_mean"), ".0f", "%"),
+    }
+
+
+def print_table(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{summary['experiment']}: held-out loss (nats/token) and routing")
+    cols = (
+        "variant",
+        "val_loss",
+        "train_loss",
+        "tokens/s",
+        "balance",
+        "cost_bal",
+        "useful",
+        "oom",
+        "steps",
+        "devices",
+        "policy",
+    )
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("variant", "policy") else "right")
+    base = summary["base"].get("val_loss")
+    t.add_row("base", fmt(base, ".4f"), *[""] * (len(cols) - 2))
+    for name, v in summary["variants"].items():
+        val = "diverged" if v.get("diverged") else fmt(v.get("val_loss"), ".4f")
+        val += f" (pruned at {v['pruned']['step']})" if v.get("pruned") else ""
+        t.add_row(
+            name,
+            val,
+            fmt(v.get("train_loss"), ".4f"),
+            fmt(v.get("tokens_per_s"), ",.0f"),
+            fmt(v.get("balance_ratio"), ".3f"),
+            fmt(v.get("cost_balance_ratio"), ".3f"),
+            pct(v.get("useful_token_fraction"), 0),
+            str(v.get("oom_retries", "-")),
+            str(v.get("steps")),
+            str(v.get("devices")),
+            str(v.get("policy")),
+        )
+    console = Console(width=140)
+    console.print(t)
+    for name, v in (summary.get("by_variant") or {}).items():
+        if v["n_seeds"] > 1:
+            console.print(
+                f"{name}: held-out {v['val_loss_mean']:.4f} +/- {v['val_loss_std']:.4f} (std over "
+                f"{v['n_seeds']} seeds)",
+                highlight=False,
+            )
+    if summary.get("winner"):
+        console.print(summary["winner"]["sentence"], highlight=False)
+    for line in summary.get("diverged", []):
+        console.print(line, highlight=False)
+    for row in summary.get("ab", []):
+        console.print(row["sentence"], highlight=False)
+    for line in summary.get("pruned", []):
+        console.print(line, highlight=False)
+    for line in summary.get("missing", []):
+        console.print(f"missing: {line}", highlight=False)
+    from slurm_router.tracking.replay import tracker_lines  # tracker=...: where to look, and the `wandb sync` line
+
+    for line in tracker_lines(summary["run_dir"]):
+        print(line, flush=True)

@@ -1,0 +1,161 @@
+"""A worker's start-up (docs/ARCHITECTURE.md, "Data flow"): device, threads and process group; then the data,
+model, optimizer, router and events file; the collectives every step uses (gather) and the end (close). The
+Worker (worker.py) is this plus its named steps."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import os
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+from slurm_router.router import MemoryModel, Router, RouterSettings
+from slurm_router.rundir import events as ev
+from slurm_router.rundir.layout import TaskPaths
+from slurm_router.rundir.spec import TaskSpec
+from slurm_router.tracking.trackers import task_sink
+from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches
+from slurm_router.train.model import build_model, compile_backbone, count_parameters, memory_shape, trainable_parameters
+from slurm_router.train.optim import make_optimizer
+from slurm_router.train.packed import choose_packing
+from slurm_router.train.tokenizer import make_tokenizer
+from slurm_router.worker import state as train_state
+from slurm_router.worker.cpu import worker_threads
+from slurm_router.worker.microbatch import CpuMemorySim, MicroBatchRunner
+from slurm_router.worker.telemetry import Telemetry
+
+# A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
+# dies, so this only bounds a hang nobody else catches (a peer stuck without dying; srun_workers mode).
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("SLURM_ROUTER_COLLECTIVE_TIMEOUT_S", "600"))
+
+
+class WorkerSetup:
+    """The start-up half of a Worker: what setup() builds, every rank the same way."""
+
+    spec: TaskSpec
+    rank: int
+    world: int
+    master: str
+    resume: str | None
+    paths: TaskPaths
+    cfg: Any
+
+    def setup(self) -> None:
+        """Device, threads and process group; then data, model, optimizer, router and the events file."""
+        if torch.cuda.is_available():
+            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+            backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            backend = "gloo"
+            # srun workers (attempt < 0, see job.py) are one Slurm task each, with their own allocation
+            torch.set_num_threads(worker_threads(1 if self.spec.attempt < 0 else self.world))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{self.master}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        if self.spec.attempt < 0:  # srun workers (no job process above them): rank 0 counts, the others learn it
+            from slurm_router.rundir.attempts import next_attempt
+
+            self.spec.attempt = int(self.gather([next_attempt(self.spec.task_dir) if self.rank == 0 else 0])[0][0])
+        self._build()
+        sink = task_sink(self.spec, self.paths.events(0)) if self.rank == 0 else None  # trackers.py, or None
+        self.events = ev.EventWriter(
+            self.paths.events(self.rank),
+            sink,
+            run_id=self.spec.run_id,
+            task=self.spec.name,
+            variant=self.spec.variant,
+            stage=self.spec.stage,
+            attempt=self.spec.attempt,
+            device=self.rank,
+            policy=self.settings.policy,
+        )
+        self.micro = MicroBatchRunner(
+            self.model,
+            self.params,
+            self.corpus.train,
+            self.cfg,
+            self.device,
+            self.tokenizer.pad_id,
+            self.telemetry,
+            self.mem_sim,
+            self.router,
+            self.events,
+            self.slowdown,
+            self.packed,
+        )
+
+    def _build(self) -> None:
+        spec, cfg = self.spec, self.cfg
+        self.tokenizer = make_tokenizer(cfg.model)
+        self.corpus = build_corpus(cfg.data, self.tokenizer)
+        if spec.base_weights:  # the cache is verified (size, sha256) before its weights are loaded
+            from slurm_router.artifacts.base_cache import verify_before_load
+
+            verify_before_load(spec.base_weights)
+        # the base's init from the config's seed; the LoRA init and the data order from the task's training seed
+        self.model = build_model(
+            cfg.model,
+            self.tokenizer.vocab_size,
+            cfg.seed,
+            spec.base_weights,
+            lora=spec.lora,
+            device=self.device,
+            gradient_checkpointing=cfg.train.gradient_checkpointing,
+            lora_seed=spec.seed,
+        ).to(self.device)
+        self.packed = choose_packing(self.model, cfg.train, self.rank == 0)
+        if cfg.train.compile:
+            compile_backbone(self.model)
+        self.params = trainable_parameters(self.model)
+        self.n_params, self.n_trainable = count_parameters(self.model)
+        self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
+        self.telemetry = Telemetry(self.device)
+        self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=self.packed)
+        mem_model = MemoryModel.from_model_bytes(
+            **memory_shape(self.model, cfg, self.device), vocab_size=self.tokenizer.vocab_size
+        )
+        self.mem_sim, total = None, self.telemetry.total_bytes()
+        if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
+            self.mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
+            total = cfg.router.cpu_memory_cap_bytes
+        self.router = Router(self.settings, self.world, memory_model=mem_model)
+        self.totals = [int(row[0]) for row in self.gather([total])]
+        for d, t in enumerate(self.totals):
+            self.router.set_device_memory(d, t)
+        slowdowns = list(cfg.router.device_slowdown) or [1.0]
+        self.slowdown = float(slowdowns[self.rank % len(slowdowns)])  # testing aid: a slower device
+        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cast(int, spec.seed))
+        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
+        self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
+
+    def stopped_in_setup(self) -> train_state.Stopped | None:
+        """A stop signal during start-up (it waited, blocked, until the handlers existed: supervisor.py): every
+        rank learns of any rank's, and all stop before the first step; the checkpoint resumed from stands."""
+        signum = int(max(row[0] for row in self.gather([float(train_state.stop_requested())])))
+        if not signum:
+            return None
+        self.close()
+        from slurm_router.rundir.layout import checkpoint_step
+
+        return train_state.Stopped(checkpoint_step(self.resume) if self.resume else 0, signum)
+
+    def close(self) -> None:
+        self.events.close()
+        dist.destroy_process_group()
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """All-gather one small float64 row per rank."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        out = [torch.zeros_like(t) for _ in range(self.world)]
+        dist.all_gather(out, t)
+        return [o.cpu().tolist() for o in out]
