@@ -218,6 +218,7 @@ def fake_run(
                 "launcher": "local",
                 "host": "h",
                 "state": "completed",
+                "stages": [{"name": "variants", "tasks": list(tasks)}],
                 "tasks": tasks,
                 "jobs": [],
             }
