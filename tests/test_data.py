@@ -1,27 +1,86 @@
 """Corpora, split and sampler: pure logic, fast."""
+
 import json
 
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from slurm_router.config import DataConfig, UserError
-from slurm_router.train.data import ByteTokenizer, GlobalBatchSampler, build_corpus, eval_batches, jsonl_documents
+from slurm_router.config.schema import DataConfig
+from slurm_router.errors import UserError
+from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches, jsonl_documents
+from slurm_router.train.tokenizer import ByteTokenizer
 
 
 def _cfg(**kw):
     return OmegaConf.structured(DataConfig(**kw))
 
 
+# What a fresh process builds (another PYTHONHASHSEED: every task of a run builds its corpus in its own processes),
+# with the functions this file imports: a digest of the stdlib corpus's samples and the held-out batches.
+FRESH_PROCESS = f"""
+import hashlib, json
+from omegaconf import OmegaConf
+from {DataConfig.__module__} import DataConfig
+from {build_corpus.__module__} import build_corpus, eval_batches
+from {ByteTokenizer.__module__} import ByteTokenizer
+c = build_corpus(OmegaConf.structured(DataConfig(max_documents=60)), ByteTokenizer())
+digest = lambda split: hashlib.sha256(split.tokens.tobytes() + split.lengths.tobytes()).hexdigest()
+print(json.dumps({{"train": digest(c.train), "val": digest(c.val), "eval": eval_batches(c.val, 2, 3, 0)}}))
+"""
+
+
+def _fresh_process() -> dict:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    proc = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _digest(split) -> str:
+    import hashlib
+
+    return hashlib.sha256(split.tokens.tobytes() + split.lengths.tobytes()).hexdigest()
+
+
 def test_stdlib_corpus_is_real_deterministic_and_split():
-    a = build_corpus(_cfg(max_documents=60), ByteTokenizer())
-    b = build_corpus(_cfg(max_documents=60), ByteTokenizer())
+    """Samples are pieces of the standard library's source, byte for byte, each after the start token; train and
+    held-out come from different files; another process builds the same corpus."""
+    from slurm_router.train.data import stdlib_documents
+
+    tok = ByteTokenizer()
+    a = build_corpus(_cfg(max_documents=60), tok)
     assert len(a.train) > 100 and len(a.val) > 0
-    assert np.array_equal(a.train.tokens, b.train.tokens) and np.array_equal(a.val.lengths, b.val.lengths)
     assert a.train.lengths.max() <= 256 and a.train.lengths.min() >= 2
     assert len(set(a.train.lengths.tolist())) > 50, "lengths should vary like real data"
-    text = bytes(a.train.sample(0)[1:].astype(np.uint8)).decode("utf-8", "replace")
-    assert text.strip(), "samples hold real text"
+    docs = [text.encode("utf-8") for _, (_, text) in zip(range(60), stdlib_documents())]
+    rng = np.random.default_rng(0)
+    for split in (a.train, a.val):
+        for i in rng.choice(len(split), size=min(40, len(split)), replace=False):
+            sample = split.sample(int(i))
+            assert sample[0] == tok.start_id and sample[1:].max() < 256, "a sample is the start token, then bytes"
+            piece = bytes(sample[1:].astype(np.uint8))
+            assert any(piece in d for d in docs), (
+                f"sample {i} is not a piece of the first 60 stdlib files: {piece[:80]}"
+            )
+
+    # the split is by file: the files the long (found in one file only) training and held-out pieces come from
+    def origins(split) -> set[int]:
+        out = set()
+        for i in np.flatnonzero(split.lengths > 200):
+            piece = bytes(split.sample(int(i))[1:].astype(np.uint8))
+            found = [k for k, d in enumerate(docs) if piece in d]
+            out |= set(found) if len(found) == 1 else set()
+        return out
+
+    train_files, val_files = origins(a.train), origins(a.val)
+    assert train_files and val_files and not train_files & val_files, (train_files, val_files)
+    fresh = _fresh_process()
+    assert (fresh["train"], fresh["val"]) == (_digest(a.train), _digest(a.val)), "another process built another corpus"
 
 
 def test_text_dir_and_jsonl(tmp_path):
@@ -62,15 +121,35 @@ def test_sampler_is_seeded_and_covers_each_epoch():
 
 
 def test_eval_batches_fixed():
+    """The held-out batches: n batches of distinct held-out samples, the same in every process (the base and each
+    variant's task evaluate apart), chosen by the seed; a split smaller than n x size gives all of it, once."""
     c = build_corpus(_cfg(max_documents=60), ByteTokenizer())
-    assert eval_batches(c.val, 2, 3, 0) == eval_batches(c.val, 2, 3, 0)
+    batches = eval_batches(c.val, 2, 3, 0)
+    assert [len(b) for b in batches] == [3, 3]
+    ids = [i for b in batches for i in b]
+    assert len(set(ids)) == 6 and all(isinstance(i, int) and 0 <= i < len(c.val) for i in ids), batches
+    assert _fresh_process()["eval"] == batches, "another process evaluates on other batches"
+    others = {tuple(map(tuple, eval_batches(c.val, 2, 3, seed))) for seed in range(1, 6)}
+    assert tuple(map(tuple, batches)) not in others and len(others) > 1, "the seed does not choose the batches"
+    everything = eval_batches(c.val, 100, len(c.val), 0)
+    assert sorted(i for b in everything for i in b) == list(range(len(c.val))) and len(everything) == 1
 
 
 # Texts that json.dumps writes on one line but that break a reader splitting at more than '\n':
 # str.splitlines() also splits at \x0b \x0c \x1c-\x1e \x85 U+2028 U+2029 (written raw with ensure_ascii=False).
-ODD_TEXTS = ["line\u2028separator", "para\u2029graph", "next\x85line", "tab\tand\rreturn", "caf\u00e9 \U0001F600",
-             "\ufeffinner bom", "quote \" and \\ backslash", "  spaces  ", "{\"not\": \"parsed\"}", "\x1cfile sep",
-             "escaped \\u2028 stays text"]
+ODD_TEXTS = [
+    "line\u2028separator",
+    "para\u2029graph",
+    "next\x85line",
+    "tab\tand\rreturn",
+    "caf\u00e9 \U0001f600",
+    "\ufeffinner bom",
+    'quote " and \\ backslash',
+    "  spaces  ",
+    '{"not": "parsed"}',
+    "\x1cfile sep",
+    "escaped \\u2028 stays text",
+]
 
 
 @pytest.mark.parametrize("ensure_ascii", [True, False])
