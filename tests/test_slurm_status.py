@@ -66,7 +66,7 @@ def test_parse_duration(raw, seconds):
 
 
 def test_format_duration_takes_the_local_launchers_float_seconds():
-    from slurm_router.launch.slurm.parse import format_duration
+    from slurm_router.launch.task_status import format_duration
 
     assert format_duration(3725.6) == "1:02:06" and format_duration(59) == "0:00:59" and format_duration(None) == "-"
 

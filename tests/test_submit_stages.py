@@ -41,6 +41,16 @@ class FakeSlurm(Launcher):
     def finish(self, run: RunJobs) -> int:
         return 0
 
+    @classmethod
+    def task_states(cls, manifest):  # what `status` would show: the states the manifest records
+        from slurm_router.launch.task_status import local_status
+
+        return local_status(manifest)
+
+    @classmethod
+    def cancel(cls, manifest):
+        return None
+
 
 class FakeLocal(FakeSlurm):
     """Synchronous: every task of a stage ends in `outcome` (per task name), default completed."""
@@ -208,7 +218,7 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
     again (one writer of report/); if it failed, say so and write it here."""
     from slurm_router.analysis import report
     from slurm_router.launch.slurm import status as slurm_status
-    from slurm_router.launch.slurm.parse import TaskStatus
+    from slurm_router.launch.task_status import TaskStatus
     from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
 
     cfg, manifest, _ = _run(tmp_path)

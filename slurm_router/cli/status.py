@@ -13,8 +13,18 @@ import time
 from dataclasses import asdict
 
 from slurm_router.errors import UserError
-from slurm_router.launch.slurm.parse import FAILED_STATES, SUCCESS_STATES, TaskStatus, format_duration, never_runs
-from slurm_router.launch.slurm.status import TAIL_LINES, Runner, cancel_run, collect_status, run_command, wait_for_run
+from slurm_router.launch.base import Launcher
+from slurm_router.launch.registry import launcher_class
+from slurm_router.launch.task_status import (
+    FAILED_STATES,
+    SUCCESS_STATES,
+    TAIL_LINES,
+    TaskStatus,
+    describe,
+    format_duration,
+    never_runs,
+    poll,
+)
 from slurm_router.rundir.manifest import Manifest
 
 
@@ -66,9 +76,18 @@ class LogFollower:
         return size - len(rest) - sum(len(line) + 1 for line in keep)
 
 
-def follow_run(
-    manifest: dict, poll_s: float = 2.0, out=sys.stdout, runner: Runner = run_command, timeout_s: float | None = None
-) -> list[TaskStatus]:
+def run_launcher(manifest: dict) -> type[Launcher]:
+    """The launcher that ran this run: the one its task states and --cancel go through (a manifest from before
+    the launcher was recorded: Slurm's, whose queries also read the run dir)."""
+    return launcher_class(str(manifest.get("launcher") or "slurm"))
+
+
+def collect(manifest: dict) -> list[TaskStatus]:
+    """Each task's state from the run's launcher, with its logs and progress."""
+    return describe(manifest, run_launcher(manifest).task_states(manifest))
+
+
+def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, timeout_s: float | None = None) -> list[TaskStatus]:
     """--follow: print the tasks' new log lines until every task has ended (or timeout_s); the last statuses."""
     follower = LogFollower(out)
     first = True
@@ -78,7 +97,7 @@ def follow_run(
         follower.poll(tasks, first)
         first = False
 
-    tasks = wait_for_run(manifest, runner, poll_s=poll_s, timeout_s=timeout_s, on_poll=show)
+    tasks = poll(lambda: collect(manifest), poll_s=poll_s, timeout_s=timeout_s, on_poll=show)
     follower.poll(tasks)  # what was written between the last poll and the end
     return tasks
 
@@ -209,27 +228,6 @@ def to_json(manifest: dict, tasks: list[TaskStatus]) -> str:
     )
 
 
-def stop_local_run(manifest: dict) -> str | None:
-    """--cancel of a local run that is still going: SIGTERM to its launcher (its owner, checked by pid and start
-    time), which stops it as Ctrl-C does (checkpoints at the step end, run interrupted). What was done, or None."""
-    import signal
-
-    from slurm_router.rundir.lock import describe, owner_alive
-
-    owner = manifest.get("owner")
-    if manifest.get("state") not in ("running", None) or owner_alive(owner) is not True:
-        return None
-    assert owner is not None
-    try:
-        os.kill(int(owner["pid"]), signal.SIGTERM)
-    except ProcessLookupError:
-        return None
-    return (
-        f"stopping the local run of {describe(owner)}: its tasks checkpoint at the step end; "
-        f"resume={manifest.get('run_dir')} continues them"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """python -m slurm_router.status [RUN_DIR] [--wait] [--follow] [--cancel] [--json] [--run-root DIR]"""
     parser = argparse.ArgumentParser(prog="python -m slurm_router.status", description=__doc__.split("\n")[0])
@@ -265,9 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.cancel:
-        ids = cancel_run(manifest)
-        stopped = None if ids else stop_local_run(manifest)
-        print(f"scancel {' '.join(ids)}" if ids else stopped or "nothing to cancel", file=sys.stderr)
+        print(run_launcher(manifest).cancel(manifest) or "nothing to cancel", file=sys.stderr)
     if args.follow:
         tasks = follow_run(manifest, poll_s=args.poll_s, timeout_s=args.timeout_s)
         print(f"run {manifest.get('run_id', '?')}: {_summary(tasks)}", file=sys.stderr)
@@ -277,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         def progress(tasks: list[TaskStatus]) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {_summary(tasks)}", file=sys.stderr, flush=True)
 
-        tasks = wait_for_run(manifest, poll_s=args.poll_s, timeout_s=args.timeout_s, on_poll=progress)
+        tasks = poll(lambda: collect(manifest), poll_s=args.poll_s, timeout_s=args.timeout_s, on_poll=progress)
     else:
-        tasks = collect_status(manifest)
+        tasks = collect(manifest)
     if args.json:
         print(to_json(manifest, tasks))
     else:

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from slurm_router.artifacts import base_cache
 from slurm_router.errors import UserError
+from slurm_router.launch.task_status import TaskStatus
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import TaskState, raise_if_stop_dropped
 from slurm_router.rundir.spec import Stage, TaskSpec
@@ -97,6 +98,19 @@ class Launcher(ABC):
     @abstractmethod
     def finish(self, run: RunJobs) -> int:
         """After submit_stages: tell the user (and wait, if asked); the command's exit code."""
+
+    # ---- what status, --wait, --cancel and resume= ask of the scheduler that runs a run's tasks ------------------
+    @classmethod
+    @abstractmethod
+    def task_states(cls, manifest: dict) -> list[TaskStatus]:
+        """Each task of a run this launcher ran, in launch/task_status.py's words (task_status.describe adds the
+        logs and progress): the local launcher's from the manifest it keeps; a launcher that returns before its
+        tasks end asks its scheduler (the Slurm launchers: squeue and sacct)."""
+
+    @classmethod
+    @abstractmethod
+    def cancel(cls, manifest: dict) -> str | None:
+        """Stop a run's tasks (`status RUN_DIR --cancel`): one line saying what was done, None if nothing runs."""
 
     def interrupted(self) -> int:
         """Ctrl-C while submit_stages ran (only a synchronous launcher is still running tasks then)."""

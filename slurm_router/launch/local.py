@@ -30,6 +30,7 @@ from slurm_router.config.schema import LocalLauncherConfig
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
 from slurm_router.launch.progress import Progress
+from slurm_router.launch.task_status import TaskStatus, local_tasks
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState, raise_if_stop_dropped
 from slurm_router.rundir.lock import LOCK_FD_ENV
@@ -111,6 +112,14 @@ class LocalLauncher(Launcher):
 
     schema = LocalLauncherConfig
     synchronous = True
+
+    @classmethod
+    def task_states(cls, manifest: dict) -> list[TaskStatus]:
+        return local_tasks(manifest)
+
+    @classmethod
+    def cancel(cls, manifest: dict) -> str | None:
+        return stop_local_run(manifest)
 
     def __init__(self, cfg, manifest):
         super().__init__(cfg, manifest)
@@ -287,3 +296,24 @@ def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, 
             pass_fds=(lock.fd,) if lock is not None else (),
         )
     return Running(spec, proc, devices, log)
+
+
+def stop_local_run(manifest: dict) -> str | None:
+    """--cancel of a local run that is still going: SIGTERM to its launcher (its owner, checked by pid and start
+    time), which stops it as Ctrl-C does (checkpoints at the step end, run interrupted). What was done, or None."""
+    import signal
+
+    from slurm_router.rundir.lock import describe, owner_alive
+
+    owner = manifest.get("owner")
+    if manifest.get("state") not in ("running", None) or owner_alive(owner) is not True:
+        return None
+    assert owner is not None
+    try:
+        os.kill(int(owner["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    return (
+        f"stopping the local run of {describe(owner)}: its tasks checkpoint at the step end; "
+        f"resume={manifest.get('run_dir')} continues them"
+    )

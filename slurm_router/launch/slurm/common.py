@@ -19,6 +19,7 @@ import sys
 
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs
+from slurm_router.launch.task_status import TaskStatus
 from slurm_router.rundir.spec import Stage
 
 REPORT_TIMEOUT_MIN = 30  # the report job reads events and sacct: minutes at most
@@ -112,6 +113,19 @@ class SlurmLauncher(Launcher):
 
     pythonpath: str | None = None  # launcher.snapshot's RUN_DIR/code once prepare() ran (launch/snapshot.py)
     new_snapshot: bool = False  # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
+
+    @classmethod
+    def task_states(cls, manifest: dict) -> list[TaskStatus]:
+        from slurm_router.launch.slurm.status import slurm_states
+
+        return slurm_states(manifest)
+
+    @classmethod
+    def cancel(cls, manifest: dict) -> str | None:
+        from slurm_router.launch.slurm.status import cancel_run
+
+        ids = cancel_run(manifest)
+        return f"scancel {' '.join(ids)}" if ids else None
 
     @classmethod
     def check(cls, cfg) -> None:

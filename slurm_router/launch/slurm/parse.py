@@ -18,22 +18,17 @@ its reason names the stage and the task that failed (blame_failed_stages).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Callable
 
-from slurm_router.rundir.lifecycle import TaskState
-from slurm_router.rundir.progress import Progress
-
-# CACHED is ours, not Slurm's: a task whose result an earlier run already produced (nothing submitted).
-SUCCESS_STATES = frozenset({"COMPLETED", "CACHED"})
-FAILED_STATES = frozenset(
-    {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"}
+from slurm_router.launch.task_status import (
+    FAILED_STATES,
+    NEVER_SATISFIED,
+    SlurmRow,
+    TaskStatus,
+    local_status,
+    never_runs,
+    normalize_state,
 )
-TERMINAL_STATES = SUCCESS_STATES | FAILED_STATES
-# squeue's reason for a job whose dependency can never be satisfied (an afterok on a job that failed)
-NEVER_SATISFIED = "DependencyNeverSatisfied"
-# The manifest's task states (slurm_router.rundir.lifecycle.TaskState), in Slurm's words, for runs Slurm did not run.
-LOCAL_STATES = {s.value: s.slurm_word for s in TaskState}
 
 SQUEUE_FIELDS = ("JobArrayID", "State", "TimeUsed", "RestartCnt", "NodeList", "Reason")
 # 22.05's sacct has no Restarts field: requeues are counted from the REQUEUED rows that -D shows.
@@ -42,53 +37,7 @@ SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "ExitCode", "Elapsed", "NodeList",
 Runner = Callable[[list[str]], str]  # runs a command, returns stdout ("" when it fails)
 
 
-@dataclass
-class SlurmRow:
-    state: str
-    elapsed_s: int | None = None
-    requeues: int = 0
-    exit_code: str | None = None
-    node: str | None = None
-    reason: str | None = None
-
-
-@dataclass(kw_only=True)
-class TaskStatus(SlurmRow):
-    """One task of a run: what Slurm (or the local launcher) says of it, plus where it sits in the run."""
-
-    stage: str
-    variant: str
-    job_id: str  # the task's Slurm id: 123_4 for array task 4, 123 for a plain job
-    log_path: str | None = None
-    err_path: str | None = None
-    out_tail: list[str] = field(default_factory=list)
-    err_tail: list[str] = field(default_factory=list)
-    progress: Progress = field(
-        default_factory=Progress
-    )  # from the task's own files (launch.slurm.status.attach_progress)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES or never_runs(self)
-
-    @property
-    def blocked(self) -> bool:
-        """It never ran, and never will, because a stage it waits on failed (blame_failed_stages says which)."""
-        return (self.reason or "").startswith(NEVER_SATISFIED)
-
-
-def never_runs(row: SlurmRow) -> bool:
-    """PENDING on a dependency that can never be satisfied: Slurm will never start it (only scancel ends it)."""
-    return row.state == "PENDING" and (row.reason or "").startswith(NEVER_SATISFIED)
-
-
 # ---------------------------------------------------------------- pure parsing
-
-
-def normalize_state(raw: str) -> str:
-    """'CANCELLED by 0' -> 'CANCELLED'; 'COMPLETED+' -> 'COMPLETED'; '' -> 'UNKNOWN'."""
-    word = raw.strip().split(" ")[0].rstrip("+") if raw.strip() else ""
-    return word.upper() or "UNKNOWN"
 
 
 def parse_duration(text: str) -> int | None:
@@ -99,14 +48,6 @@ def parse_duration(text: str) -> int | None:
         return None
     days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def format_duration(seconds: float | None) -> str:
-    """H:MM:SS; the local launcher records elapsed_s as a float, Slurm as whole seconds."""
-    if seconds is None:
-        return "-"
-    h, rem = divmod(int(round(seconds)), 3600)
-    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
 
 
 def expand_array_indices(spec: str) -> list[int]:
@@ -244,31 +185,3 @@ def blame_failed_stages(manifest: dict, tasks: list[TaskStatus]) -> None:
                 never_started = t.state == "CANCELLED" and t.node is None and not t.elapsed_s
                 if never_runs(t) or never_started or t.reason == NEVER_SATISFIED:
                     t.reason = f"{NEVER_SATISFIED}: stage {dep} failed ({names})"
-
-
-def local_word(state) -> str:
-    """A manifest state in Slurm's words (TaskState.slurm_word); anything else as Slurm would spell it."""
-    return LOCAL_STATES.get(str(state).lower(), normalize_state(str(state or "")))
-
-
-def local_status(manifest: dict) -> list[TaskStatus]:
-    """Tasks of a local run: the states the local launcher recorded in manifest['tasks']."""
-    tasks = manifest.get("tasks") or {}
-    items = tasks.items() if isinstance(tasks, dict) else ((t.get("variant", str(i)), t) for i, t in enumerate(tasks))
-    out = []
-    for name, info in items:
-        info = info if isinstance(info, dict) else {"state": info}
-        out.append(
-            TaskStatus(
-                stage=str(info.get("stage", "")),
-                variant=str(name),  # the task's name (r8, or r8-s1 with seeds): one row per task
-                job_id=str(info.get("job_id") or info.get("pid") or "-"),
-                state=local_word(info.get("state")),
-                elapsed_s=info.get("elapsed_s"),
-                requeues=int(info.get("requeues", info.get("attempt", 0)) or 0),
-                exit_code=None if info.get("exit_code") is None else str(info.get("exit_code")),
-                log_path=info.get("log_path"),
-                err_path=info.get("err_path"),
-            )
-        )
-    return out

@@ -16,33 +16,39 @@ from pathlib import Path
 from typing import Callable
 
 from slurm_router.config.schema import LAUNCHER_SCHEMAS, SlurmLauncherConfig
-from slurm_router.errors import UserError
 from slurm_router.launch.slurm.parse import (
-    FAILED_STATES,
-    LOCAL_STATES,
     SACCT_FIELDS,
     SQUEUE_FIELDS,
-    SUCCESS_STATES,
-    TERMINAL_STATES,
     Runner,
-    SlurmRow,
-    TaskStatus,
     expand_array_indices,
-    format_duration,
-    local_status,
-    local_word,
     merge_status,
-    never_runs,
-    normalize_state,
     parse_duration,
     parse_sacct,
     parse_squeue,
     task_job_id,
 )
+from slurm_router.launch.task_status import (
+    FAILED_STATES,
+    LOCAL_STATES,
+    SUCCESS_STATES,
+    TAIL_LINES,
+    TERMINAL_STATES,
+    UNKNOWN_GRACE_S,
+    SlurmRow,
+    TaskStatus,
+    attach_progress,
+    describe,
+    format_duration,
+    local_status,
+    local_tasks,
+    local_word,
+    never_runs,
+    normalize_state,
+    poll,
+    tail,
+)
 from slurm_router.rundir.events import EVENT, EndRow
 from slurm_router.rundir.layout import TaskPaths
-from slurm_router.rundir.manifest import Manifest
-from slurm_router.rundir.progress import read_progress, setup_failure
 
 __all__ = [
     "FAILED_STATES",
@@ -51,6 +57,7 @@ __all__ = [
     "SQUEUE_FIELDS",
     "SUCCESS_STATES",
     "TERMINAL_STATES",
+    "TAIL_LINES",
     "SlurmRow",
     "TaskStatus",
     "expand_array_indices",
@@ -73,9 +80,6 @@ __all__ = [
     "wait_for_job",
 ]
 
-TAIL_LINES = 20
-UNKNOWN_GRACE_S = 600.0  # a wait gives up on a task Slurm has had no record of for this long
-
 
 # ---------------------------------------------------------------- I/O
 
@@ -93,16 +97,6 @@ def job_ids(manifest: dict) -> list[str]:
     return [str(job["job_id"]) for job in manifest.get("jobs", []) if job.get("job_id")]
 
 
-def tail(path: str | None, n: int = TAIL_LINES) -> list[str]:
-    if not path:
-        return []
-    try:
-        with open(path, errors="replace") as f:
-            return [line.rstrip("\n") for line in f.readlines()[-n:]]
-    except OSError:
-        return []
-
-
 def in_slurm(manifest: dict) -> bool:
     """Slurm ran (or runs) this run's tasks: their states are Slurm's; else the manifest's own (local)."""
     kind = str(manifest.get("launcher"))
@@ -117,70 +111,22 @@ def query_slurm(ids: str, runner: Runner = run_command) -> tuple[dict[str, Slurm
     return parse_squeue(squeue), parse_sacct(sacct)
 
 
+def slurm_states(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
+    """The Slurm launchers' Launcher.task_states: squeue and sacct for the manifest's own jobs, and, for a task
+    Slurm has no record of, what its run dir says."""
+    ids = ",".join(job_ids(manifest))
+    squeue, sacct = query_slurm(ids, runner) if ids else ({}, {})
+    tasks = merge_status(manifest, squeue, sacct)
+    for t in tasks:
+        if t.state == "UNKNOWN":
+            _state_from_run_dir(manifest, t)
+    return tasks
+
+
 def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
-    """Query Slurm for the manifest's jobs and return one TaskStatus per task (log tails for failures)."""
-    if not in_slurm(manifest):
-        tasks = local_tasks(manifest)
-    else:
-        ids = ",".join(job_ids(manifest))
-        squeue, sacct = query_slurm(ids, runner) if ids else ({}, {})
-        tasks = merge_status(manifest, squeue, sacct)
-        for t in tasks:
-            if t.state == "UNKNOWN":
-                _state_from_run_dir(manifest, t)
-    for t in tasks:
-        if t.state in FAILED_STATES:
-            t.out_tail, t.err_tail = tail(t.log_path), tail(t.err_path)
-        setup = setup_failure(manifest.get("run_dir"), t.job_id) if t.state == "FAILED" else None
-        if setup:  # the job ended in launcher.setup: the task itself never started
-            t.reason = f"setup failed: {setup}"
-    attach_progress(manifest, tasks)
-    return tasks
-
-
-def attach_progress(manifest: dict, tasks: list[TaskStatus]) -> None:
-    """Each task's progress from its folder (rundir.progress: the newest rows, read from the end of its events);
-    requeues counted from its starts too (attempts.json: a requeue Slurm forgot, a resume); a retry
-    (launcher.max_failures) said in its reason."""
-    infos = manifest.get("tasks") or {}
-    for t in tasks:
-        task_dir = (infos.get(t.variant) or {}).get("task_dir") if isinstance(infos, dict) else None
-        if not task_dir:
-            continue
-        t.progress = read_progress(task_dir, running=t.state == "RUNNING")
-        t.requeues = max(t.requeues, t.progress.attempts - 1)
-        note = t.progress.retry_note
-        if note and note not in (t.reason or ""):
-            t.reason = f"{t.reason}; {note}" if t.reason else note
-
-
-def local_tasks(manifest: dict) -> list[TaskStatus]:
-    """A local run's tasks as its manifest records them now (read again: a --wait sees them move). Only a
-    running launcher moves them: if it is gone (its pid and start time: rundir.lock.owner_alive), or the run has
-    ended (interrupted, failed), an unfinished task cannot progress and is shown so (terminal: --wait
-    returns); resume= continues it."""
-    from slurm_router.rundir.lock import owner_alive
-
-    try:
-        manifest = Manifest.load(manifest["run_dir"]).data if manifest.get("run_dir") else manifest
-    except UserError:  # moved, or gone since: what the caller read is all there is
-        pass
-    tasks = local_status(manifest)
-    infos = manifest.get("tasks") or {}
-    infos = list(infos.values()) if isinstance(infos, dict) else list(infos)
-    run_state, owner = manifest.get("state", "running"), manifest.get("owner") or {}
-    if run_state != "running":
-        stuck = f"not run: the run is {run_state}"
-    elif owner_alive(owner) is False:
-        stuck = f"interrupted: launcher pid {owner.get('pid')} gone"
-    else:
-        stuck = None
-    for t, info in zip(tasks, infos):
-        note = info.get("note") if isinstance(info, dict) else None
-        if stuck and not t.terminal:
-            t.state, note = "CANCELLED", stuck
-        t.reason = t.reason or note
-    return tasks
+    """One TaskStatus per task, described (task_status.describe): from Slurm for a Slurm run, else the
+    manifest's (what python -m slurm_router.status asks through the run's launcher)."""
+    return describe(manifest, slurm_states(manifest, runner) if in_slurm(manifest) else local_tasks(manifest))
 
 
 def _state_from_run_dir(manifest: dict, t: TaskStatus) -> None:
@@ -247,28 +193,8 @@ def wait_for_run(
     on_poll: Callable[[list[TaskStatus]], None] | None = None,
     unknown_grace_s: float = UNKNOWN_GRACE_S,
 ) -> list[TaskStatus]:
-    """Poll until every task is terminal (or timeout_s passes); returns the last statuses. A task Slurm has
-    had no record of for unknown_grace_s (and whose run dir says nothing) counts as ended, as UNKNOWN: a
-    wait must not outlive a job that squeue has forgotten on a cluster without accounting."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    unknown_since: dict[str, float] = {}
-    while True:
-        tasks = collect_status(manifest, runner)
-        now = time.monotonic()
-        for t in tasks:
-            if t.state == "UNKNOWN":
-                unknown_since.setdefault(t.job_id, now)
-            else:
-                unknown_since.pop(t.job_id, None)
-        if on_poll:
-            on_poll(tasks)
-        lost = {j for j, since in unknown_since.items() if now - since >= unknown_grace_s}
-        if all(t.terminal or t.job_id in lost for t in tasks) or (deadline is not None and now >= deadline):
-            for t in tasks:
-                if t.job_id in lost:
-                    t.reason = f"no record in squeue, sacct or the run dir for {unknown_grace_s:.0f} s"
-            return tasks
-        time.sleep(poll_s)
+    """Poll until every task is terminal (task_status.poll, over collect_status)."""
+    return poll(lambda: collect_status(manifest, runner), poll_s, timeout_s, on_poll, unknown_grace_s)
 
 
 def wait_for_job(
