@@ -12,8 +12,8 @@ import shutil
 
 from slurm_router.analysis.load import Task, of_kind
 from slurm_router.launch.slurm.parse import SACCT_FIELDS, merge_status, parse_duration, parse_sacct
-from slurm_router.launch.task_status import LOCAL_STATES, normalize_state
 from slurm_router.launch.slurm.status import in_slurm, job_ids, run_command
+from slurm_router.launch.task_status import LOCAL_STATES, normalize_state
 from slurm_router.rundir.events import StartRow
 from slurm_router.rundir.progress import setup_failure
 
