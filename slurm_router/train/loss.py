@@ -43,18 +43,19 @@ def token_loss_sum(
     mask is passed, which keeps SDPA on its fused causal path (an explicit mask forces a slower kernel).
     n_targets and target_index (flat positions of the real targets, for the chunked loss) come from the host
     when the caller knows them (target_positions): found on the GPU they would make the host wait for it.
-    model_kwargs go to the model's forward (a packed row's position_ids and sample spans: train/packed.py)."""
+    model_kwargs go to the model's forward (a packed row's position_ids and sample spans: train/packed.py). No KV
+    cache: training never reads one, and building it costs a copy of every layer's keys and values per step."""
     extra = model_kwargs or {}
     # targets[t] = labels[t + 1]: shifting the labels, not the logits, avoids copying the logits
     targets = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
     if n_targets is None:
         n_targets = int((targets != -100).sum())
     if chunk_tokens <= 0:
-        logits = model(input_ids=inputs, **extra).logits
+        logits = model(input_ids=inputs, use_cache=False, **extra).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets, ignore_index=-100, reduction="sum")
         return loss, n_targets
     lm: Any = _lm(model)
-    hidden = lm.base_model(input_ids=inputs, **extra).last_hidden_state
+    hidden = lm.base_model(input_ids=inputs, use_cache=False, **extra).last_hidden_state
     weight = lm.get_output_embeddings().weight
     if target_index is None:  # padding positions never reach the vocabulary projection
         target_index = (targets != -100).nonzero().squeeze(1)
