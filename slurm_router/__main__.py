@@ -144,6 +144,9 @@ def _missing_option(e) -> UserError:
 
 
 def run(overrides: list[str], multirun: bool = False) -> int:
+    from slurm_router.config.checks import refuse_hydra_overrides
+
+    refuse_hydra_overrides(overrides)  # hydra.run.dir=..., hydra/launcher=...: not read here, never ignored
     resume = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "resume"]
     if resume:
         from slurm_router.launch.snapshot import NEW_SNAPSHOT

@@ -433,7 +433,10 @@ CASES = [
         "set only one of data.text_field (plain text), data.prompt_field + "
         "data.completion_field, data.messages_field (chat)",
     ),
-    (["data.messages_field=messages"], "data.messages_field applies to data=jsonl and data=parquet only"),
+    (
+        ["data.messages_field=messages"],
+        "data.messages_field='messages' is not read by data=stdlib, so it would be ignored: it is read by data=jsonl, data=parquet",
+    ),
     (["data=parquet"], "data.path is required with data=parquet"),
     (
         ["data=parquet", "data.path={nocol.parquet}"],

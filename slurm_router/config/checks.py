@@ -191,7 +191,79 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         raise UserError(f"{where}router.device_slowdown={list(cfg.router.device_slowdown)} must be all > 0")
     if list(cfg.router.affinity_boundaries) != sorted(set(cfg.router.affinity_boundaries)):
         raise UserError(f"{where}router.affinity_boundaries must be strictly increasing token lengths")
+    check_data_keys(cfg.data, where)
     check_job_values(cfg.launcher, where)
+
+
+# What each data source reads (train/data.py, train/records.py): a data.* key outside it would be ignored.
+_DATA_TEXT = ("kind", "max_len", "val_fraction", "max_documents")
+_DATA_FIELDS = ("path", "text_field", "prompt_field", "completion_field", "messages_field")
+DATA_READS: dict[str, tuple[str, ...]] = {
+    "stdlib": (*_DATA_TEXT, "split_on"),
+    "text_dir": (*_DATA_TEXT, "split_on", "path"),
+    "jsonl": (*_DATA_TEXT, "split_on", *_DATA_FIELDS),
+    "parquet": (*_DATA_TEXT, "split_on", *_DATA_FIELDS),
+    "synthetic": ("kind", "max_len", "val_fraction", "n_samples", "length_dist", "mean_len", "sigma", "min_len"),
+}
+
+
+def data_keys_read(data: DictConfig) -> set[str]:
+    """The data.* keys the chosen source reads with these values (data.kind, a record format, a length
+    distribution): every other key is ignored by it (check_data_keys refuses them when set)."""
+    read = set(DATA_READS.get(data.kind, ()))
+    if data.kind in ("jsonl", "parquet") and (data.get("prompt_field") or data.get("messages_field")):
+        read -= {"split_on"}  # a prompt/completion or chat row is one sample (records.py refuses text_field)
+    if data.kind == "synthetic" and data.get("length_dist") == "fixed":
+        read -= {"sigma", "min_len"}
+    if data.kind == "synthetic" and data.get("length_dist") == "uniform":
+        read -= {"sigma"}
+    return read
+
+
+def check_data_keys(data: DictConfig, where: str = "") -> None:
+    """A data.* key set (away from its schema default) that data.kind does not read: one line naming it, the
+    sources that read it and the fix. Without this, data.path=/x without data=text_dir trained on stdlib."""
+    from slurm_router.config.schema import DataConfig
+
+    if data.kind not in DATA_READS:
+        return  # an unknown kind: check_values' choice check names it first
+    read, defaults = data_keys_read(data), DataConfig()
+    for key in map(str, data):
+        if key in read or data[key] == getattr(defaults, key, data[key]):
+            continue
+        shown = f"data.{key}={data[key]!r}"
+        if key == "split_on" and data.kind in ("jsonl", "parquet"):
+            fix = "a prompt/completion or chat row is one sample: drop data.split_on"
+        elif key in ("sigma", "min_len") and data.kind == "synthetic":
+            fix = f"data.length_dist={data.length_dist} does not use it: drop it, or set data.length_dist=lognormal"
+        else:
+            sources = [k for k, keys in DATA_READS.items() if key in keys]
+            fix = f"it is read by {', '.join(f'data={k}' for k in sources)}: add one of those, or drop data.{key}"
+        raise UserError(f"{where}{shown} is not read by data={data.kind}, so it would be ignored: {fix}")
+
+
+# Hydra's own settings: this command composes the config with Hydra's compose API (no @hydra.main), so no hydra.*
+# key is read and no Hydra launcher or sweeper plugin runs.
+def refuse_hydra_overrides(overrides: list[str]) -> None:
+    """hydra.run.dir=X, hydra.job.chdir=true, hydra/launcher=submitit_slurm: one line naming the setting to use."""
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if not (key == "hydra" or key.startswith(("hydra.", "hydra/"))):
+            continue
+        if key == "hydra/launcher":
+            fix = "Hydra's launcher plugins are not used here: pick launcher=slurm (submitit), launcher=sbatch or launcher=local"
+        elif key.startswith("hydra/sweeper"):
+            fix = "sweeps are -m with Hydra's sweep syntax (model.lora.r=4,8), one run of the grid's variants"
+        elif key.startswith("hydra/"):
+            fix = "Hydra's config groups are not used here: drop it (see python -m slurm_router --help)"
+        elif key in ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.runtime.output_dir"):
+            value = o.split("=", 1)[1] if "=" in o else "DIR"
+            fix = f"runs are written under run_root (runs/<experiment>/<timestamp>): set run_root={value} instead"
+        elif key.startswith("hydra.job.chdir"):
+            fix = "the command never changes directory; each run writes under run_root=: drop it"
+        else:
+            fix = "Hydra's own settings are not read here (it only composes the config): drop it; the run directory is set by run_root="
+        raise UserError(f"{o}: {fix}")
 
 
 # Slurm's --mail-type names (sbatch(1), 22.05 on); a list is comma-separated

@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -205,11 +204,16 @@ def check_devices(cfg) -> None:
             f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "
             f"ask for at most {len(gpus)}, or use launcher=slurm"
         )
-    if not gpus and need > (os.cpu_count() or 1):
-        warnings.warn(
-            f"resources.devices_per_task={need} CPU worker processes on {os.cpu_count()} cores: "
-            "they will share cores (fine for tests, slow for training)",
-            stacklevel=1,
+    cores = os.cpu_count() or 1
+    if not gpus and need > cores and (cfg.launcher.get("cpu_slots") or 0) < need:
+        # a warning, not a refusal: CPU workers sharing cores are how a multi-device run is tested on a laptop;
+        # launcher.cpu_slots=N (N >= the workers) says it is meant, and silences it
+        print(
+            f"warning: resources.devices_per_task={need} starts {need} CPU worker processes per task on "
+            f"{cores} cores: they share the cores (fine for tests, slow for training); use "
+            f"resources.devices_per_task={cores}, or set launcher.cpu_slots={need} to mean it",
+            file=sys.stderr,
+            flush=True,
         )
 
 

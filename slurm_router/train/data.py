@@ -240,7 +240,7 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
             n_truncated += 1
         side.append((tokens, mask))
     train, val = sides[False], sides[True]
-    where = data_cfg.path or "the standard library"
+    where = "the standard library" if data_cfg.kind == "stdlib" else data_cfg.path  # only what was read
     if not train and n_dropped:
         raise UserError(
             f"no training sample is left: data.max_len={max_len} cuts every target token out of "
