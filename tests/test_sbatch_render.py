@@ -204,3 +204,88 @@ def test_hostile_values_cannot_inject_shell(tmp_path, ntasks):
     else:
         assert not srun_record.exists()
     assert not list(tmp_path.rglob("pwned")), "an injected command ran"
+
+
+def test_a_users_gpu_request_replaces_the_built_in_one():
+    """launcher.additional_parameters={gres: 'gpu:a100:2'} (or gpus, gpus_per_node...): one GPU request, the user's."""
+    base = SbatchSpec(job_name="j", run_dir="/r", array_size=1, gpus_per_task=2, python="/py", task_argv=("x",))
+    for key, value in [("gres", "gpu:a100:2"), ("gpus", "a100:2"), ("gpus-per-node", "2")]:
+        lines = sbatch_directives(dataclasses.replace(base, extra_sbatch=((key, value),)))
+        gpu_lines = [line for line in lines if "gpu" in line]
+        assert gpu_lines == [f"#SBATCH --{key}={value}"], lines
+    srun = dataclasses.replace(base, ntasks=2, gpus_per_task=1, extra_sbatch=(("gres", "gpu:a100:2"),))
+    text = render_sbatch(srun)
+    assert "--gpus-per-task" not in text and text.count("--gres=") == 1
+    assert [line for line in sbatch_directives(base) if "gpu" in line] == ["#SBATCH --gres=gpu:2"]  # none given
+
+
+def _dry_run(tmp_path: Path, *args: str) -> str:
+    """The scripts launcher=sbatch launcher.dry_run=true renders, through the real command."""
+    from conftest import run_cli, run_dir_of
+
+    proc = run_cli(
+        "launcher=sbatch",
+        "launcher.dry_run=true",
+        "launcher.snapshot=false",
+        "data=synthetic",
+        "data.n_samples=64",
+        "train.steps=1",
+        f"run_root={tmp_path}",
+        *args,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    scripts = sorted(run_dir_of(proc).glob("submit*.sbatch"))
+    assert scripts, proc.stdout
+    return "\n".join(p.read_text() for p in scripts)
+
+
+def test_the_command_renders_the_users_gres_once_and_cpus_for_every_worker(tmp_path):
+    text = _dry_run(tmp_path, "launcher.additional_parameters={gres: 'gpu:a100:2'}", "resources.devices_per_task=2")
+    assert [line for line in text.splitlines() if "--gres" in line] == ["#SBATCH --gres=gpu:a100:2"]
+    # the rule: launcher.cpus_per_device (1) for each of the task's 2 workers
+    assert [line for line in text.splitlines() if line.startswith("#SBATCH --cpus-per-task")] == [
+        "#SBATCH --cpus-per-task=2"
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, cpus",
+    [
+        ([], 1),
+        (["resources.devices_per_task=2"], 2),
+        (["resources.devices_per_task=2", "launcher.cpus_per_device=3"], 6),
+        (["resources.devices_per_task=2", "launcher.cpus_per_task=5"], 5),  # the user's own number wins
+        (["resources.devices_per_task=2", "launcher.srun_workers=true", "launcher.cpus_per_device=2"], 2),
+        (["resources.devices_per_task=2", "resources.tasks_per_gpu=2"], 4),  # 2 packed tasks x 2 workers
+    ],
+)
+def test_cpus_per_task_follow_the_workers_of_a_task(args, cpus):
+    from slurm_router.__main__ import compose
+    from slurm_router.launch.slurm.common import job_cpus
+    from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
+    from slurm_router.launch.slurm.submitit_launcher import submitit_params
+
+    for launcher in ("sbatch", "slurm"):
+        cfg = compose([f"launcher={launcher}", *args])
+        devices = cfg.resources.devices_per_task
+        assert job_cpus(cfg, devices) == cpus
+        if launcher == "sbatch":
+            spec = sbatch_spec(cfg, "/r", "variants", 1, devices, None)
+            assert f"#SBATCH --cpus-per-task={cpus}" in sbatch_directives(spec)
+        else:
+            assert submitit_params(cfg, devices, "variants", None)["cpus_per_task"] == cpus
+
+
+def test_submitit_leaves_the_gpu_request_to_the_users_gres():
+    from slurm_router.__main__ import compose
+    from slurm_router.launch.slurm.submitit_launcher import submitit_params
+
+    mine = submitit_params(compose(["launcher=slurm", "resources.devices_per_task=2"]), 2, "variants", None)
+    assert mine["gpus_per_node"] == 2 and mine["cpus_per_task"] == 2
+    cfg = compose(["launcher=slurm", "launcher.additional_parameters={gres: 'gpu:a100:2'}"])
+    params = submitit_params(cfg, 2, "variants", None)
+    assert "gpus_per_node" not in params and params["slurm_additional_parameters"] == {"gres": "gpu:a100:2"}
+    srun = compose(["launcher=slurm", "launcher.srun_workers=true", "launcher.additional_parameters={gpus: 2}"])
+    params = submitit_params(srun, 2, "variants", None)
+    assert "slurm_gpus_per_task" not in params and params["slurm_additional_parameters"] == {"gpus": 2}

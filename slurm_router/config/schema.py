@@ -118,7 +118,10 @@ class SlurmLauncherConfig(LauncherConfig):
     constraint: Optional[str] = None
     timeout_min: int = 60
     mem_gb: Optional[float] = None
-    cpus_per_task: int = 1
+    # CPUs per Slurm task: None = cpus_per_device x the worker processes the task runs (devices_per_task x
+    # tasks_per_gpu, or 1 per srun task with srun_workers: launch/slurm/common.py job_cpus); a number: as given
+    cpus_per_task: Optional[int] = None
+    cpus_per_device: int = 1
     array_parallelism: int = 64
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     srun_workers: bool = False  # run a task's D workers as D srun tasks, one GPU each
@@ -291,6 +294,7 @@ RANGES = {
     "launcher.timeout_min": (1, None, True),
     "launcher.mem_gb": (0, None, False),
     "launcher.cpus_per_task": (1, 4096, True),
+    "launcher.cpus_per_device": (1, 1024, True),
     "launcher.array_parallelism": (1, None, True),
     "launcher.max_requeues": (0, 1000, True),
     "launcher.signal_delay_s": (0, 3600, True),

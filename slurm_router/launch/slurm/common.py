@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 
+from slurm_router.config.schema import launcher_setting
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs
 from slurm_router.launch.task_status import TaskStatus
@@ -53,6 +54,27 @@ def sbatch_error(e: Exception, stderr: str = "") -> UserError:
     reasons = list(dict.fromkeys(m.strip() for m in re.findall(r"sbatch: error: ([^\n]+)", text)))
     detail = "; ".join(reasons) if reasons else str(e).strip().replace("\n", " ")[:300]
     return UserError(f"Slurm rejected the job: {detail}")
+
+
+# sbatch's options that ask for GPUs: a user's own (launcher.additional_parameters, '_' or '-') replaces the built-in
+# request (--gres=gpu:D, --gpus-per-task=1, submitit's gpus_per_node), so that a job never asks twice
+GPU_REQUEST_KEYS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
+
+
+def user_gpu_request(keys) -> list[str]:
+    """The keys among `keys` (launcher.additional_parameters') that ask for GPUs themselves."""
+    return [str(k) for k in keys if str(k).replace("_", "-") in GPU_REQUEST_KEYS]
+
+
+def job_cpus(cfg, devices: int) -> int:
+    """--cpus-per-task of a stage's Slurm task, by one rule: the user's launcher.cpus_per_task when set; else
+    launcher.cpus_per_device for each worker process the task runs: one (launcher.srun_workers: a srun task is
+    one worker), or devices x tasks per pack (one process starts a worker per device, for each packed task)."""
+    lc = cfg.launcher
+    if lc.get("cpus_per_task") is not None:
+        return int(lc.cpus_per_task)
+    workers = 1 if lc.get("srun_workers") else devices * tasks_per_pack(cfg)
+    return max(1, workers) * int(launcher_setting(lc, "cpus_per_device"))
 
 
 def tasks_per_pack(cfg) -> int:

@@ -35,7 +35,7 @@ from slurm_router.config.checks import MAIL_TYPES
 from slurm_router.config.schema import SlurmLauncherConfig
 from slurm_router.launch.container import ContainerSpec, outside_exports
 from slurm_router.launch.setup_lines import guarded
-from slurm_router.launch.slurm.common import afterok
+from slurm_router.launch.slurm.common import afterok, user_gpu_request
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 
@@ -175,6 +175,12 @@ def _slurm_filename(path: str) -> str:
     return path.replace("%", "%%")  # Slurm expands %A, %a, %j...; %% is a literal %
 
 
+def _own_gpu_request(spec: SbatchSpec) -> bool:
+    """The built-in GPU request (--gres=gpu:D, --gpus-per-task), unless the user's extra_sbatch asks for GPUs
+    itself (gres, gpus, gpus-per-node, ...): theirs replaces it, never two requests."""
+    return not user_gpu_request(k for k, _ in spec.extra_sbatch)
+
+
 def sbatch_directives(spec: SbatchSpec) -> list[str]:
     """The #SBATCH lines for spec, in a fixed order (validated; values quoted for sbatch's parser)."""
     _validate(spec)
@@ -191,9 +197,9 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
             _directive("ntasks", spec.ntasks),
             _directive("ntasks-per-node", spec.ntasks // spec.nodes),
         ]
-        if spec.gpus_per_task:
+        if spec.gpus_per_task and _own_gpu_request(spec):
             lines.append(_directive("gpus-per-task", spec.gpus_per_task))
-    elif spec.gpus_per_task:
+    elif spec.gpus_per_task and _own_gpu_request(spec):
         lines.append(_directive("gres", f"gpu:{spec.gpus_per_task}"))
     lines.append(_directive("cpus-per-task", spec.cpus_per_task))
     if spec.mem_gb is not None:
@@ -224,7 +230,7 @@ def _srun(spec: SbatchSpec) -> list[str]:
     srun = ["srun", f"--ntasks={spec.ntasks}", f"--cpus-per-task={spec.cpus_per_task}"]
     if spec.ntasks > 1:
         srun += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks // spec.nodes}", "--kill-on-bad-exit=0"]
-        if spec.gpus_per_task:
+        if spec.gpus_per_task and _own_gpu_request(spec):
             srun.append(f"--gpus-per-task={spec.gpus_per_task}")
     return srun  # one task: the step has the job's GPUs (--gres)
 

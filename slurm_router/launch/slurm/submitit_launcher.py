@@ -25,11 +25,13 @@ from slurm_router.launch.slurm.common import (
     REPORT_TIMEOUT_MIN,
     SlurmLauncher,
     afterok,
+    job_cpus,
     mail_options,
     sbatch_error,
     srun_layout,
     stage_devices,
     tasks_per_pack,
+    user_gpu_request,
 )
 from slurm_router.rundir.spec import Stage
 
@@ -95,16 +97,17 @@ def submitit_params(
     params = dict(
         name=f"{cfg.experiment}-{stage}",
         timeout_min=lc.timeout_min,
-        cpus_per_task=lc.cpus_per_task,
+        cpus_per_task=job_cpus(cfg, devices),
         slurm_array_parallelism=lc.array_parallelism,
         slurm_signal_delay_s=lc.signal_delay_s,
         slurm_additional_parameters=extra,
     )
+    own_gpus = not user_gpu_request(extra)  # the user's gres/gpus replaces the built-in GPU request
     if lc.srun_workers:  # D srun tasks, one GPU each, over resources.nodes_per_task nodes
         nodes, per_node = srun_layout(cfg, devices)
-        params.update(nodes=nodes, tasks_per_node=per_node, slurm_gpus_per_task=1)
+        params.update(nodes=nodes, tasks_per_node=per_node, **({"slurm_gpus_per_task": 1} if own_gpus else {}))
     else:  # one process per task starts D workers on its D GPUs
-        params.update(tasks_per_node=1, gpus_per_node=devices)
+        params.update(tasks_per_node=1, **({"gpus_per_node": devices} if own_gpus else {}))
     for key in ("partition", "account", "qos", "constraint"):
         if lc[key]:
             params[f"slurm_{key}"] = lc[key]
