@@ -1,8 +1,9 @@
 """Regenerate a run's report from its events and manifest; with several runs, also compare them.
 
 python -m slurm_router.analysis runs/lora_ab/2026-11-23_07-30-00
-python -m slurm_router.analysis RUN_A RUN_B [--out DIR]     # each run's report, plus comparison.* in
-                                                            # RUN_A/report (or DIR)
+python -m slurm_router.analysis RUN_A RUN_B [--out DIR]     # comparison.* and each run's report (DIR/<run>/),
+                                                            # all in DIR (default: a new comparison-<time>/ here);
+                                                            # the runs' own report/ folders are left alone
 python -m slurm_router.analysis RUN_DIR --to mlflow         # replay the run's events into a tracker
                                                             # (tensorboard | mlflow | wandb; trackers.py)
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from slurm_router.analysis.report import ReportError, print_table, report_run
@@ -28,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out",
         type=Path,
-        help="where to write: the report of a single run, or the comparison "
-        "of several (default: the first run's report/)",
+        help="where to write: the report of a single run (default: its report/), or the comparison of several "
+        "and their reports (default: a new folder comparison-<time>/ in the current directory)",
     )
     parser.add_argument(
         "--peak-tflops",
@@ -46,10 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.to:
         return _replay(args.run_dirs, args.to)
     single = len(args.run_dirs) == 1
+    out = args.out if single else (args.out or _new_folder())
     runs = []
+    taken: set[str] = set()
     for run_dir in args.run_dirs:
+        report_dir = out if single else out / _unique(run_dir.name, taken)
         try:
-            summary, tasks = report_run(run_dir, args.out if single else None, args.peak_tflops)
+            summary, tasks = report_run(run_dir, report_dir, args.peak_tflops)
         except (ReportError, WriteError) as e:  # no manifest; the report's folder refuses the write
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -63,16 +68,42 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         print_table(summary)
-        print(f"report: {args.out if single and args.out else RunLayout(run_dir).report}")
+        print(f"report: {report_dir or RunLayout(run_dir).report}")
         runs.append((run_dir, summary, tasks))
     if not single:
         from slurm_router.analysis.compare import write_comparison
+        from slurm_router.analysis.render import fmt
 
-        out = args.out or RunLayout(args.run_dirs[0]).report
         table = write_comparison(runs, out)
-        print(table[["run", "variant", "val_loss", "tokens_per_s", "speedup", "balance_ratio"]].to_string(index=False))
+        shown = table[["run", "variant", "val_loss", "tokens_per_s", "speedup", "balance_ratio"]].copy()
+        for col, spec, suffix in (
+            ("val_loss", ".4f", ""),
+            ("tokens_per_s", ",.0f", ""),
+            ("speedup", ".2f", "x"),
+            ("balance_ratio", ".3f", ""),
+        ):
+            shown[col] = [fmt(None if x != x else x, spec, suffix) for x in shown[col]]
+        shown.loc[table["devices"] == 1, "balance_ratio"] = "n/a (1 device)"
+        print(shown.to_string(index=False))
         print(f"comparison: {out / 'comparison.md'}")
     return 0
+
+
+def _new_folder() -> Path:
+    """comparison-<time>/ in the current directory, never an existing folder."""
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    path, n = Path(f"comparison-{stamp}"), 1
+    while path.exists():
+        path, n = Path(f"comparison-{stamp}-{n}"), n + 1
+    return path
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    out, n = name, 1
+    while out in taken:
+        out, n = f"{name}-{n}", n + 1
+    taken.add(out)
+    return out
 
 
 def _replay(run_dirs: list[Path], kind: str) -> int:

@@ -262,8 +262,9 @@ def sentence(name_a: str, name_b: str, r: dict) -> str:
         )
     winner, loser = (name_a, name_b) if r["diff"] < 0 else (name_b, name_a)
     lo, hi = sorted((abs(r["ci_low"]), abs(r["ci_high"])))
+    verb = "leads" if one_seed(r) else "beats"  # one seed: training noise is not in the interval
     return (
-        f"{winner} beats {loser} by {abs(r['diff']):.{nd}f} +/- {r['se']:.{nd}f} nats per token "
+        f"{winner} {verb} {loser} by {abs(r['diff']):.{nd}f} +/- {r['se']:.{nd}f} nats per token "
         f"(95% CI {lo:.{nd}f} to {hi:.{nd}f}, {p}; {how})"
     )
 
@@ -283,10 +284,24 @@ def _how(name_a: str, name_b: str, r: dict) -> str:
         )
     one = [n for n, k in ((name_a, r["n_seeds_a"]), (name_b, r["n_seeds_b"])) if k == 1 and n != "base"]
     whose = "of 1 seed" if len(one) != 1 or name_b == "base" else f"({one[0]} has 1 seed)"
-    return (
-        f"paired t-test over {B} eval batches {whose}{rough}: it covers eval-sample noise only, not training "
-        "noise (LoRA init, data order); seeds=3 includes it"
-    )
+    return f"paired t-test over {B} eval batches {whose}{rough}: eval-sample noise only"
+
+
+ONE_SEED_CAVEAT = (
+    "One training seed: the intervals cover eval-sample noise only (which held-out samples were drawn), not "
+    "training noise (LoRA init, data order), so a variant that 'leads' may not win on another seed; seeds=3 "
+    "puts training noise in the interval."
+)
+
+
+def one_seed(r: dict) -> bool:
+    """A row whose interval has no training noise in it (a one-seed paired t-test over eval batches)."""
+    return r.get("method") == "batches"
+
+
+def one_seed_caveat(rows: list[dict]) -> str | None:
+    """The caveat, said once (the report's banner), when any comparison rests on one seed."""
+    return ONE_SEED_CAVEAT if any(one_seed(r) for r in rows if "diff" in r) else None
 
 
 def _p(p: float) -> str:
@@ -341,6 +356,9 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
     loss = f"held-out loss {val_loss:.4f}" + (f", mean of {len(done)} seeds" if len(done) > 1 else "")
     if not others and not lost:
         what = f"{name}: {loss} (the only variant with one)"
+    elif decided and any(one_seed(r) for r in beaten):  # significant on eval batches, training noise unknown
+        ahead = others + [f"{n} (pruned)" for n in lost]
+        what = f"leads: {name} ({loss}; ahead of {', '.join(ahead)} on 1 seed)"
     elif decided:
         beats = others + [f"{n} (pruned)" for n in lost]
         what = f"winner: {name} ({loss}; beats {', '.join(beats)})"

@@ -16,11 +16,38 @@ from slurm_router.analysis import abtest, plots, stats
 from slurm_router.analysis.load import Task, atomic_write, make_dir
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import fmt, pct, to_html, to_markdown
+from slurm_router.rundir.layout import RunLayout
+
+NOT_A_DIFFERENCE = ("run_root", "base.cache_dir")  # where a run went, not what it did
 
 
-def _label(run_dir: Path, summary: dict, taken: set[str]) -> str:
-    policies = sorted({str(v.get("policy")) for v in summary["variants"].values() if v.get("policy")})
-    label = f"{run_dir.name} ({', '.join(policies) or '?'})"
+def run_configs(run_dirs: list[Path]) -> list[dict]:
+    """Each run's resolved config (config.yaml), flattened to dotted keys; {} where it cannot be read."""
+    import yaml
+
+    from slurm_router.analysis.report import _flat
+
+    out = []
+    for run_dir in run_dirs:
+        try:
+            out.append(_flat(yaml.safe_load(RunLayout(run_dir).config.read_text()) or {}))
+        except (OSError, yaml.YAMLError):
+            out.append({})
+    return out
+
+
+def config_differences(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Per run, {dotted key: value} for the keys whose values differ between the runs' configs."""
+    flat = run_configs(run_dirs)
+    keys = sorted({k for f in flat for k in f if not k.startswith(NOT_A_DIFFERENCE)})
+    differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flat}) > 1]
+    return [{k: f.get(k) for k in differ} for f in flat]
+
+
+def _label(run_dir: Path, diff: dict, taken: set[str]) -> str:
+    """A run's label: what its config changed ('router.policy=balanced'), else its folder's name."""
+    shown = [f"{k}={v}" for k, v in diff.items()]
+    label = ", ".join(shown[:3]) + (f", +{len(shown) - 3} more" if len(shown) > 3 else "") or run_dir.name
     while label in taken:
         label += "'"
     taken.add(label)
@@ -29,7 +56,8 @@ def _label(run_dir: Path, summary: dict, taken: set[str]) -> str:
 
 def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dict], list[str]]:
     taken: set[str] = set()
-    labels = [_label(run_dir, summary, taken) for run_dir, summary, _ in runs]
+    diffs = config_differences([r[0] for r in runs])
+    labels = [_label(run_dir, diff, taken) for (run_dir, _, _), diff in zip(runs, diffs)]
     first: dict[str, Any]
     rows, first = [], {}
     for label, (run_dir, summary, _) in zip(labels, runs):
@@ -107,9 +135,17 @@ def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd
             for r in rows
         ]
     )
+    diffs = config_differences([r[0] for r in runs])
+    configs = [f"{r['run']}: {r['run_dir']}" for r in {r["run"]: r for r in rows}.values()]
+    keys = list(dict.fromkeys(k for d in diffs for k in d))
+    diff_table = pd.DataFrame(
+        [{"run": str(run_dir), **{k: str(d.get(k)) for k in keys}} for (run_dir, _, _), d in zip(runs, diffs)]
+    )
     blocks: list[tuple] = [
         ("h", 1, "Comparison of runs"),
-        ("ul", [f"{r['run']}: {r['run_dir']}" for r in {r["run"]: r for r in rows}.values()]),
+        ("ul", configs),
+        ("h", 2, "What differs between the runs' configs"),
+        ("table", diff_table) if keys else ("p", "nothing: the runs' resolved configs are the same"),
         ("h", 2, "Side by side"),
         ("table", shown),
         ("p", "Speed-up: tokens/s (after warm-up) against the same variant in the first run."),

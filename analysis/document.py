@@ -57,13 +57,22 @@ def document(summary: dict, tables: dict) -> list[tuple]:
         f"state {summary.get('state')}"
     )
     b: list[tuple] = [("h", 1, f"{summary['experiment']}: run report"), ("p", head)]
+    b += _header(summary.get("header") or {})
     winner = [summary["winner"]["sentence"]] if summary.get("winner") else []
     verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]] + summary.get("pruned", [])
-    b += [("h", 2, "Verdict"), ("ul", verdict or ["no variants to compare"])]
+    b += [("h", 2, "Verdict")] + ([("banner", summary["caveat"])] if summary.get("caveat") else [])
+    b += [("ul", verdict or ["no variants to compare"])]
     b += _seeds_section(summary)
     if summary["missing"]:
         b += [("h", 2, "What is missing"), ("ul", summary["missing"])]
-    b += _variants_section(summary, tasks) + _balance_section(tasks, tables["devices"]) + _time_section(tasks)
+    b += _changed_section(summary) + _variants_section(summary, tasks)
+    if summary.get("links"):
+        b += [
+            ("h", 2, "Files"),
+            ("links", [(n, list(ls.items())) for n, ls in summary["links"].items() if ls]),
+            ("p", "Links are relative to this report's folder: open the report inside the run dir, or copy both."),
+        ]
+    b += _balance_section(tasks, tables["devices"]) + _time_section(tasks)
     b += [("h", 2, "Job facts"), ("table", pd.DataFrame([_facts_row(n, s["job"]) for n, s in tasks.items()]))]
     tips = [f"{n}: {a}" for n, s in tasks.items() for a in s.get("advice", [])]
     b += [("h", 3, "Advice"), ("ul", tips or ["nothing stands out"])]
@@ -71,6 +80,57 @@ def document(summary: dict, tables: dict) -> list[tuple]:
         b.append(("h", 2, "Plots"))
         b += [("img", p, p.removesuffix(".png").replace("_", " ")) for p in summary["plots"]]
     return b + [("h", 2, "Definitions"), ("ul", DEFINITIONS)]
+
+
+def _duration(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    return f"{x / 3600:.2f} h" if x >= 3600 else f"{x / 60:.1f} min" if x >= 60 else f"{x:.1f} s"
+
+
+def _header(h: dict) -> list[tuple]:
+    """What ran, from which code, when, and what it cost."""
+    if not h:
+        return []
+    flag = h.get("git_dirty")
+    dirty = " (dirty: unknown)" if flag is None else " (dirty: uncommitted changes)" if flag else " (clean)"
+    return [
+        (
+            "ul",
+            [
+                f"Command: {h.get('command') or '-'}",
+                f"Git commit: {h.get('git_commit') or 'unknown (not a git checkout)'}{dirty}",
+                f"Started: {h.get('started') or '-'}; total wall time {_duration(h.get('wall_s'))}; "
+                f"total device-hours {fmt(h.get('device_hours'), '.4f')}",
+            ],
+        )
+    ]
+
+
+def _value(v) -> str:
+    return "-" if v is None else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def _changed_section(summary: dict) -> list[tuple]:
+    """What each variant changed: the keys whose values differ between the variants' resolved configs."""
+    changed = summary.get("changed") or {}
+    if not changed:
+        return []
+    keys = list(dict.fromkeys(k for c in changed.values() for k in c["changed"]))
+    rows = [
+        {
+            "variant": n,
+            **{k: _value(c["changed"].get(k)) for k in keys},
+            "trainable params": fmt(c.get("n_trainable_params"), ",.0f"),
+            "of all params": pct(c["n_trainable_params"] / c["n_params"], 2)
+            if c.get("n_trainable_params") and c.get("n_params")
+            else "-",
+        }
+        for n, c in changed.items()
+    ]
+    what = "config keys whose values differ between the variants (each task's task.json holds its resolved config)"
+    return [("h", 2, "What each variant changed"), ("table", pd.DataFrame(rows)), ("p", f"Columns: {what}.")]
 
 
 def _seeds_section(summary: dict) -> list[tuple]:
@@ -168,9 +228,18 @@ def _balance_section(tasks: dict[str, dict], dev: pd.DataFrame) -> list[tuple]:
                         "task": n,
                         "policy": s.get("policy"),
                         "devices": s.get("devices"),
-                        "balance ratio (mean)": fmt(s.get("balance_ratio")),
-                        "balance ratio (p95)": fmt(s.get("balance_ratio_p95")),
-                        "cost balance ratio": fmt(s.get("cost_balance_ratio")),
+                        **(
+                            dict.fromkeys(
+                                ("balance ratio (mean)", "balance ratio (p95)", "cost balance ratio"),
+                                "n/a (1 device per task)",
+                            )
+                            if s.get("devices") == 1
+                            else {
+                                "balance ratio (mean)": fmt(s.get("balance_ratio")),
+                                "balance ratio (p95)": fmt(s.get("balance_ratio_p95")),
+                                "cost balance ratio": fmt(s.get("cost_balance_ratio")),
+                            }
+                        ),
                         "useful tokens": pct(s.get("useful_token_fraction")),
                         "OOM retries": s.get("oom_retries"),
                     }
@@ -300,8 +369,8 @@ def print_table(summary: dict) -> None:
             val,
             fmt(v.get("train_loss"), ".4f"),
             fmt(v.get("tokens_per_s"), ",.0f"),
-            fmt(v.get("balance_ratio"), ".3f"),
-            fmt(v.get("cost_balance_ratio"), ".3f"),
+            "n/a" if v.get("devices") == 1 else fmt(v.get("balance_ratio"), ".3f"),
+            "n/a" if v.get("devices") == 1 else fmt(v.get("cost_balance_ratio"), ".3f"),
             pct(v.get("useful_token_fraction"), 0),
             str(v.get("oom_retries", "-")),
             str(v.get("steps")),
@@ -317,6 +386,8 @@ def print_table(summary: dict) -> None:
                 f"{v['n_seeds']} seeds)",
                 highlight=False,
             )
+    if summary.get("caveat"):
+        console.print(f"note: {summary['caveat']}", highlight=False)
     if summary.get("winner"):
         console.print(summary["winner"]["sentence"], highlight=False)
     for line in summary.get("diverged", []):

@@ -196,9 +196,46 @@ def advice(f: dict, s: dict) -> list[str]:
             f"{s['oom_retries']} out-of-memory retries: the memory model under-predicted; each retry "
             "costs a forward pass (a lower router.memory_headroom avoids them)"
         )
+    out += memory_advice(s.get("memory") or {}, f.get("device_type"))
     if s.get("useful_token_fraction") is not None and s["useful_token_fraction"] < 0.7:
         out.append(
             f"only {s['useful_token_fraction']:.0%} of the token slots paid for held real tokens "
             "(padding and imbalance): router=affinity or balanced groups similar lengths"
         )
     return out
+
+
+MEMORY_OFF = 2.0  # the memory model is flagged when observed / predicted is beyond this factor either way
+
+
+def memory_advice(mem: dict, device_type: str | None) -> list[str]:
+    """A memory model off by more than MEMORY_OFF x (metrics.memory: observed / predicted peak per micro-batch),
+    and why. On a CPU worker the observed figure is the whole process's resident set (the interpreter, torch's
+    libraries, the corpus, allocator caches), most of it there before the first micro-batch; a prior counting
+    only tensors under-predicted the first micro-batches ~7x until the online refit, so a CPU worker seeds the
+    model's fixed term with its RSS at start-up (worker/setup.py). On CUDA the observed figure is torch's peak
+    allocated, the quantity the model predicts: an error there is the model's."""
+    if not mem:
+        return []
+    p50, top = mem["observed_over_predicted_p50"], mem["observed_over_predicted_max"]
+    if max(top, p50) <= MEMORY_OFF and p50 >= 1 / MEMORY_OFF:
+        return []
+    off = f"{p50:.1f}x" + (f" (up to {top:.0f}x)" if top > MEMORY_OFF else "")
+    under = f"under-predicted in {mem['under_predicted_share']:.0%} of micro-batches"
+    if device_type == "cpu":
+        return [
+            f"memory model off by more than {MEMORY_OFF:g}x: observed / predicted peak {off}, {under}; on CPU the "
+            f"observed peak is the worker's whole RSS ({mem['peak_bytes'] / 2**30:.2f} GiB: interpreter, torch, "
+            f"corpus, allocator caches) and the prediction its tensors plus the RSS at start-up "
+            f"({mem['predicted_bytes_max'] / 2**30:.2f} GiB at most): RSS that grew after start-up, or events "
+            "from a version whose prior counted tensors only; no budget is at risk on CPU unless "
+            "router.cpu_memory_cap_bytes sets one"
+        ]
+    return [
+        f"memory model off by more than {MEMORY_OFF:g}x: observed / predicted peak {off}, {under}: "
+        + (
+            "it refits online; if OOM retries follow, lower router.memory_headroom"
+            if p50 > 1
+            else "it over-predicts, so micro-batches are smaller than they could be (raise router.memory_headroom)"
+        )
+    ]

@@ -218,20 +218,31 @@ def all_plots(tasks: list[Task], base_val_loss: float | None, out: Path, summary
 
 
 def comparison_plot(rows, out: Path, name: str = "comparison.png") -> str | None:
-    """Tokens/s and held-out loss per variant, one bar per run (rows: the comparison table's records)."""
+    """Tokens/s per variant, one bar per run; and each variant's held-out loss minus the first run's (a bar
+    chart of losses from 0 hides a 0.009 difference; the differences are the point)."""
     rows = [r for r in rows if r.get("tokens_per_s")]
     if not rows:
         return None
     runs = list(dict.fromkeys(r["run"] for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12.8, 4))
+    first = {r["variant"]: r.get("val_loss") for r in rows if r["run"] == runs[0]}
+    fig, (speed_ax, loss_ax) = plt.subplots(1, 2, figsize=(12.8, 4))
     width = 0.8 / len(runs)
     for i, run in enumerate(runs):
         by_v = {r["variant"]: r for r in rows if r["run"] == run}
         x = np.arange(len(variants)) + i * width
-        for ax, key in zip(axes, ("tokens_per_s", "val_loss")):
-            ax.bar(x, [(by_v.get(v) or {}).get(key) or 0 for v in variants], width, label=run)
-    for ax, label in zip(axes, ("tokens/s (after warm-up)", "final held-out loss (nats/token)")):
+        speed_ax.bar(x, [(by_v.get(v) or {}).get("tokens_per_s") or 0 for v in variants], width, label=run)
+        diffs = [
+            (by_v.get(v) or {}).get("val_loss") - first[v]
+            if (by_v.get(v) or {}).get("val_loss") is not None and first.get(v) is not None
+            else np.nan
+            for v in variants
+        ]
+        bars = loss_ax.bar(x, diffs, width, label=run)
+        loss_ax.bar_label(bars, labels=["" if d != d else f"{d:+.4f}" for d in diffs], fontsize=7)
+    loss_ax.axhline(0, color="grey", lw=1)
+    labels = ("tokens/s (after warm-up)", f"final held-out loss minus {runs[0]}'s (nats/token)")
+    for ax, label in zip((speed_ax, loss_ax), labels):
         ax.set_xticks(np.arange(len(variants)) + 0.4 - width / 2, variants)
         ax.set(ylabel=label)
         ax.grid(alpha=0.3, axis="y")

@@ -1,6 +1,7 @@
 """One document, two renderings: report.md (plots linked as files) and a self-contained report.html (plots
 embedded as base64 PNG, no external resource), from the same list of blocks:
   ("h", level, text) | ("p", text) | ("ul", [text, ...]) | ("table", DataFrame) | ("img", file_name, caption)
+  | ("banner", text) (a caveat said once, set apart) | ("links", [(text, [(label, relative href), ...]), ...])
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ h2{color:#3b6ea5;margin-top:32px}table{border-collapse:collapse;margin:8px 0 16p
 th,td{border:1px solid #c8d3df;padding:3px 8px;text-align:right}th{background:#e8eef5}
 td:first-child,th:first-child{text-align:left}tr:nth-child(even) td{background:#f6f8fa}
 img{max-width:100%;border:1px solid #ddd;margin:6px 0}figcaption{font-size:12px;color:#555}
+.banner{background:#fff4d6;border-left:4px solid #e0a800;padding:8px 12px;margin:12px 0}
 li{margin:3px 0}code{background:#f0f0f0;padding:0 3px}"""
 
 
@@ -68,6 +70,12 @@ def to_markdown(blocks: list[tuple]) -> str:
             out.append("\n".join(lines))
         elif kind == "img":
             out.append(f"![{b[2]}]({b[1]})")
+        elif kind == "banner":
+            out.append(f"> **Note:** {b[1]}")
+        elif kind == "links":
+            out.append(
+                "\n".join(f"- {text}: " + ", ".join(f"[{label}]({href})" for label, href in ls) for text, ls in b[1])
+            )
         out.append("")
     return "\n".join(out)
 
@@ -84,6 +92,19 @@ def to_html(blocks: list[tuple], title: str, img_dir: Path) -> str:
             body.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in b[1]) + "</ul>")
         elif kind == "table":
             body.append(b[1].to_html(index=False, border=0, escape=True))
+        elif kind == "banner":
+            body.append(f'<div class="banner"><strong>Note:</strong> {html.escape(b[1])}</div>')
+        elif kind == "links":
+            body.append(
+                "<ul>"
+                + "".join(
+                    f"<li>{html.escape(text)}: "
+                    + ", ".join(f'<a href="{html.escape(href)}">{html.escape(label)}</a>' for label, href in ls)
+                    + "</li>"
+                    for text, ls in b[1]
+                )
+                + "</ul>"
+            )
         elif kind == "img":
             data = base64.b64encode((img_dir / b[1]).read_bytes()).decode("ascii")
             body.append(

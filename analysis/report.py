@@ -20,6 +20,9 @@ and every replicate's adapter, and `ab` rows compare variants over seeds and eva
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +130,97 @@ def saved_weights(run_dir: Path, name: str) -> dict[str, str | None]:
     return {"adapter": whole(paths.adapter) or model, "adapter_best": whole(paths.adapter_best)}
 
 
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(configs: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """name -> {dotted key: value} for the keys whose values differ between the configs (each task's resolved
+    config, task.json's `config`); run_root and the like, equal everywhere, drop out."""
+    flat = {n: _flat(c) for n, c in configs.items()}
+    keys = sorted({k for f in flat.values() for k in f})
+    differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat.values()}) > 1]
+    return {n: {k: f.get(k) for k in differ} for n, f in flat.items()}
+
+
+def _task_config(run_dir: Path, name: str) -> dict:
+    spec = RunLayout(run_dir).task(name).task_file
+    try:
+        return json.loads(spec.read_text()).get("config") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _int(x) -> int | None:
+    return None if x is None or x != x else int(x)
+
+
+def variants_changed(run_dir: Path, tasks: list[Task]) -> dict[str, dict]:
+    """Per variant task: what its config changed against the other variants, and its trainable parameters."""
+    variants = [t for t in tasks if t.stage != "base"]
+    diff = config_diff({t.name: _task_config(run_dir, t.name) for t in variants}) if len(variants) > 1 else {}
+    return {
+        t.name: {
+            "changed": diff.get(t.name, {}),
+            "n_trainable_params": _int((t.start or {}).get("n_trainable_params")),
+            "n_params": _int((t.start or {}).get("n_params")),
+        }
+        for t in variants
+    }
+
+
+def command_line(argv: list | None) -> str | None:
+    """The command as typed: `python -m slurm_router ...` for the module's path in argv[0]."""
+    if not argv:
+        return None
+    first = str(argv[0])
+    if first.endswith("__main__.py"):
+        first = "python -m " + ".".join(Path(first).parent.relative_to(Path(first).parents[1]).parts)
+    return " ".join([first, *map(shlex.quote, map(str, argv[1:]))])
+
+
+def run_header(manifest: dict, per_task: dict[str, dict], tasks: list[Task]) -> dict:
+    """Command, git commit and dirty flag, start, total wall time (first start to last event) and device-hours."""
+    snapshot = manifest.get("snapshot") or {}
+    created = manifest.get("created")
+    ends = [float(t.events["time"].max()) for t in tasks if t.has_events and "time" in t.events]
+    wall = max(ends) - float(created) if created and ends else None
+    hours = [s["device_hours"] for s in per_task.values() if s.get("device_hours")]
+    return {
+        "command": command_line(manifest.get("command")),
+        "git_commit": manifest.get("git_commit") or snapshot.get("git_commit"),
+        "git_dirty": manifest.get("git_dirty", snapshot.get("git_dirty")),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(created))) if created else None,
+        "wall_s": wall,
+        "device_hours": sum(hours) if hours else None,
+    }
+
+
+def task_links(run_dir: Path, out: Path, tasks: list[Task]) -> dict[str, dict[str, str]]:
+    """Per task: relative links (from the report's folder) to its log, task.json and adapters, and the run's
+    config.yaml; only files that exist."""
+    layout = RunLayout(run_dir)
+    links: dict[str, dict[str, str]] = {}
+    for t in tasks:
+        paths = layout.task(t.name)
+        log = Path(t.meta["log_path"]) if t.meta.get("log_path") else layout.log(t.name)
+        found = {
+            "log": log,
+            "task.json": paths.task_file,
+            "config.yaml": layout.config,
+            "adapter": paths.adapter if paths.adapter.is_dir() else paths.full_model,
+            "adapter-best": paths.adapter_best,
+        }
+        links[t.name] = {k: os.path.relpath(p.resolve(), out.resolve()) for k, p in found.items() if p.exists()}
+    return links
+
+
 def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run_command):
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, tasks = load_run(run_dir)
@@ -166,6 +260,9 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
             if row["b"] == "base" and row["a"] in table:
                 table[row["a"]]["vs_base"] = vs_base
     summary["missing"] = [line for s in per_task.values() for line in s["missing"]]
+    summary["header"] = run_header(manifest, per_task, tasks)
+    summary["changed"] = variants_changed(run_dir, tasks)
+    summary["caveat"] = abtest.one_seed_caveat(summary["ab"])
     tables = {
         "steps_detail": pd.concat([metrics.per_step_table(t) for t in tasks] or [pd.DataFrame()]),
         "devices": pd.concat(
@@ -185,6 +282,7 @@ def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None
     summary, tasks, tables = analyze(run_dir, peak_tflops)
     out = Path(out) if out else RunLayout(run_dir).report
     make_dir(out)
+    summary["links"] = task_links(run_dir, out, tasks)
     summary["plots"] = plots.all_plots(tasks, summary["base"]["val_loss"], out, summary)
     summary = finite(summary)
     steps = tables["steps_detail"]

@@ -122,7 +122,9 @@ def test_ab_point_estimate_is_the_plain_difference_of_token_weighted_losses(run_
     for (a, b), r in by_pair.items():
         assert r["diff"] == pytest.approx(loss[a] - loss[b], abs=1e-12)
         assert r["ci_low"] <= r["diff"] <= r["ci_high"] and r["se"] >= 0 and r["n_batches"] > 1
-        assert ("beats" in r["sentence"]) != ("no difference detectable" in r["sentence"])
+        # one seed: a significant difference "leads" (training noise is not in its interval), never "beats"
+        assert ("leads" in r["sentence"]) != ("no difference detectable" in r["sentence"])
+        assert "beats" not in r["sentence"]
         assert "nats per token" in r["sentence"]
     assert s["variants"]["r8"]["vs_base"]["diff"] == pytest.approx(loss["r8"] - loss["base"], abs=1e-12)
     md = (run_dir / "report" / "report.md").read_text()
@@ -269,13 +271,24 @@ def test_two_runs_side_by_side(run_dir, analysis_root, tmp_path, capsys):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     other = run_dir_of(proc)
+    own = {p: p.stat().st_mtime_ns for r in (run_dir, other) for p in (r / "report").iterdir()}
     out = tmp_path / "cmp"
     assert analysis_main([str(run_dir), str(other), "--out", str(out)]) == 0
-    assert "comparison:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "comparison:" in printed
+    # the runs' own report/ folders are left alone: each run's report goes under --out
+    assert {p: p.stat().st_mtime_ns for r in (run_dir, other) for p in (r / "report").iterdir()} == own
+    assert (out / run_dir.name / "report.md").is_file() and (out / other.name / "report.md").is_file()
+    # the printed table has formatted numbers (no raw floats like 8505.535067)
+    table_lines = printed[printed.index("run variant") :].splitlines()[1:5]
+    assert table_lines and not re.search(r"\d\.\d{5,}", "\n".join(table_lines)), table_lines
+    assert all(re.search(r" \d\.\d{4} +[\d,]+ +\d\.\d\dx ", line) for line in table_lines), table_lines
     table = (out / "comparison.csv").read_text().splitlines()
     assert len(table) == 1 + 4 and table[0].startswith("run,run_dir,variant,policy")
     md = (out / "comparison.md").read_text()
-    assert "(balanced)" in md and "(round_robin)" in md and "comparison.png" in md
+    # runs are labelled by what differs between their configs, and the difference is tabled
+    assert "router.policy=balanced" in md and "router.policy=round_robin" in md and "comparison.png" in md
+    assert "## What differs between the runs' configs" in md
     verdicts = json.loads((out / "comparison.json").read_text())["verdicts"]
     assert len(verdicts) == 2 and all(v.split(":")[0] in ("r8", "r32") for v in verdicts)
     # routing changes speed, never the math: the held-out losses of the same variant agree across policies
@@ -284,3 +297,83 @@ def test_two_runs_side_by_side(run_dir, analysis_root, tmp_path, capsys):
         assert a[name]["val_loss"] == pytest.approx(b[name]["val_loss"], abs=1e-3)
     # the second run reused the cached base: its base figures come from the variants' step-0 evals
     assert summary_of(other)["ab"][-1]["b"] == "base" and "diff" in summary_of(other)["ab"][-1]
+
+
+@pytest.fixture(scope="session")
+def one_device_run(analysis_root) -> Path:
+    """A real run with one CPU worker per task (the default), reported at its end."""
+    root = analysis_root / "one-device"
+    args = [a for a in RUN_ARGS if not a.startswith("resources.")]
+    proc = run_cli(*args, f"run_root={root}", f"base.cache_dir={analysis_root / 'cache'}", cwd=analysis_root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir_of(proc)
+
+
+def test_report_header_variant_changes_links_and_the_one_seed_banner(one_device_run):
+    """What a reviewer reads without the run dir: what ran (command, commit, dirty flag, start, wall time,
+    device-hours), what each variant changed and how many parameters it trains, links that open, the one-seed
+    caveat said once, 'leads' rather than 'winner', and no balance figure for one device."""
+    run = one_device_run
+    report = run / "report"
+    md, page = (report / "report.md").read_text(), (report / "report.html").read_text()
+    s, manifest = summary_of(run), json.loads((run / "manifest.json").read_text())
+    h = s["header"]
+    assert h["command"].startswith("python -m slurm_router +experiment=lora_ab") and "train.steps=8" in h["command"]
+    assert h["git_commit"] == manifest["git_commit"] and isinstance(manifest["git_dirty"], bool)
+    assert h["git_dirty"] == manifest["git_dirty"]
+    assert h["device_hours"] == pytest.approx(sum(t["device_hours"] or 0 for t in [s["base"], *s["variants"].values()]))
+    assert 0 < h["wall_s"] < 600
+    assert f"- Command: {h['command']}" in md and f"- Git commit: {manifest['git_commit']}" in md
+    assert ("(dirty: uncommitted changes)" if manifest["git_dirty"] else "(clean)") in md
+    assert re.search(
+        r"- Started: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC; total wall time [\d.]+ (s|min); total device-hours 0\.\d{4}",
+        md,
+    )
+    # what each variant changed: the config diff between the variants, and the start rows' trainable parameters
+    section = md[md.index("## What each variant changed") :].split("\n## ")[0]
+    assert "| variant | model.lora.alpha | model.lora.r | trainable params |" in section
+    for name, r in (("r8", 8), ("r32", 32)):
+        start = rows(run / "tasks" / name, "start", device=0)[0]
+        assert f"| {name} | {2.0 * r} | {r} | {start['n_trainable_params']:,} |" in section
+        assert s["changed"][name]["n_trainable_params"] == start["n_trainable_params"]
+    assert "run_root" not in section and "train.steps" not in section, "only what differs"
+    # relative links that open from the report's folder
+    hrefs = re.findall(r"\]\(([^)]+)\)", md.split("## Files")[1].split("\n## ")[0])
+    assert hrefs and all(not h.startswith("/") and (report / h).exists() for h in hrefs), hrefs
+    for name in ("r8", "r32"):
+        for what in (f"../logs/{name}.log", f"../tasks/{name}/task.json", "../config.yaml", f"../tasks/{name}/adapter"):
+            assert f"({what})" in md and f'href="{what}"' in page
+    # the one-seed caveat once, as a banner; the headline leads, it does not win
+    assert md.count("training noise (LoRA init, data order)") == 1 and md.count("> **Note:** One training seed") == 1
+    assert page.count('<div class="banner">') == 1
+    assert s["winner"]["sentence"].startswith("leads: ") and "winner" not in md.split("## Verdict")[1].split("##")[0]
+    # routing balance means nothing with one device per task, and says so
+    balance = md[md.index("## Routing balance") :].split("\n## ")[0]
+    assert balance.count("n/a (1 device per task)") == 3 * 3 and "1.000" not in balance.split("###")[0]
+
+
+def test_memory_model_off_by_more_than_2x_is_advised_and_cpu_rss_is_in_the_prior(one_device_run, tmp_path):
+    """A CPU worker's observed peak is its RSS; the prior now includes the RSS at start-up, so the model is
+    within 2x from the first micro-batch (it was ~7x off before the online refit) and Advice is quiet. A model
+    10x off (the predictions scaled down in a copy) is flagged, with the reason on CPU."""
+    s = summary_of(one_device_run)
+    for name in ("r8", "r32"):
+        mem = s["variants"][name]["memory"]
+        assert mem["observed_is"] == "process RSS (CPU worker)"
+        assert 0.5 < mem["observed_over_predicted_p50"] < 2 and mem["observed_over_predicted_max"] < 2, mem
+    assert not any("memory model" in a for v in s["variants"].values() for a in v["advice"])
+    run = tmp_path / "run"
+    shutil.copytree(one_device_run, run, ignore=shutil.ignore_patterns("report"))
+    events = run / "tasks" / "r8" / "events-rank0.jsonl"
+    lines = []
+    for line in events.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("mem_predicted_bytes"):
+            r["mem_predicted_bytes"] = r["mem_predicted_bytes"] // 10
+        lines.append(json.dumps(r))
+    events.write_text("\n".join(lines) + "\n")
+    assert analysis_main([str(run)]) == 0
+    md = (run / "report" / "report.md").read_text()
+    advice = md[md.index("### Advice") :].split("\n## ")[0]
+    assert "r8: memory model off by more than 2x: observed / predicted peak" in advice
+    assert "on CPU the observed peak is the worker's whole RSS" in advice and "r32: memory model" not in advice

@@ -230,9 +230,12 @@ def fake_run(
 def test_a_one_seed_verdict_says_what_its_interval_leaves_out(tmp_path):
     s = write_report(fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.02}, [0]))
     pair = next(r for r in s["ab"] if r["b"] == "r32")
-    assert pair["sentence"].startswith("r32 beats r8 by 0.0")
-    assert "paired t-test over 32 eval batches of 1 seed" in pair["sentence"]
-    assert "eval-sample noise only, not training noise" in pair["sentence"] and "seeds=3" in pair["sentence"]
+    assert pair["sentence"].startswith("r32 leads r8 by 0.0"), "one seed: it leads, it does not beat"
+    assert "paired t-test over 32 eval batches of 1 seed: eval-sample noise only" in pair["sentence"]
+    assert s["winner"]["sentence"].startswith("leads: r32 (") and "ahead of r8 on 1 seed" in s["winner"]["sentence"]
+    # what the interval leaves out is said once, in the report's banner, not in every sentence
+    assert "not training noise" in s["caveat"] and "seeds=3" in s["caveat"]
+    assert "not training noise" not in pair["sentence"]
     assert set(s["variants"]) == {"r8", "r32"} and s["by_variant"]["r8"]["n_seeds"] == 1
     assert s["variants"]["r8"]["vs_base"]["diff"] == pytest.approx(s["by_variant"]["r8"]["vs_base"]["diff"])
     md = (tmp_path / "run" / "report" / "report.md").read_text()

@@ -51,6 +51,21 @@ def _git_commit() -> str | None:
         return None
 
 
+def _git_dirty() -> bool | None:
+    """Whether the checkout the code ran from has uncommitted changes to tracked files (None: not a checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def new_run_dir(cfg: DictConfig) -> tuple[str, Path]:
     """A fresh, unique run directory path (not created yet: nothing is written before the config checks pass)
     in a folder that can be written (a path under /proc, a file, no permission: one line, UserError)."""
@@ -189,6 +204,7 @@ def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stag
         "host": platform.node(),
         "command": sys.argv,
         "git_commit": _git_commit(),
+        "git_dirty": _git_dirty(),
         "versions": _versions(),
         "state": "running",
         "stages": [

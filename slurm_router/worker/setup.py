@@ -121,13 +121,19 @@ class WorkerSetup:
         self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
         self.telemetry = Telemetry(self.device)
         self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=self.packed)
-        mem_model = MemoryModel.from_model_bytes(
-            **memory_shape(self.model, cfg, self.device), vocab_size=self.tokenizer.vocab_size
-        )
+        shape = memory_shape(self.model, cfg, self.device)
+        mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.tokenizer.vocab_size)
         self.mem_sim, total = None, self.telemetry.total_bytes()
         if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
             self.mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
             total = cfg.router.cpu_memory_cap_bytes
+        elif self.device.type == "cpu":
+            # A CPU worker's observed peak is its whole RSS (telemetry.py): the interpreter, torch's libraries
+            # and the corpus are in it before the first micro-batch, and the tensor-only prior under-predicted
+            # the first micro-batches ~7x until the online refit. Seed the fixed term with that baseline.
+            baseline = self.telemetry.peak_bytes() - shape["frozen_bytes"] - shape["trainable_bytes"]
+            shape["workspace_bytes"] = shape.get("workspace_bytes", 0) + max(0, baseline)
+            mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.tokenizer.vocab_size)
         self.router = Router(self.settings, self.world, memory_model=mem_model)
         self.totals = [int(row[0]) for row in self.gather([total])]
         for d, t in enumerate(self.totals):
