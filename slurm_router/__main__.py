@@ -306,7 +306,53 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
+# `slurm-router WORD ...` (the console script, pyproject.toml) and `python -m slurm_router WORD ...`: a subcommand only
+# when the first word is one of these (an override always has '='), so `slurm-router OVERRIDES...` still runs.
+SUBCOMMANDS = {
+    "run": "a new run: slurm-router run [-m] [OVERRIDES...] (the same as slurm-router OVERRIDES...)",
+    "status": "the recent runs, or one run's tasks: slurm-router status [RUN_DIR] [--json] [--wait] [--follow] [--cancel]",
+    "analysis": "the report, a comparison, or a tracker replay: slurm-router analysis RUN_DIR [RUN_B ...] [--to KIND]",
+    "export": "a LoRA adapter merged into its base: slurm-router export RUN_DIR [VARIANT] [--best] --merge OUT",
+    "resume": "an interrupted run's unfinished tasks: slurm-router resume RUN_DIR [launcher=local] [new_snapshot=true]",
+}
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("slurm_router")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _subcommand(word: str, rest: list[str]) -> int:
+    """The commands that live in their own modules, under one name; `run` and `resume` are this module's own."""
+    if word == "status":
+        from slurm_router.cli.status import main as status_main
+
+        return status_main(rest)
+    if word == "export":
+        from slurm_router.cli.export import main as export_main
+
+        return export_main(rest)
+    from slurm_router.analysis.__main__ import main as analysis_main
+
+    return analysis_main(rest)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("status", "export", "analysis"):
+        return _subcommand(argv[0], argv[1:])
+    if argv and argv[0] == "run":
+        argv = argv[1:]
+    elif argv and argv[0] == "resume":
+        if not argv[1:] or "=" in argv[1] or argv[1].startswith("-"):
+            print(f"error: resume needs a run directory: {SUBCOMMANDS['resume']}", file=sys.stderr)
+            return 2
+        argv = [f"resume={argv[1]}", *argv[2:]]
     # Ctrl-C must always reach us: a process started in the background by a non-interactive shell inherits
     # SIGINT ignored, and Python then installs no handler (the Ctrl-C race of issue 11). `kill PID` (SIGTERM)
     # stops a run the same clean way: the tasks checkpoint, the run is marked interrupted, exit 130.
@@ -319,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     before = signal.signal(signal.SIGINT, raise_stop), signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, raise_stop)
     try:
-        return _main(sys.argv[1:] if argv is None else argv)
+        return _main(argv)
     finally:  # called in-process (tests): leave the caller's handlers as they were
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before[1] is None else before[1])
@@ -332,6 +378,12 @@ def _main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip().splitlines()[0])
         print(USAGE)
+        print("commands (slurm-router WORD, or python -m slurm_router WORD):")
+        for word, what in SUBCOMMANDS.items():
+            print(f"  {word:9s} {what}")
+        return 0
+    if argv and argv[0] in ("--version", "-V"):
+        print(f"slurm-router {version()}")
         return 0
     multirun = any(a in MULTIRUN for a in argv)
     argv = [a for a in argv if a not in MULTIRUN]

@@ -127,7 +127,7 @@ def test_kill_9_of_the_launcher_leaves_nothing_alive_and_resume_finishes_the_run
     assert manifest["state"] == "interrupted" and task["state"] == "interrupted" and task["exit_code"] == 75, task
     status = _status(run_dir, "--json")
     row = json.loads(status.stdout)["tasks"][0]
-    assert row["terminal"] and row["state"] == "CANCELLED", row
+    assert row["terminal"] and row["state"] == "INTERRUPTED", row  # the run list says interrupted too
     assert f"launcher pid {pids['launcher']} gone" in row["reason"], row
     log = (run_dir / "logs" / "main.log").read_text()
     assert f"the launcher (pid {pids['launcher']}) is gone" in log and "Traceback" not in log, log
@@ -156,12 +156,12 @@ def test_status_tells_a_dead_local_run_and_two_resumes_at_once_run_it_once(tmp_p
     assert read_json(run_dir / "manifest.json")["tasks"]["main"]["state"] == "running"  # as it was left
 
     row = json.loads(_status(run_dir, "--json").stdout)["tasks"][0]
-    assert row["state"] == "CANCELLED" and row["terminal"], row
+    assert row["state"] == "INTERRUPTED" and row["terminal"], row
     assert row["reason"] == f"interrupted: launcher pid {pids['launcher']} gone", row
     t0 = time.monotonic()
     waited = _status(run_dir, "--wait", "--poll-s", "1", "--timeout-s", "300")
     assert waited.returncode == 1 and time.monotonic() - t0 < 120, waited.stdout + waited.stderr
-    assert "CANCELLED" in waited.stdout and "Traceback" not in waited.stdout + waited.stderr
+    assert "INTERRUPTED" in waited.stdout and "Traceback" not in waited.stdout + waited.stderr
 
     first, second = (start_cli(f"resume={run_dir}", cwd=tmp_path) for _ in range(2))
     outs = {}

@@ -149,7 +149,13 @@ def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
         table = Table(title=header, title_justify="left")
         for c in columns:
             table.add_column(c, overflow="fold")
-        colors = {"COMPLETED": "green", "CACHED": "green", "RUNNING": "cyan", "PENDING": "yellow"}
+        colors = {
+            "COMPLETED": "green",
+            "CACHED": "green",
+            "RUNNING": "cyan",
+            "PENDING": "yellow",
+            "INTERRUPTED": "yellow",
+        }
         for t, r in zip(tasks, rows):
             table.add_row(*r, style=colors.get(t.state, "red" if t.state in FAILED_STATES else None))
         Console(width=max(Console().width, 160) if not sys.stdout.isatty() else None).print(table)
@@ -192,6 +198,7 @@ JSON_ORDER = (
     "retry",
     "retries",
     "exit_code",
+    "exit_signal",
     "node",
     "log_path",
     "err_path",
@@ -204,14 +211,29 @@ def task_json(t: TaskStatus) -> dict:
     """One task as status --json prints it: Slurm's view (state, job_id, elapsed_s, requeues, exit_code, node,
     reason, log_path, err_path) and its progress (step, steps, train_loss, val_loss, val_step, tokens_per_s,
     eta_s, attempts, retries), flat."""
+    code, signal = exit_status(t.exit_code)
     fields = {
         **asdict(t),
         **asdict(t.progress),
         "task": t.variant,
         "retry": t.progress.retry_note,
         "terminal": t.terminal,
+        "exit_code": code,
+        "exit_signal": signal,
     }
-    return {k: fields[k] for k in JSON_ORDER}
+    # JSON's own types: null where there is nothing (never "-" or ""), numbers as numbers
+    return {k: None if fields[k] in ("-", "") else fields[k] for k in JSON_ORDER}
+
+
+def exit_status(raw: str | int | None) -> tuple[int | None, int | None]:
+    """(exit code, signal) as numbers: sacct's '1:0' and '0:15', the local launcher's '75'; None where unknown."""
+    if raw is None or str(raw).strip() in ("", "-"):
+        return None, None
+    head, _, signal = str(raw).strip().partition(":")
+    try:
+        return int(head), int(signal) if signal else None
+    except ValueError:
+        return None, None
 
 
 def to_json(manifest: dict, tasks: list[TaskStatus]) -> str:
@@ -226,6 +248,32 @@ def to_json(manifest: dict, tasks: list[TaskStatus]) -> str:
         },
         indent=2,
     )
+
+
+def _previewed(manifest: dict, as_json: bool) -> int:
+    """A dry_run=true run dir: its plan, never submitted (exit 0: nothing failed, nothing to wait for)."""
+    run_dir, tasks = manifest.get("run_dir"), list(manifest.get("tasks") or {})
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "run_id": manifest.get("run_id"),
+                    "run_dir": run_dir,
+                    "state": "previewed",
+                    "submitted": False,
+                    "preview": manifest.get("preview"),
+                    "tasks": tasks,
+                },
+                indent=1,
+            )
+        )
+        return 0
+    print(
+        f"{run_dir}: a dry_run=true preview, never submitted: none of its {len(tasks)} task(s) "
+        f"({', '.join(tasks)}) ran or was queued; the plan is in {manifest.get('preview')}; to run it, the same "
+        "command without dry_run=true"
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # NotARunDir: one line, exit 2, as every bad input
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if manifest.get("state") == "previewed":  # dry_run=true (launch/preview.py): no task ever ran or was queued
+        return _previewed(manifest, args.json)
     if args.cancel:
         print(run_launcher(manifest).cancel(manifest) or "nothing to cancel", file=sys.stderr)
     if args.follow:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import errno
 import os
 import re
@@ -97,7 +98,10 @@ def launcher_key_error(key: str, kind: str, where: str = "") -> UserError:
             f"{', '.join(have)} only; choose one of those or drop launcher.{name}"
         )
     keys = sorted(f.name for f in dataclasses.fields(launcher_schema(kind)))
-    return UserError(f"{where}unknown key 'launcher.{name}': valid keys for launcher={kind} are {', '.join(keys)}")
+    hint = did_you_mean(f"launcher.{name}", keys)
+    return UserError(
+        f"{where}unknown key 'launcher.{name}': {hint}valid keys for launcher={kind} are {', '.join(keys)}"
+    )
 
 
 def check_launcher_keys(cfg: DictConfig) -> None:
@@ -124,12 +128,52 @@ def explain(error: Exception, where: str = "") -> UserError:
             return UserError(
                 f"{where}unknown key '{key}': {parent or 'the top level'} has no key {key.rsplit('.', 1)[-1]!r} ({msg})"
             )
-        return UserError(f"{where}unknown key '{key}': valid keys {under} are {', '.join(keys)}")
+        return UserError(
+            f"{where}unknown key '{key}': {did_you_mean(key, keys)}valid keys {under} are {', '.join(keys)}"
+        )
     if isinstance(error, ValidationError) and key and re.search(r"'dict'|'\{\}'", msg):
         return _not_a_group(key, msg, where)
     if isinstance(error, ValidationError) and key:
-        return UserError(f"{where}{key}: {msg}")
+        return UserError(f"{where}{key}: {msg}{_example(key, msg)}")
     return UserError(f"{where}{msg}")
+
+
+def did_you_mean(key: str, keys: list[str]) -> str:
+    """'did you mean train.lr? ' for train.lrr among train's keys (difflib's nearest), or ''."""
+    parent, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
+    return f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
+
+
+# OmegaConf's "could not be converted to T": what to give instead, and an example for when the default is none
+_TYPE_HINTS = {"Float": ("a number", "1e-4"), "Integer": ("a whole number", "1"), "Boolean": ("true or false", "true")}
+
+
+def _example(key: str, msg: str) -> str:
+    """': give a number, e.g. train.lr=0.002' (the key's default as the example) for a value of the wrong type."""
+    kind = (
+        "Boolean" if "not a valid bool" in msg else next((k for k in _TYPE_HINTS if f"converted to {k}" in msg), None)
+    )
+    if kind is None:
+        return ""
+    what, fallback = _TYPE_HINTS[kind]
+    from slurm_router.config.schema import Config, launcher_setting
+
+    try:
+        default = (
+            launcher_setting(None, key.split(".", 1)[1])
+            if key.startswith("launcher.")
+            else OmegaConf.select(OmegaConf.structured(Config), key)
+        )
+    except Exception:  # a key no schema has (a variant's, a free-form one): the generic example
+        default = None
+    if isinstance(default, bool):
+        example = str(default).lower()
+    elif isinstance(default, (int, float)) and kind != "Boolean":
+        example = str(default)
+    else:
+        example = fallback
+    return f": give {what}, e.g. {key}={example}"
 
 
 EXPERIMENT_HINT = (

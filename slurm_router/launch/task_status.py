@@ -23,7 +23,10 @@ SUCCESS_STATES = frozenset({"COMPLETED", "CACHED"})
 FAILED_STATES = frozenset(
     {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"}
 )
-TERMINAL_STATES = SUCCESS_STATES | FAILED_STATES
+# INTERRUPTED is ours too: a task stopped (Ctrl-C, kill, its launcher gone) that resume= continues; the run list
+# says the same word of its run (one word per state)
+STOPPED_STATES = frozenset({"INTERRUPTED"})
+TERMINAL_STATES = SUCCESS_STATES | FAILED_STATES | STOPPED_STATES
 # squeue's reason for a job whose dependency can never be satisfied (an afterok on a job that failed)
 NEVER_SATISFIED = "DependencyNeverSatisfied"
 # The manifest's task states (slurm_router.rundir.lifecycle.TaskState), in Slurm's words, for runs Slurm did not run.
@@ -157,8 +160,10 @@ def local_tasks(manifest: dict) -> list[TaskStatus]:
     infos = manifest.get("tasks") or {}
     infos = list(infos.values()) if isinstance(infos, dict) else list(infos)
     run_state, owner = manifest.get("state", "running"), manifest.get("owner") or {}
+    word = "INTERRUPTED"  # the run's word for it (cli/run_list.py): resume= continues these tasks
     if run_state != "running":
         stuck = f"not run: the run is {run_state}"
+        word = "INTERRUPTED" if run_state == "interrupted" else "CANCELLED"
     elif owner_alive(owner) is False:
         stuck = f"interrupted: launcher pid {owner.get('pid')} gone"
     else:
@@ -166,7 +171,7 @@ def local_tasks(manifest: dict) -> list[TaskStatus]:
     for t, info in zip(tasks, infos):
         note = info.get("note") if isinstance(info, dict) else None
         if stuck and not t.terminal:
-            t.state, note = "CANCELLED", stuck
+            t.state, note = word, stuck
         t.reason = t.reason or note
     return tasks
 

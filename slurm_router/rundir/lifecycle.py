@@ -78,7 +78,7 @@ class TaskState(str, enum.Enum):
 
     @property
     def slurm_word(self) -> str:
-        """The word `status` shows for it, in Slurm's vocabulary (CACHED is ours)."""
+        """The word `status` shows for it, in Slurm's vocabulary (CACHED and INTERRUPTED are ours)."""
         return _SLURM_WORDS[self]
 
 
@@ -89,7 +89,7 @@ _SLURM_WORDS = {
     TaskState.RUNNING: "RUNNING",
     TaskState.COMPLETED: "COMPLETED",
     TaskState.FAILED: "FAILED",
-    TaskState.INTERRUPTED: "CANCELLED",
+    TaskState.INTERRUPTED: "INTERRUPTED",  # ours, as the run list says it: stopped with a checkpoint, resumable
     TaskState.SKIPPED: "CANCELLED",
 }
 
