@@ -192,6 +192,10 @@ def run(overrides: list[str], multirun: bool = False) -> int:
     from slurm_router.launch.plan import make_plan
 
     stages = make_plan(cfg, variants, run_id, str(run_dir))
+    if cfg.dry_run or cfg.launcher.get("dry_run"):  # the plan, the Slurm scripts, their submit commands
+        from slurm_router.launch.preview import write_preview
+
+        return write_preview(cfg, variants, stages, run_id, run_dir)
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
     from slurm_router.rundir.lock import own_run
 
@@ -374,6 +378,62 @@ def main(argv: list[str] | None = None) -> int:
 MULTIRUN = ("-m", "--multirun")  # Hydra's flag: the sweep overrides' grid becomes the run's variants
 
 
+CFG_KINDS = ("job", "hydra", "all")
+
+
+def _cfg_options(argv: list[str]) -> tuple[list[str], str | None, bool]:
+    """Hydra's `--cfg job|hydra|all` (`-c`) and `--resolve`: (the other arguments, the kind shown, resolve)."""
+    rest, shown, resolve, i = [], None, False, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--resolve":
+            resolve = True
+        elif a in ("--cfg", "-c") or a.startswith("--cfg="):
+            value = a.split("=", 1)[1] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 0 if "=" in a else 1
+            if value not in CFG_KINDS:
+                raise UserError(f"--cfg {value or '(nothing)'}: show one of {', '.join(CFG_KINDS)} (--cfg job)")
+            shown = value
+        else:
+            rest.append(a)
+        i += 1
+    if resolve and not shown:
+        raise UserError("--resolve goes with --cfg job|all: it resolves the interpolations of the config shown")
+    return rest, shown, resolve
+
+
+def show_config(overrides: list[str], multirun: bool, shown: str, resolve: bool) -> int:
+    """--cfg job|hydra|all [--resolve]: the composed config (with -m, the sweep's grid as its variants) and each
+    variant's overrides, checked as a run's would be; nothing is written."""
+    from slurm_router.config.checks import refuse_hydra_overrides
+    from slurm_router.config.variants import variant_configs
+    from slurm_router.launch.preview import cfg_text
+
+    refuse_hydra_overrides(overrides)
+    cfg = compose_grid(overrides, multirun)
+    hydra_node = None
+    if shown in ("hydra", "all"):
+        from hydra.core.global_hydra import GlobalHydra
+        from omegaconf import OmegaConf
+
+        from slurm_router.config.schema import conf_dir
+
+        GlobalHydra.instance().clear()
+        from hydra import compose as hydra_compose
+        from hydra import initialize_config_dir
+
+        with initialize_config_dir(config_dir=conf_dir(), version_base=None, job_name="slurm_router"):
+            full = hydra_compose(config_name="config", overrides=[], return_hydra_config=True)
+        hydra_node = OmegaConf.to_container(full.hydra, resolve=False)
+    if shown == "hydra":
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_node})).rstrip())
+        return 0
+    print(cfg_text(cfg, dict(variant_configs(cfg)), resolve, hydra_node))
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip().splitlines()[0])
@@ -387,6 +447,11 @@ def _main(argv: list[str]) -> int:
         return 0
     multirun = any(a in MULTIRUN for a in argv)
     argv = [a for a in argv if a not in MULTIRUN]
+    try:
+        argv, shown, resolve = _cfg_options(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     bad = [a for a in argv if a.startswith("-")]
     if bad:
         print(
@@ -398,7 +463,7 @@ def _main(argv: list[str]) -> int:
     from slurm_router.rundir.lifecycle import stops_raised
 
     try:
-        code = run(argv, multirun)
+        code = show_config(argv, multirun, shown, resolve) if shown else run(argv, multirun)
     except KeyboardInterrupt:
         code = _interrupted()
     except Exception as e:

@@ -250,6 +250,9 @@ class Config:
     seeds: Any = 1
     # stop a clear loser at an in-training evaluation (train.eval_every), by the verdict's statistics: prune.py
     prune: bool = False
+    # print the plan (stages, tasks, devices, predicted memory, array sizes, worst-case device-hours; the Slurm
+    # scripts and submit commands) and write only the preview: nothing trains or is submitted (launch/preview.py)
+    dry_run: bool = False
     run_root: str = "runs"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -4,6 +4,7 @@
       config.yaml  manifest.json          the resolved config; tasks, states, job ids, versions
       run.lock  manifest.lock             who writes this run now (rundir/lock.py); the manifest's own short lock
       submit*.sbatch                      launcher=sbatch's rendered scripts
+      preview.txt  submit-all.sh          dry_run=true: the plan as printed; the Slurm submit commands in order
       code/  code.diff  pip-freeze.txt    launcher.snapshot: the submitted source, its uncommitted diff, pip freeze
       code-resume<N>/ ...                 the same, taken by resume=RUN_DIR new_snapshot=true (the N-th resume)
       tasks/<name>/                       TaskPaths: task.json, events-rank<N>.jsonl, result.json,
@@ -38,6 +39,8 @@ REQUEUE_REQUEST = "requeue-request"  # logs/requeue-request.<job id>: a containe
 SETUP_FAILED = "setup-failed"  # logs/setup-failed.<job id>: which launcher.setup line stopped that job (one line)
 TRACKERS_DIR = "trackers"  # RUN_DIR/trackers/: tensorboard/, mlruns/, wandb/ (tracker.dir's default)
 TRACKER_FILE = "tracker.json"  # RUN_DIR/tasks/<task>/tracker.json: each tracker's run, for later attempts
+PREVIEW_FILE = "preview.txt"  # dry_run=true: the plan, as printed (launch/preview.py)
+SUBMIT_ALL = "submit-all.sh"  # dry_run=true with a Slurm launcher: the submit commands in order, runnable
 EVALS_FILE = "evals.jsonl"  # prune=true: rank 0's in-training evaluations, read by the other tasks (prune.py)
 # The base stage's cache entry <cache>/base/<hash>/ is a transformers checkpoint folder (base_cache.py):
 BASE_WEIGHTS = "model.safetensors"  # its weights, with a model.json sha256 sidecar

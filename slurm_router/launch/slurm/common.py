@@ -153,7 +153,8 @@ class SlurmLauncher(Launcher):
     def check(cls, cfg) -> None:
         from slurm_router.launch.container import resolve_container
 
-        check_slurm()
+        if not cfg.get("dry_run"):  # dry_run=true only renders and prints: no Slurm needed here
+            check_slurm()
         check_packing(cfg)
         check_nodes(cfg)
         resolve_container(cfg)

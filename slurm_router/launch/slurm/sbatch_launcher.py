@@ -101,7 +101,7 @@ class SbatchLauncher(SlurmLauncher):
     def check(cls, cfg) -> None:
         """The launcher values sbatch cannot carry, found before any file is written (UserError, one line);
         a dry run only renders, so it needs no Slurm here."""
-        if not cfg.launcher.dry_run:
+        if not (cfg.launcher.dry_run or cfg.get("dry_run")):
             check_slurm()
         check_packing(cfg)
         check_nodes(cfg)
