@@ -289,3 +289,12 @@ def test_submitit_leaves_the_gpu_request_to_the_users_gres():
     srun = compose(["launcher=slurm", "launcher.srun_workers=true", "launcher.additional_parameters={gpus: 2}"])
     params = submitit_params(srun, 2, "variants", None)
     assert "slurm_gpus_per_task" not in params and params["slurm_additional_parameters"] == {"gpus": 2}
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh")
+def test_slurm_accepts_the_users_gres_and_the_cpus_rule(tmp_path):
+    """The rendered script as the test cluster's Slurm reads it (sbatch --test-only: checked, not queued)."""
+    _dry_run(tmp_path, "launcher.additional_parameters={gres: 'gpu:2'}", "resources.devices_per_task=2")
+    (script,) = [p for p in tmp_path.glob("*/*/submit*.sbatch")]
+    proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "using 2 processors" in proc.stderr, proc.stderr
