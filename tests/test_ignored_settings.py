@@ -164,3 +164,22 @@ def test_more_cpu_workers_than_cores_warn_with_the_numbers(monkeypatch, capsys):
     local.check_devices(compose(["resources.devices_per_task=4", "launcher.cpu_slots=4"]))  # meant: no warning
     local.check_devices(compose(["resources.devices_per_task=2"]))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "override, shown",
+    [
+        ("launcher.container.mounts=[/scratch]", "launcher.container.mounts=['/scratch']"),
+        ("launcher.container.runtime=pyxis", "launcher.container.runtime='pyxis'"),
+        ("launcher.container.runtime_cmd=/opt/apptainer", "launcher.container.runtime_cmd='/opt/apptainer'"),
+    ],
+)
+def test_container_settings_without_an_image_are_refused(override, shown):
+    from slurm_router.config.variants import validate
+
+    with pytest.raises(UserError) as e:
+        validate(compose(["launcher=slurm", override]))
+    assert (
+        str(e.value)
+        == f"{shown} is not read without launcher.container.image (no container): set the image, or drop it"
+    )

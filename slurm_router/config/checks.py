@@ -361,6 +361,18 @@ def check_job_values(launcher: DictConfig, where: str = "") -> None:
             f"{where}launcher.container.runtime={container.runtime!r} is not valid: choose one of "
             f"{', '.join(CONTAINER_RUNTIMES)}"
         )
+    if container.get("image") is None:  # no container: its other settings would be ignored
+        from slurm_router.config.schema import ContainerConfig
+
+        defaults = ContainerConfig()
+        for key in ("mounts", "runtime", "runtime_cmd"):
+            value = OmegaConf.to_container(container[key]) if OmegaConf.is_list(container[key]) else container[key]
+            if value != getattr(defaults, key):
+                raise UserError(
+                    f"{where}launcher.container.{key}={value!r} is not read without launcher.container.image "
+                    "(no container): set the image, or drop it"
+                )
+        return
     image = container.image
     if image is not None and not str(image).strip():
         raise UserError(f"{where}launcher.container.image is empty: give an image, or leave it unset (no container)")
