@@ -204,17 +204,30 @@ def check_devices(cfg) -> None:
             f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "
             f"ask for at most {len(gpus)}, or use launcher=slurm"
         )
+    # settings that only one kind of machine reads: a warning, not a refusal (the same command runs on both)
+    if gpus and cfg.launcher.get("cpu_slots"):
+        _warn(
+            f"launcher.cpu_slots={cfg.launcher.cpu_slots} is not read: this machine has {len(gpus)} GPU(s) and the "
+            "tasks run on them (cpu_slots counts CPU workers where there is no GPU)"
+        )
+    if not gpus and cfg.resources.tasks_per_gpu != 1:
+        _warn(
+            f"resources.tasks_per_gpu={cfg.resources.tasks_per_gpu} is not read: there is no GPU here, the tasks "
+            "run on CPU worker slots (launcher.cpu_slots)"
+        )
     cores = os.cpu_count() or 1
     if not gpus and need > cores and (cfg.launcher.get("cpu_slots") or 0) < need:
         # a warning, not a refusal: CPU workers sharing cores are how a multi-device run is tested on a laptop;
         # launcher.cpu_slots=N (N >= the workers) says it is meant, and silences it
-        print(
-            f"warning: resources.devices_per_task={need} starts {need} CPU worker processes per task on "
+        _warn(
+            f"resources.devices_per_task={need} starts {need} CPU worker processes per task on "
             f"{cores} cores: they share the cores (fine for tests, slow for training); use "
-            f"resources.devices_per_task={cores}, or set launcher.cpu_slots={need} to mean it",
-            file=sys.stderr,
-            flush=True,
+            f"resources.devices_per_task={cores}, or set launcher.cpu_slots={need} to mean it"
         )
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def _run_queue(
