@@ -183,3 +183,19 @@ def test_container_settings_without_an_image_are_refused(override, shown):
         str(e.value)
         == f"{shown} is not read without launcher.container.image (no container): set the image, or drop it"
     )
+
+
+def test_settings_one_kind_of_machine_reads_warn_on_the_other(monkeypatch, capsys):
+    from slurm_router.launch import local
+
+    monkeypatch.setattr(local, "detect_gpus", lambda: ["0", "1"])
+    local.check_devices(compose(["launcher.cpu_slots=4"]))
+    err = capsys.readouterr().err
+    assert err == (
+        "warning: launcher.cpu_slots=4 is not read: this machine has 2 GPU(s) and the tasks run on them "
+        "(cpu_slots counts CPU workers where there is no GPU)\n"
+    )
+    monkeypatch.setattr(local, "detect_gpus", lambda: [])
+    monkeypatch.setattr(local.os, "cpu_count", lambda: 4)
+    local.check_devices(compose(["resources.tasks_per_gpu=2"]))
+    assert capsys.readouterr().err.startswith("warning: resources.tasks_per_gpu=2 is not read: there is no GPU here")
