@@ -218,7 +218,10 @@ def test_an_out_of_memory_row_halves_by_tokens_with_every_sample_once():
 
 # ---- the real command -----------------------------------------------------------------------------------------
 @pytest.mark.integration
-@pytest.mark.parametrize("devices,policy", [(1, "balanced"), (2, "round_robin"), (2, "least_loaded")])
+@pytest.mark.parametrize(
+    "devices,policy",
+    [(1, "balanced"), (2, "round_robin"), (2, "least_loaded"), (2, "balanced"), (3, "affinity")],
+)
 def test_the_job_packed_trains_the_padded_loss_curve(tmp_path, devices, policy):
     common = [
         "base.enabled=false",
@@ -230,7 +233,7 @@ def test_the_job_packed_trains_the_padded_loss_curve(tmp_path, devices, policy):
         f"resources.devices_per_task={devices}",
         f"router={policy}",
         f"run_root={tmp_path}",
-        "launcher.cpu_slots=2",
+        f"launcher.cpu_slots={max(2, devices)}",
     ]
     curves, rows = {}, {}
     for packing in ("false", "true"):
