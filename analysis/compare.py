@@ -154,7 +154,8 @@ def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd
     ]
     plot = plots.comparison_plot(rows, out)
     if plot:
-        blocks.append(("img", plot, "tokens/s and held-out loss per variant and run"))
+        first = rows[0]["run"] if rows else "the first run"
+        blocks.append(("img", plot, f"tokens/s per variant and run; held-out loss minus {first}'s (differences)"))
     atomic_write(out / "comparison.md", to_markdown(blocks))
     atomic_write(out / "comparison.html", to_html(blocks, "comparison of runs", out))
     return df

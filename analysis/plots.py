@@ -241,7 +241,8 @@ def comparison_plot(rows, out: Path, name: str = "comparison.png") -> str | None
         bars = loss_ax.bar(x, diffs, width, label=run)
         loss_ax.bar_label(bars, labels=["" if d != d else f"{d:+.4f}" for d in diffs], fontsize=7)
     loss_ax.axhline(0, color="grey", lw=1)
-    labels = ("tokens/s (after warm-up)", f"final held-out loss minus {runs[0]}'s (nats/token)")
+    loss_ax.set_title(f"final held-out loss minus {runs[0]}'s", fontsize=9)
+    labels = ("tokens/s (after warm-up)", "held-out loss difference (nats/token)")
     for ax, label in zip((speed_ax, loss_ax), labels):
         ax.set_xticks(np.arange(len(variants)) + 0.4 - width / 2, variants)
         ax.set(ylabel=label)

@@ -289,6 +289,8 @@ def test_two_runs_side_by_side(run_dir, analysis_root, tmp_path, capsys):
     # runs are labelled by what differs between their configs, and the difference is tabled
     assert "router.policy=balanced" in md and "router.policy=round_robin" in md and "comparison.png" in md
     assert "## What differs between the runs' configs" in md
+    # the held-out loss is plotted as differences to the first run's (a bar from 0 would hide them)
+    assert "held-out loss minus router.policy=balanced's (differences)" in md
     verdicts = json.loads((out / "comparison.json").read_text())["verdicts"]
     assert len(verdicts) == 2 and all(v.split(":")[0] in ("r8", "r32") for v in verdicts)
     # routing changes speed, never the math: the held-out losses of the same variant agree across policies
