@@ -139,7 +139,9 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             lines.append(
                 f"  {t.name}{seed}: {t.steps} steps, global batch {t.global_batch_size}, lr {t.lr:g}; "
                 f"predicted peak per device {_gib(peak)}{against} (one micro-batch at data.max_len; the router "
-                "splits a step that does not fit)"
+                "splits a step that does not fit"
+                + ("; a CPU worker's RSS adds the interpreter and torch" if kind == "cpu" else "")
+                + ")"
             )
         n_tasks += len(stage.tasks)
         n_device_tasks += len(stage.tasks) * devices
