@@ -1,40 +1,63 @@
 """The local launcher is a GPU-pinned task queue: each task gets devices of its own, never more concurrent
 tasks than devices. GPUs are stood in for by CUDA_VISIBLE_DEVICES ids (workers fall back to CPU compute), so
 the pinning itself is what is tested."""
+
 import json
 
 import pytest
-
 from conftest import run_cli, run_dir_of, task_spans
 
-TINY = ["base.enabled=false", "train.steps=3", "train.global_batch_size=4", "train.eval_batches=1",
-        "train.eval_batch_size=2", "data.max_documents=20", "data.max_len=64"]
+TINY = [
+    "base.enabled=false",
+    "train.steps=3",
+    "train.global_batch_size=4",
+    "train.eval_batches=1",
+    "train.eval_batch_size=2",
+    "data.max_documents=20",
+    "data.max_len=64",
+]
 VARIANTS = [f"+variants.v{i}.train.lr={1e-3 * (i + 1)}" for i in range(4)]
+
+
+# Steps long enough (a 0.01 s step made 1.5 s: the sleep is in proportion to the compute, so a loaded machine slows
+# both alike) that tasks started together are still training when the last of them starts: unslowed, three tiny
+# tasks started at once were seen to train one after another, each in 0.2 s; slowed, their starts were 0.1-0.8 s
+# apart and each trained 4 s or more.
+HELD = "router.device_slowdown=[150.0]"
 
 
 @pytest.mark.integration
 def test_tasks_are_pinned_to_distinct_gpus(tmp_path):
-    proc = run_cli(*TINY, *VARIANTS, f"run_root={tmp_path}", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1,2"},
-                   timeout=600)
+    proc = run_cli(
+        *TINY, *VARIANTS, HELD, f"run_root={tmp_path}", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1,2"}, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     spans = task_spans(run_dir_of(proc))
     assert sorted(spans) == ["v0", "v1", "v2", "v3"]
     assert all(gpu in ("0", "1", "2") for _, _, gpu in spans.values()), spans
-    for a in spans:
-        for b in spans:
-            overlap = a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
-            if overlap:
-                assert spans[a][2] != spans[b][2], f"{a} and {b} ran at once on GPU {spans[a][2]}"
-    # at every task start, at most 3 tasks (the GPU count) were running
-    for t0, _, _ in spans.values():
-        assert sum(s <= t0 < e for s, e, _ in spans.values()) <= 3
+    # the first three ran at once (a moment inside all three spans), each on a GPU of its own
+    first = sorted(spans, key=lambda t: spans[t][0])[:3]
+    assert max(spans[t][0] for t in first) < min(spans[t][1] for t in first), f"{first} did not run at once: {spans}"
+    assert sorted(spans[t][2] for t in first) == ["0", "1", "2"], spans
+    # the fourth waited for a free GPU: it started after one of them ended, on a GPU no running task had
+    last = next(t for t in spans if t not in first)
+    t0 = spans[last][0]
+    assert any(spans[t][1] <= t0 for t in first), f"{last} started while 3 tasks held the 3 GPUs: {spans}"
+    running = [t for t in first if spans[t][0] <= t0 < spans[t][1]]
+    assert spans[last][2] not in {spans[t][2] for t in running}, f"{last} shared a GPU with a running task: {spans}"
     manifest = json.loads((run_dir_of(proc) / "manifest.json").read_text())
     assert all(t["state"] == "completed" and len(t["devices"]) == 1 for t in manifest["tasks"].values())
 
 
 def test_more_gpus_than_the_machine_has_is_refused(tmp_path):
-    proc = run_cli(*TINY, "resources.devices_per_task=4", f"run_root={tmp_path}", cwd=tmp_path,
-                   env={"CUDA_VISIBLE_DEVICES": "0,1,2"}, timeout=120)
+    proc = run_cli(
+        *TINY,
+        "resources.devices_per_task=4",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "0,1,2"},
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "resources.devices_per_task=4 but this machine has 3 GPU(s)" in proc.stderr
     assert not any(tmp_path.rglob("manifest.json"))
@@ -42,8 +65,15 @@ def test_more_gpus_than_the_machine_has_is_refused(tmp_path):
 
 @pytest.mark.integration
 def test_variant_packing_shares_a_gpu_but_spreads_first(tmp_path):
-    proc = run_cli(*TINY, *VARIANTS[:3], "resources.tasks_per_gpu=2", f"run_root={tmp_path}", cwd=tmp_path,
-                   env={"CUDA_VISIBLE_DEVICES": "0,1"}, timeout=600)
+    proc = run_cli(
+        *TINY,
+        *VARIANTS[:3],
+        "resources.tasks_per_gpu=2",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "0,1"},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "up to 2 tasks per GPU" in proc.stdout
     manifest = json.loads((run_dir_of(proc) / "manifest.json").read_text())
@@ -54,10 +84,12 @@ def test_variant_packing_shares_a_gpu_but_spreads_first(tmp_path):
 
 def test_packing_count_follows_predicted_memory():
     from omegaconf import OmegaConf
-    from slurm_router.config import Config
+
+    from slurm_router.config.schema import Config
     from slurm_router.launch.local import packable_tasks
+
     cfg = OmegaConf.structured(Config)
-    small = packable_tasks(cfg, 80 << 30)              # a tiny GPT on an 80 GiB GPU: packs to the limit
+    small = packable_tasks(cfg, 80 << 30)  # a tiny GPT on an 80 GiB GPU: packs to the limit
     assert small == 8
     cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size = 12, 768, 12, 50257
     cfg.train.global_batch_size, cfg.data.max_len = 64, 512
