@@ -57,6 +57,7 @@ def document(summary: dict, tables: dict) -> list[tuple]:
         f"state {summary.get('state')}"
     )
     b: list[tuple] = [("h", 1, f"{summary['experiment']}: run report"), ("p", head)]
+    b += [("banner", summary["partial"])] if summary.get("partial") else []
     b += _header(summary.get("header") or {})
     winner = [summary["winner"]["sentence"]] if summary.get("winner") else []
     verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]] + summary.get("pruned", [])
@@ -398,6 +399,8 @@ def print_table(summary: dict) -> None:
         console.print(line, highlight=False)
     for line in summary.get("missing", []):
         console.print(f"missing: {line}", highlight=False)
+    if summary.get("partial"):
+        console.print(summary["partial"], highlight=False)
     from slurm_router.tracking.replay import tracker_lines  # tracker=...: where to look, and the `wandb sync` line
 
     for line in tracker_lines(summary["run_dir"]):

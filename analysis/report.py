@@ -100,7 +100,7 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     log = f"; see {task.meta['log_path']}" if task.meta.get("log_path") else ""
     if facts.get("setup_failed") and state in ("FAILED", "PENDING"):  # PENDING: the manifest's, without sacct
         return [f"{task.name}: setup failed: {facts['setup_failed']}, before the task started{log}"]
-    if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED"):
+    if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED", "INTERRUPTED"):
         exit_code = f", exit {facts['exit_code']}" if facts.get("exit_code") not in (None, 0, "0:0") else ""
         return [f"{task.name}: {state.lower()}{exit_code} after {n}{f' of {want}' if want else ''} steps{log}"]
     if not task.has_events:
@@ -221,6 +221,21 @@ def task_links(run_dir: Path, out: Path, tasks: list[Task]) -> dict[str, dict[st
     return links
 
 
+def partial_line(run_dir: Path, manifest: dict, tasks: list[Task], facts: dict) -> str | None:
+    """One line when the run is still training (or queued): the report covers what exists so far; else None."""
+    if manifest.get("state") not in ("running", "submitted"):
+        return None
+    live = [t.name for t in tasks if facts[t.name].get("state") in ("RUNNING", "PENDING") and not t.ended]
+    if not live:
+        return None
+    shown = ", ".join(live if len(live) <= 6 else [*live[:5], "..."])
+    return (
+        f"partial report: the run is still {'training' if manifest['state'] == 'running' else 'queued or training'} "
+        f"({len(live)} of {len(tasks)} tasks not ended: {shown}); it covers what exists so far: run "
+        f"python -m slurm_router.analysis {run_dir} again when the run has ended"
+    )
+
+
 def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run_command):
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, tasks = load_run(run_dir)
@@ -260,6 +275,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
             if row["b"] == "base" and row["a"] in table:
                 table[row["a"]]["vs_base"] = vs_base
     summary["missing"] = [line for s in per_task.values() for line in s["missing"]]
+    summary["partial"] = partial_line(run_dir, manifest, tasks, facts)
     summary["header"] = run_header(manifest, per_task, tasks)
     summary["changed"] = variants_changed(run_dir, tasks)
     summary["caveat"] = abtest.one_seed_caveat(summary["ab"])

@@ -145,6 +145,15 @@ def save_verified(path: str | os.PathLike, state: dict, **fields) -> dict:
     return meta
 
 
+def sign_file(path: str | os.PathLike, **fields) -> dict:
+    """The sidecar {**fields, file, time, sha256, bytes} of a file already written (a model's save_pretrained
+    weights), which verify_file checks it against. Returns the sidecar's content."""
+    sha, n = file_sha256(path)
+    meta = {**fields, "file": Path(path).name, "time": time.time(), "sha256": sha, "bytes": n}
+    atomic_write_text(sidecar_path(path), json.dumps(meta, indent=1))
+    return meta
+
+
 def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
     """(sha256 hex digest, size in bytes) of a file, read in 1 MiB blocks. OSError if it cannot be read."""
     sha, n = hashlib.sha256(), 0

@@ -29,8 +29,8 @@ import shutil
 from pathlib import Path
 from typing import Any, cast
 
-from slurm_router.fileio import WriteError
-from slurm_router.rundir.layout import HELD_OUT, RunLayout, TaskPaths
+from slurm_router.fileio import WriteError, sidecar_path, sign_file, verify_file
+from slurm_router.rundir.layout import BASE_WEIGHTS, HELD_OUT, RunLayout, TaskPaths
 
 
 # ---- a folder written whole or not at all -----------------------------------------------------------------
@@ -131,8 +131,26 @@ def save_init_base(run_dir: str, cfg, tokenizer) -> Path:
     with torch.random.fork_rng(devices=[]):  # the training's RNG streams are not disturbed
         model: Any = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)  # transformers quieted
     hf_tok = to_transformers(tokenizer, cfg.model.get("n_positions"))
-    write_folder(folder, lambda tmp: (model.save_pretrained(tmp), hf_tok.save_pretrained(tmp)), replace=False)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, max_shard_size="1000GB")
+        hf_tok.save_pretrained(tmp)
+        sign_file(Path(tmp) / BASE_WEIGHTS, kind="seed-built base weights")  # verified as the base cache is
+
+    write_folder(folder, write, replace=False)
     return folder
+
+
+def init_base_check(folder: str | os.PathLike) -> str | None:
+    """None if RUN_DIR/base-init/<key>/ is whole; else why not, in words (verified as the base cache is: the
+    weights' size and sha256 against their sidecar). A folder saved before sidecars existed is not checked."""
+    weights = Path(folder) / BASE_WEIGHTS
+    if not weights.is_file():
+        return f"{weights.name} is missing"
+    if not sidecar_path(weights).is_file() and (Path(folder) / "config.json").is_file():
+        return None  # an older run's base-init/: nothing to verify against
+    why = verify_file(weights)
+    return None if why is None else f"{weights.name}: {why}"
 
 
 def base_model_path(spec, cfg, tokenizer) -> str:

@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import cast
 
@@ -35,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.config.checks import check_writable_dir, nearest_existing
 from slurm_router.errors import UserError
-from slurm_router.fileio import WriteError, atomic_write_text, file_sha256, sidecar_path, verify_file
+from slurm_router.fileio import WriteError, atomic_write_text, sidecar_path, sign_file, verify_file
 from slurm_router.rundir.layout import BASE_META, BASE_WEIGHTS
 
 ABSENT = "absent"  # check(): nothing cached yet (a first run), not damage
@@ -190,22 +189,7 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, max_shard_size="1000GB")
         tokenizer.save_pretrained(tmp)
-        weights = weights_file(tmp)
-        sha, n = file_sha256(weights)
-        atomic_write_text(
-            sidecar_path(weights),
-            json.dumps(
-                {
-                    "format": FORMAT,
-                    "kind": "base weights",
-                    "file": weights.name,
-                    "time": time.time(),
-                    "sha256": sha,
-                    "bytes": n,
-                },
-                indent=1,
-            ),
-        )
+        sign_file(weights_file(tmp), format=FORMAT, kind="base weights")
         atomic_write_text(meta_path(tmp), json.dumps(result, indent=1))
 
     write_folder(folder, write)

@@ -45,8 +45,35 @@ def check_new_run(cfg: DictConfig) -> CheckedRun:
     launcher.check(cfg)
     from slurm_router.train.data import build_corpus
 
-    corpus = build_corpus(cfg.data, tokenizer(cfg))  # fail on bad data before any file is written
+    corpus = None
+    for name, c in _data_configs(cfg, variants):  # fail on bad data before any file is written
+        try:
+            built = build_corpus(c.data, tokenizer(c))
+        except UserError as e:
+            if name is None:
+                raise
+            raise UserError(
+                f"variants.{name} (its data set by the -m sweep or the experiment's variants): {e}"
+            ) from None
+        corpus = corpus or built
     return CheckedRun(variants, launcher, corpus, run_id, run_dir)
+
+
+def _data_configs(cfg: DictConfig, variants: dict[str, DictConfig]) -> list[tuple[str | None, DictConfig]]:
+    """The configs whose data the run reads, each data setting once: the run's own when every variant reads it,
+    else each variant whose data differs (a -m sweep over data.path: the run's own data is nobody's)."""
+    from omegaconf import OmegaConf
+
+    if not cfg.variants:
+        return [(None, cfg)]
+    own = OmegaConf.to_yaml(cfg.data) + repr(cfg.model)
+    seen, out = set(), []
+    for name, c in variants.items():
+        key = OmegaConf.to_yaml(c.data) + repr(c.model)
+        if key not in seen:
+            seen.add(key)
+            out.append((None if key == own else name, c))
+    return out
 
 
 def check_resumed_run(cfg: DictConfig, launcher: Any) -> None:

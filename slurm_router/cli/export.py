@@ -11,7 +11,8 @@ save_pretrained: `AutoModelForCausalLM.from_pretrained(OUT)` loads it. It is wri
 and renamed, so OUT is whole or absent. Without --merge: where the adapter and its base are.
 
 Errors are one line, exit 2: RUN_DIR not a run, VARIANT unknown (the variants listed), no adapter (the task has
-not completed), the adapter's base gone or damaged, OUT exists and is not empty.
+not completed; or the variant diverged or was pruned: --best offered where it saved one), the adapter's base gone
+or damaged (the base cache and RUN_DIR/base-init/ verified by sha256), OUT exists and is not empty.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import warnings
 from pathlib import Path
 
 from slurm_router.errors import UserError
-from slurm_router.rundir.layout import ADAPTER_FILES, RunLayout, TaskPaths
+from slurm_router.rundir.layout import ADAPTER_FILES, BASE_INIT, RunLayout, TaskPaths
 
 
 def variants(manifest: dict) -> list[str]:
@@ -80,6 +81,17 @@ def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, s
                 f"{variant}: no {folder} (a run without train.eval_every keeps the final adapter only): "
                 "leave out --best to export that one"
             )
+        ended = _ended_early(paths.result)
+        if ended:
+            has_best = not best and all((paths.adapter_best / f).is_file() for f in ADAPTER_FILES)
+            offer = (
+                f"export its adapter with the lowest held-out loss before that with --best ({paths.adapter_best})"
+                if has_best
+                else "it saved no adapter before that"
+            )
+            raise UserError(
+                f"{variant}: no adapter in {folder}: the variant {ended}: {offer}, or choose another variant ({listed})"
+            )
         raise UserError(
             f"{variant}: no adapter in {folder} (the task has not completed: its state is {state}): "
             f"finish it with python -m slurm_router resume={run_dir}, or choose another variant "
@@ -88,9 +100,25 @@ def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, s
     return variant, folder, why
 
 
+def _ended_early(result: Path) -> str | None:
+    """'diverged at step 12 (loss nan, lr 0.5)' or 'was pruned at step 4' from a task's result, else None."""
+    try:
+        r = json.loads(result.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(r, dict):
+        return None
+    if r.get("exit_state") == "diverged":
+        return f"diverged at step {r.get('step', '?')} (loss {r.get('loss', '?')}, lr {r.get('lr', '?')})"
+    if r.get("exit_state") == "pruned":
+        return f"was pruned at step {r.get('step', '?')} (prune=true)"
+    return None
+
+
 def base_of(adapter: Path) -> Path:
     """The base an adapter was trained on (its adapter_config.json), checked to be a whole checkpoint."""
     from slurm_router.artifacts import base_cache
+    from slurm_router.artifacts.adapters import init_base_check
 
     try:
         base = Path(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
@@ -109,6 +137,14 @@ def base_of(adapter: Path) -> Path:
             raise UserError(
                 f"the base model of {adapter}, {base}, cannot be used ({why}): run the experiment "
                 "again to rebuild the base stage's cache"
+            )
+    elif base.parent.name == BASE_INIT:  # a seed-built base saved in the run dir: verified (sha256) the same way
+        why = init_base_check(base)
+        if why is not None:
+            raise UserError(
+                f"the base model of {adapter}, {base}, cannot be used ({why}): the seed-built base this run's "
+                "adapters sit on was damaged after it was saved; put it back from a copy, or train the variants "
+                "again (a new run)"
             )
     return base
 
@@ -138,9 +174,13 @@ def merge(folder: Path, out: Path) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
-    config = AutoConfig.from_pretrained(base, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(base, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32)
+    except Exception as e:  # damage no sidecar could name (a base saved before sidecars): one line, not a traceback
+        cause = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"the base model {base} cannot be loaded ({type(e).__name__}: {cause})") from None
     saved_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32)
     with warnings.catch_warnings():  # peft's own deprecation notices, nothing the user can act on
         warnings.simplefilter("ignore", FutureWarning)
         model = PeftModel.from_pretrained(model, folder).merge_and_unload()

@@ -52,7 +52,7 @@ class DataConfig:
     messages_field: Optional[str] = None  # jsonl/parquet: chat turns, loss on the assistant turns only
     max_len: int = 256  # tokens per sample; longer documents are cut into pieces
     split_on: str = "\n\n"  # a document is cut into samples at this separator first
-    val_fraction: float = 0.05  # documents held out (by a hash of their name: stable)
+    val_fraction: float = 0.05  # held out, by a stable hash: documents (rows, stdlib files); text_dir: pieces
     max_documents: Optional[int] = None
     # data=synthetic: token sequences with a controllable length distribution (benchmarks)
     n_samples: int = 4096

@@ -249,6 +249,43 @@ def _merge(into: dict, extra: dict) -> dict:
     return out
 
 
+def _dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{'model.lora.r': 8, ...}: the leaves of nested dicts by their dotted keys (an empty dict has none)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_dotted(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Two dotted keys name the same value, or one holds the other (model.lora and model.lora.r)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _refuse_overriding(axes: list[Axis], edits: list[list[dict]], own: dict) -> None:
+    """A swept key that an experiment's variant sets itself would silently replace that variant's own value (r32
+    swept to r=8 keeps its alpha 64): one line naming the override, the variants and their values. (A swept
+    config group is not checked: its options set every key of the group, the variant's among them.)"""
+    for axis, axis_edits in zip(axes, edits):
+        if axis.group:  # a config group's option brings its defaults too (model=...: its lora.r): not refused here
+            continue
+        swept = {k for e in axis_edits for k in _dotted(e)}
+        setters = {
+            str(name): {k: v for k, v in _dotted(overrides or {}).items() if any(_overlap(k, w) for w in swept)}
+            for name, overrides in own.items()
+            if name is not None
+        }
+        setters = {n: kv for n, kv in setters.items() if kv}
+        if setters:
+            values = "; ".join(f"{n}: {', '.join(f'{k}={v}' for k, v in kv.items())}" for n, kv in setters.items())
+            raise UserError(
+                f"{axis.line}: the sweep would override what the experiment's variants set themselves ({values}): "
+                "sweep another key, or set these values in the variants (variants.NAME.KEY=...)"
+            )
+
+
 def expand_grid(cfg: DictConfig, sweeps: list, fixed: list[str], compose: Callable) -> dict[str, dict]:
     """The experiment's variants (or none) times the grid of `sweeps`: name -> that variant's overrides, for
     cfg.variants. Raises UserError (one line naming the override) for a sweep that cannot be run."""
@@ -273,6 +310,7 @@ def expand_grid(cfg: DictConfig, sweeps: list, fixed: list[str], compose: Callab
             _check_values(cfg, axis)
             edits.append([_nested(axis.key, v) for v in axis.values])
     own = cast(dict, OmegaConf.to_container(cfg.variants, resolve=False) or {None: {}})
+    _refuse_overriding(axes, edits, own)
     variants: dict[str, dict] = {}
     for prefix, overrides in own.items():
         for point in itertools.product(*(range(len(a.values)) for a in axes)):

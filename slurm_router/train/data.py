@@ -213,6 +213,7 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
     sides: dict[bool, list]
     record: Any
     max_len, sides, n_docs = data_cfg.max_len, {False: [], True: []}, 0
+    per_piece = data_cfg.kind == "text_dir"
     n_truncated = n_dropped = n_without_targets = 0
     for name, where, record in _documents(data_cfg, fields):
         if data_cfg.max_documents and n_docs >= data_cfg.max_documents:
@@ -220,9 +221,17 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
         n_docs += 1
         side = sides[_is_val(name, data_cfg.val_fraction)]
         if fields.format == "text":
+            n_pieces = 0
             for part in record.split(data_cfg.split_on) if data_cfg.split_on else [record]:
-                if part.strip():
-                    side.extend((p, None) for p in _pieces(tokenizer.encode(part), max_len, tokenizer.start_id))
+                if not part.strip():
+                    continue
+                for piece in _pieces(tokenizer.encode(part), max_len, tokenizer.start_id):
+                    # text_dir holds out a fraction of the pieces (by a hash of file and piece number: stable), so
+                    # one large file still gives a held-out set; the stdlib corpus holds out whole files
+                    if per_piece:
+                        side = sides[_is_val(f"{name}#{n_pieces}", data_cfg.val_fraction)]
+                    side.append((piece, None))
+                    n_pieces += 1
             continue
         tokens, mask = (
             _prompt_completion(tokenizer, *record)
