@@ -3,32 +3,60 @@
 One array job per stage, one array task per variant, all COMPLETED in sacct; the base stage ends before any
 variant starts (afterok); concurrently running tasks saw different GPUs; the report is in the run dir.
 """
+
 import json
 import shutil
 import subprocess
 
 import pytest
-
 from conftest import CLUSTER_GPUS, run_cli, run_dir_of, task_spans
 
-pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(shutil.which("sbatch") is None,
-                                 reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+    ),
+]
 
-SMALL = ["+experiment=lora_ab", "base.steps=8", "train.steps=4", "train.eval_batches=2", "data.max_documents=60",
-         "launcher.wait=true", "launcher.timeout_min=10"]
+SMALL = [
+    "+experiment=lora_ab",
+    "base.steps=8",
+    "train.steps=4",
+    "train.eval_batches=2",
+    "data.max_documents=60",
+    "launcher.wait=true",
+    "launcher.timeout_min=10",
+]
+# Steps long enough (router.device_slowdown: a sleep in proportion to each step's compute, so a loaded machine slows
+# both alike) that tasks started together are still training when the other starts: they really run at once. Seen
+# here: the two array tasks' start rows 0.05 s apart, each then training 10 s; two packed tasks' 0.2-1.8 s apart,
+# each training 5-7 s with a slowdown of 4 (their steps are slower: three tasks share the cores).
+HELD = "router.device_slowdown=[15.0]"
+HELD_PACKED = "router.device_slowdown=[8.0]"
 
 
 def _sacct(job_id: str) -> dict[str, str]:
-    out = subprocess.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State,JobName", "-j", job_id],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "--parsable2", "-o", "JobID,State,JobName", "-j", job_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return {l.split("|")[0]: l.split("|")[1] for l in out.splitlines() if l}
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "sbatch"])
 def test_lora_ab_on_slurm(tmp_path, launcher):
-    proc = run_cli(*SMALL, f"launcher={launcher}", f"base.cache_dir={tmp_path / 'cache'}", f"run_root={tmp_path}",
-                   cwd=tmp_path, timeout=900)
+    held = [f"variants.{v}.{HELD}" for v in ("r8", "r32")]  # the variants only: the base stage as it was
+    proc = run_cli(
+        *SMALL,
+        *held,
+        f"launcher={launcher}",
+        f"base.cache_dir={tmp_path / 'cache'}",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dir = run_dir_of(proc)
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -40,30 +68,42 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
         assert sorted(states) == sorted(t["job_id"] for t in job["tasks"]), states
         assert set(states.values()) == {"COMPLETED"}, states
     variants = jobs[1]
-    assert variants["array"] and [t["job_id"] for t in variants["tasks"]] == [f"{variants['job_id']}_{i}" for i in (0, 1)]
+    assert variants["array"] and [t["job_id"] for t in variants["tasks"]] == [
+        f"{variants['job_id']}_{i}" for i in (0, 1)
+    ]
     spans = task_spans(run_dir)
     assert spans["base"][1] <= min(spans["r8"][0], spans["r32"][0]), "a variant started before the base ended"
-    for a, b in (("r8", "r32"),):
-        if spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]:
-            assert spans[a][2] != spans[b][2], f"concurrent tasks shared GPU {spans[a][2]}"
+    # the two array tasks ran at once (each started before the other ended), each on a GPU of its own
+    assert spans["r8"][0] < spans["r32"][1] and spans["r32"][0] < spans["r8"][1], f"one after another: {spans}"
+    assert spans["r8"][2] != spans["r32"][2], f"concurrent tasks shared GPU {spans['r8'][2]}"
     assert all(spans[t][2] in CLUSTER_GPUS for t in spans), spans
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert set(summary["variants"]) == {"r8", "r32"} and summary["base"]["val_loss"] > 0
     # launcher.wait=true waits for the whole run, the report job included (squeue first: sacct lags)
-    from slurm_router.slurm_status import TERMINAL_STATES, query_slurm
+    from slurm_router.launch.slurm.status import TERMINAL_STATES, query_slurm
+
     squeue, sacct = query_slurm(manifest["report_job_id"])
     report_row = squeue.get(manifest["report_job_id"]) or sacct.get(manifest["report_job_id"])
     assert report_row is not None and report_row.state in TERMINAL_STATES, report_row
     if launcher == "sbatch":
         assert (run_dir / "submit.sbatch").is_file() and (run_dir / "submit-base.sbatch").is_file()
-        assert "#SBATCH --kill-on-invalid-dep=yes" in (run_dir / "submit.sbatch").read_text()   # a failed base cancels it
+        assert (
+            "#SBATCH --kill-on-invalid-dep=yes" in (run_dir / "submit.sbatch").read_text()
+        )  # a failed base cancels it
     status = run_cli(str(run_dir), "--json", module="slurm_router.status", timeout=60)
     assert status.returncode == 0, status.stderr
 
 
 def test_sbatch_rejection_is_one_line_and_marks_the_run_failed(tmp_path):
-    proc = run_cli(*SMALL, "launcher=slurm", "launcher.partition=nosuchpartition", f"run_root={tmp_path}",
-                   f"base.cache_dir={tmp_path / 'cache'}", cwd=tmp_path, timeout=300)
+    proc = run_cli(
+        *SMALL,
+        "launcher=slurm",
+        "launcher.partition=nosuchpartition",
+        f"run_root={tmp_path}",
+        f"base.cache_dir={tmp_path / 'cache'}",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(err) == 1 and "Slurm rejected the job" in err[0] and "Traceback" not in proc.stderr, proc.stderr
@@ -74,6 +114,7 @@ def test_sbatch_rejection_is_one_line_and_marks_the_run_failed(tmp_path):
 def test_no_sbatch_means_not_a_slurm_machine(tmp_path):
     import os
     import sys
+
     env = {"PATH": os.path.dirname(sys.executable)}
     proc = run_cli(*SMALL, "launcher=slurm", f"run_root={tmp_path}", cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 2 and "not a Slurm machine" in proc.stderr and "launcher=local" in proc.stderr
@@ -84,9 +125,20 @@ def test_no_sbatch_means_not_a_slurm_machine(tmp_path):
 def test_srun_workers_one_gpu_each(tmp_path, launcher):
     """launcher.srun_workers: a task's D workers are D srun tasks, each pinned to its own GPU, meeting at
     the job's MASTER_ADDR:MASTER_PORT; the loss curve still trains."""
-    proc = run_cli("base.enabled=false", "train.steps=4", "train.eval_batches=1", "data.max_documents=40",
-                   f"launcher={launcher}", "launcher.srun_workers=true", "resources.devices_per_task=2",
-                   "launcher.wait=true", "launcher.timeout_min=10", f"run_root={tmp_path}", cwd=tmp_path, timeout=600)
+    proc = run_cli(
+        "base.enabled=false",
+        "train.steps=4",
+        "train.eval_batches=1",
+        "data.max_documents=40",
+        f"launcher={launcher}",
+        "launcher.srun_workers=true",
+        "resources.devices_per_task=2",
+        "launcher.wait=true",
+        "launcher.timeout_min=10",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     task_dir = run_dir_of(proc) / "tasks" / "main"
     starts = {}
@@ -105,9 +157,21 @@ def test_variant_packing_in_one_allocation(tmp_path, launcher):
     """resources.tasks_per_gpu=2: 3 variants become 2 array tasks; the first runs two variants side by side on
     the one GPU Slurm gave it, and every variant completes."""
     variants = [f"+variants.v{i}.train.lr={1e-3 * (i + 1)}" for i in range(3)]
-    proc = run_cli("base.enabled=false", "train.steps=6", "train.eval_batches=1", "data.max_documents=40",
-                   *variants, f"launcher={launcher}", "resources.tasks_per_gpu=2", "launcher.wait=true",
-                   "launcher.timeout_min=10", f"run_root={tmp_path}", cwd=tmp_path, timeout=600)
+    proc = run_cli(
+        "base.enabled=false",
+        "train.steps=6",
+        "train.eval_batches=1",
+        "data.max_documents=40",
+        HELD_PACKED,
+        *variants,
+        f"launcher={launcher}",
+        "resources.tasks_per_gpu=2",
+        "launcher.wait=true",
+        "launcher.timeout_min=10",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dir = run_dir_of(proc)
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -117,17 +181,22 @@ def test_variant_packing_in_one_allocation(tmp_path, launcher):
     assert set(_sacct(job["job_id"]).values()) == {"COMPLETED"}
     spans = task_spans(run_dir)
     assert spans["v0"][2] == spans["v1"][2], "packed tasks must share their array task's GPU"
-    # side by side: each started before the other ended; 5 s of slack for a loaded machine (the suite runs 4
-    # test files at once), where one task's start-up can outlast the other's 6 steps; one after another, the
-    # second would start a whole job process and worker start-up after the first ended
-    assert spans["v0"][0] < spans["v1"][1] + 5 and spans["v1"][0] < spans["v0"][1] + 5, \
-        "packed tasks ran one after another"
+    # side by side: each started before the other ended (no slack: their steps are long, HELD_PACKED)
+    assert spans["v0"][0] < spans["v1"][1] and spans["v1"][0] < spans["v0"][1], (
+        f"packed tasks ran one after another: {spans}"
+    )
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert all(summary["variants"][v]["steps"] == 6 for v in ("v0", "v1", "v2"))
 
 
 def test_pack_by_memory_needs_local(tmp_path):
-    proc = run_cli("base.enabled=false", "launcher=slurm", "resources.tasks_per_gpu=0", f"run_root={tmp_path}",
-                   cwd=tmp_path, timeout=120)
+    proc = run_cli(
+        "base.enabled=false",
+        "launcher=slurm",
+        "resources.tasks_per_gpu=0",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "works with launcher=local only" in proc.stderr
     assert not any(tmp_path.rglob("manifest.json"))
