@@ -57,6 +57,8 @@ TIMEOUTS: dict[str, int] = {
     "tests/test_requeue_time_limit.py::test_real_time_limit_requeues_then_stops_at_the_budget": 1200,
     # two variants x three seeds trained side by side until the loser is pruned, the report checked
     "tests/test_prune.py::test_a_real_run_prunes_the_loser_and_the_survivor_trains_as_alone": 600,
+    # the r8 (lr 1e-6) against r32, three seeds each, with the default cpu slots
+    "tests/test_prune.py::test_a_planted_loser_is_pruned_with_the_default_cpu_slots": 600,
     # base stage, two variants and the report, then the same run again from the cached base
     "tests/test_end_to_end.py::test_lora_ab_learns_reports_and_reuses_the_base": 600,
 }

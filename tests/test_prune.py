@@ -109,3 +109,69 @@ def test_a_real_run_prunes_the_loser_and_the_survivor_trains_as_alone(tmp_path, 
     alone = run_cli(*common, f"+variants={{{GOOD}}}", "seeds=[2]", cwd=tmp_path)
     assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
     assert step_losses(run_dir / "tasks" / "good-s2") == step_losses(run_dir_of(alone) / "tasks" / "good")
+
+
+def test_the_decision_compares_the_evaluation_with_the_most_rows_whoever_ran_ahead(tmp_path):
+    """A loser that runs ahead finds the others' rows for its current step missing: it decides at the earlier
+    evaluation they have all reached (and says so), so which task ran ahead no longer decides what is compared."""
+    rng = np.random.default_rng(3)
+    sim = simulate(rng, 3, effects=(0.0, 0.3))
+    good, bad = ({s: {k: [float(x) for x in v] for k, v in r.items()} for s, r in side.items()} for side in sim)
+    for variant, side in (("good", good), ("bad", bad)):
+        for seed, row in side.items():
+            (tmp_path / "tasks" / f"{variant}-s{seed}").mkdir(parents=True)
+            for step in (2, 4) if variant == "bad" else (2,):  # good has not reached step 4 yet
+                prune.record(tmp_path / "tasks" / f"{variant}-s{seed}", step, variant, seed, *row.values())
+    tables = prune.read_steps(tmp_path)
+    assert prune.decide(tables[4], "bad", 4, 3) is None  # the old decision: step 4 alone, nobody to compare with
+    assert prune.fullest_step(tables, "bad", 4) == 2 and prune.fullest_step(tables, "bad", 2) == 2
+    spec = type("Spec", (), {"task_dir": tmp_path / "tasks" / "bad-s0", "run_dir": tmp_path, "variant": "bad"})
+    spec.seed, spec.name = 0, "bad-s0"
+    d = prune.after_eval(spec, 4, *bad[0].values(), n_looks=3)
+    assert d is not None and d.step == 4 and d.compared_step == 2 and d.best == "good"
+    assert (
+        d.reason.startswith("bad-s0: pruned at step 4: worse than good by") and "at step 2, the evaluation" in d.reason
+    )
+
+
+def test_the_local_queue_runs_variants_side_by_side_and_names_a_layout_that_cannot_compare():
+    from types import SimpleNamespace
+
+    from slurm_router.launch.plan import prune_layout_note, queue_order
+
+    tasks = [SimpleNamespace(variant=v, name=f"{v}-s{s}") for v in ("r8", "r32") for s in range(3)]
+    order = queue_order(tasks)
+    assert [t.name for t in order] == ["r8-s0", "r32-s0", "r8-s1", "r32-s1", "r8-s2", "r32-s2"]
+    assert prune_layout_note(order, 1) is None and prune_layout_note(order, 2) is None
+    assert "r8 can never be compared" in (prune_layout_note(tasks, 2) or "")  # variant after variant: r32 only
+    two = queue_order([SimpleNamespace(variant=v, name=f"{v}-s{s}") for v in ("a", "b") for s in range(2)])
+    note = prune_layout_note(two, 1)
+    assert note and note.startswith("prune=true: with 1 task(s) at a time, a can never be compared")
+    assert "launcher.cpu_slots=2" in note and prune_layout_note(two, 2) is None
+
+
+def test_a_planted_loser_is_pruned_with_the_default_cpu_slots(tmp_path):
+    """The issue's run (r8 with lr 1e-6 against r32, 3 seeds) with this machine's default launcher.cpu_slots: the
+    queue interleaves the variants' replicates, and a later r8 replicate compares with the rows already there."""
+    proc = run_cli(
+        "+experiment=lora_ab",
+        "base.enabled=false",
+        "data=stdlib",
+        "train.steps=6",
+        "train.eval_every=2",
+        "train.eval_batches=4",
+        "seeds=3",
+        "prune=true",
+        "variants.r8.train.lr=1e-6",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "can never be compared" not in proc.stderr
+    run_dir = run_dir_of(proc)
+    results = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "tasks").glob("*/result.json")}
+    pruned = sorted(t for t, r in results.items() if r.get("exit_state") == "pruned")
+    assert pruned and all(t.startswith("r8-") for t in pruned), results
+    assert all(results[t]["best"] == "r32" and results[t]["step"] < 6 for t in pruned)
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert sorted(line.split(":")[0] for line in summary["pruned"]) == pruned

@@ -28,6 +28,7 @@ from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests
 from slurm_router.config.schema import LocalLauncherConfig
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
+from slurm_router.launch.plan import prune_layout_note, queue_order
 from slurm_router.launch.progress import Progress
 from slurm_router.launch.task_status import TaskStatus, local_tasks
 from slurm_router.rundir.layout import RunLayout
@@ -134,7 +135,12 @@ class LocalLauncher(Launcher):
         pool, on_gpu = self._pool
         # The workers of this stage that run side by side share the cores: decided once, here (slurm_router.worker.cpu).
         threads = threads_per_worker(min(len(pool), sum(t.devices for t in stage.tasks)))
-        return StageJobs(states=_run_queue(stage.tasks, pool, on_gpu, self.layout, self.manifest, threads))
+        order = queue_order(stage.tasks)  # replicates of different variants side by side (prune=true compares them)
+        if self.cfg.get("prune") and len(order) > 1:
+            at_once = len(pool) // max(t.devices for t in order)
+            if note := prune_layout_note(order, at_once):
+                print(note, file=sys.stderr, flush=True)
+        return StageJobs(states=_run_queue(order, pool, on_gpu, self.layout, self.manifest, threads))
 
     def report_job(self, after: str | None) -> str | None:
         pause_for_tests("report")  # before the imports: a signal during them may land in importlib's

@@ -93,3 +93,47 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
             )
     stages.append(Stage("variants", tasks, depends_on=[s.name for s in stages]))
     return stages
+
+
+def queue_order(tasks: list[TaskSpec]) -> list[TaskSpec]:
+    """The variants stage's tasks seed by seed across variants (r8-s0, r32-s0, r8-s1, r32-s1, ...): a queue that
+    runs fewer tasks at a time than there are then trains every variant's replicates side by side, so prune=true
+    can compare them early (worker/prune.py). The base stage (one task) and one-seed runs keep their order."""
+    by_variant: dict[str, list[TaskSpec]] = {}
+    for t in tasks:
+        by_variant.setdefault(t.variant, []).append(t)
+    rounds = max((len(v) for v in by_variant.values()), default=0)
+    return [v[i] for i in range(rounds) for v in by_variant.values() if i < len(v)]
+
+
+def prune_blind_variants(order: list[TaskSpec], at_once: int) -> list[str]:
+    """The variants that prune=true can never stop when `at_once` tasks of `order` run at a time (equal task
+    times assumed): a replicate sees the rows of the tasks queued before it and beside it, and is compared only
+    when it and another variant have 2 seeds there."""
+    blind = []
+    for variant in dict.fromkeys(t.variant for t in order):
+        for i, t in enumerate(order):
+            if t.variant != variant:
+                continue
+            seen: dict[str, int] = {}
+            for u in order[: i + max(1, at_once)]:
+                seen[u.variant] = seen.get(u.variant, 0) + 1
+            if seen[variant] >= 2 and any(n >= 2 for v, n in seen.items() if v != variant):
+                break
+        else:
+            blind.append(variant)
+    return blind
+
+
+def prune_layout_note(order: list[TaskSpec], at_once: int) -> str | None:
+    """One line when prune=true cannot compare some variants with this queue (None when every one can), with
+    the number of tasks at a time that lets every one be compared."""
+    blind = prune_blind_variants(order, at_once)
+    if not blind:
+        return None
+    need = next((k for k in range(at_once + 1, len(order) + 1) if not prune_blind_variants(order, k)), len(order))
+    return (
+        f"prune=true: with {at_once} task(s) at a time, {', '.join(blind)} can never be compared with 2 seeds of "
+        f"another variant, so cannot be pruned: run {need} tasks at a time (launcher.cpu_slots={need} without "
+        "GPUs), or more seeds"
+    )
