@@ -175,3 +175,27 @@ def test_a_planted_loser_is_pruned_with_the_default_cpu_slots(tmp_path):
     assert all(results[t]["best"] == "r32" and results[t]["step"] < 6 for t in pruned)
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert sorted(line.split(":")[0] for line in summary["pruned"]) == pruned
+
+
+def test_a_layout_that_cannot_compare_is_named_at_submission(tmp_path):
+    """Two seeds and one task at a time: r8's replicates never meet two of r32's, and the run says so in one line
+    with the slots that fix it (the run itself goes on)."""
+    proc = run_cli(
+        "+experiment=lora_ab",
+        "base.enabled=false",
+        "data=stdlib",
+        "train.steps=4",
+        "train.eval_every=2",
+        "train.eval_batches=2",
+        "seeds=2",
+        "prune=true",
+        "launcher.cpu_slots=1",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("prune=true: ")]
+    assert lines == [
+        "prune=true: with 1 task(s) at a time, r8 can never be compared with 2 seeds of another variant, so cannot "
+        "be pruned: run 2 tasks at a time (launcher.cpu_slots=2 without GPUs), or more seeds"
+    ], proc.stderr[-3000:]
