@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import run_cli
 from test_requeue_slurm import (
     SMALL,
@@ -91,4 +92,9 @@ def test_real_time_limit_requeues_then_stops_at_the_budget(tmp_path, base_cache)
     loaded = [r for r in rows if r["event"] == "checkpoint_loaded"][-1]
     assert (loaded["attempt"], loaded["step"], loaded["path"]) == (2, end["step"], last_saved["path"]), loaded
     assert sorted(_losses(run_dir, "r8")) == list(range(80))
-    assert _losses(run_dir, "r8") == _losses(run_dir, "r32")
+    # the same curve as r32, which hit its limits at other steps: up to float reduction order (the local resume runs
+    # both tasks side by side, and a worker's thread count follows how many run at once)
+    r8, r32 = _losses(run_dir, "r8"), _losses(run_dir, "r32")
+    assert sorted(r8) == sorted(r32) and [r8[s] for s in sorted(r8)] == pytest.approx(
+        [r32[s] for s in sorted(r32)], rel=1e-5
+    )
