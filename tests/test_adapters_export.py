@@ -82,8 +82,8 @@ def _task_cfg(run_dir: Path, variant: str):
 def held_out_loss(model, run_dir: Path, variant: str) -> float:
     """The token-weighted loss of `model` on the held-out batches the worker evaluated (same seed, same data)."""
     from slurm_router.train.data import build_corpus, eval_batches
-    from slurm_router.train.tokenizer import make_tokenizer
     from slurm_router.train.loss import token_loss_sum
+    from slurm_router.train.tokenizer import make_tokenizer
     from slurm_router.worker.microbatch import batch_tensors
 
     cfg = _task_cfg(run_dir, variant)

@@ -141,8 +141,8 @@ def test_the_plan_trains_a_truncated_cache_again_and_says_so(tmp_path, capsys):
 def _real_cache(args: list[str]) -> Path:
     """The cache a base stage of this config writes (an untrained base: its weights are what matter here)."""
     from slurm_router.__main__ import compose
-    from slurm_router.train.tokenizer import make_tokenizer
     from slurm_router.train.model import build_model
+    from slurm_router.train.tokenizer import make_tokenizer
 
     cfg = compose(args)
     folder = base_cache.weights_path(cfg)

@@ -22,8 +22,8 @@ from slurm_router.config.schema import DataConfig, ModelConfig
 from slurm_router.errors import UserError
 from slurm_router.rundir.events import MicroRow, StepRow, read_events
 from slurm_router.train.data import build_corpus
-from slurm_router.train.tokenizer import ByteTokenizer, make_tokenizer
 from slurm_router.train.loss import target_positions, token_loss_sum
+from slurm_router.train.tokenizer import ByteTokenizer, make_tokenizer
 from slurm_router.worker.microbatch import batch_tensors
 
 PC = {"prompt_field": "prompt", "completion_field": "completion"}

@@ -24,9 +24,9 @@ from slurm_router.config.schema import DataConfig, ModelConfig
 from slurm_router.router import MemoryModel, RouterSettings
 from slurm_router.router.packing import pack_rows, split_for_oom
 from slurm_router.train.data import build_corpus
-from slurm_router.train.tokenizer import ByteTokenizer, make_tokenizer
 from slurm_router.train.loss import token_loss_sum
 from slurm_router.train.packed import enable, packed_tensors, why_not_packable
+from slurm_router.train.tokenizer import ByteTokenizer, make_tokenizer
 from slurm_router.worker.microbatch import batch_tensors
 
 CPU = torch.device("cpu")

@@ -218,8 +218,8 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
     again (one writer of report/); if it failed, say so and write it here."""
     from slurm_router.analysis import report
     from slurm_router.launch.slurm import status as slurm_status
-    from slurm_router.launch.task_status import TaskStatus
     from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
+    from slurm_router.launch.task_status import TaskStatus
 
     cfg, manifest, _ = _run(tmp_path)
     cfg.launcher.wait = True
