@@ -8,7 +8,8 @@ Separate: K processes, each one variant with one torch thread, two at a time (th
 this machine: one worker per core). Fused: one process, all K variants, as many torch threads as cores. Every
 process trains the same variants (ranks, learning rates, training seeds differ) on the standard library corpus,
 batch 16, packed rows, the same steps; tokens/s is real tokens over the wall time from the first timed step to the
-last, after `--warmup` steps (each process's own clock, the union of the separate ones' windows). Peak memory is
+last, after `--warmup` steps (each process's own clock; for the separate ones the union of their windows, which
+holds the later processes' start-up, as the local launcher pays it). Peak memory is
 each process's max RSS: the separate ones summed, the fused one alone. The GPT-2-small shape (12 x 768) runs few
 steps: its row is for memory.
 """
@@ -38,8 +39,9 @@ def variant(k: int) -> tuple[int, int, float, int]:
     return r, alpha, lr, seed + 10 * (k // len(VARIANTS))
 
 
-def train(shape: str, ks: list[int], steps: int, warmup: int, threads: int) -> dict:
-    """Train variants `ks` (fused when several) for `steps`; tokens and the timed window of the steps after warmup."""
+def train(shape: str, ks: list[int], steps: int, warmup: int, threads: int, per_variant: bool = False) -> dict:
+    """Train variants `ks` (fused when several) for `steps`; tokens and the timed window of the steps after warmup.
+    per_variant: the fused model runs one forward and backward per variant (its samples alone), accumulating."""
     import torch
     from omegaconf import OmegaConf
 
@@ -90,14 +92,17 @@ def train(shape: str, ks: list[int], steps: int, warmup: int, threads: int) -> d
             opt.zero_grad(set_to_none=True)
             tokens += int(sum(int(split.lengths[i]) for i in ids))
             continue
-        batch = fused_packed_batch(split, [s.batch(step) for s in samplers], cpu)
-        total, _ = fused_loss(fm, batch, batch.n_targets)
-        total.backward()
+        ids = [s.batch(step) for s in samplers]
+        parts = [[g if j == k else [] for j, g in enumerate(ids)] for k in range(len(ids))] if per_variant else [ids]
+        for part in parts:
+            batch = fused_packed_batch(split, part, cpu)
+            total, _ = fused_loss(fm, batch, batch.n_targets)
+            total.backward()
+            tokens += sum(batch.n_tokens)
         for member, opt in zip(fm.members, opts):
             torch.nn.utils.clip_grad_norm_(member.params, 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        tokens += sum(batch.n_tokens)
     t1 = time.time()
     return {
         "tokens": tokens,
@@ -107,8 +112,11 @@ def train(shape: str, ks: list[int], steps: int, warmup: int, threads: int) -> d
     }
 
 
-def run(shape: str, ks: list[int], steps: int, warmup: int, threads: int) -> subprocess.Popen:
+def run(
+    shape: str, ks: list[int], steps: int, warmup: int, threads: int, per_variant: bool = False
+) -> subprocess.Popen:
     argv = [sys.executable, __file__, "--worker", shape, ",".join(map(str, ks)), str(steps), str(warmup), str(threads)]
+    argv += ["per_variant"] if per_variant else []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
 
@@ -131,19 +139,21 @@ def separate(shape: str, k: int, steps: int, warmup: int, cores: int) -> dict:
     return {"tokens_per_s": sum(r["tokens"] for r in done) / window, "rss_mb": sum(r["maxrss_mb"] for r in done)}
 
 
-def fused(shape: str, k: int, steps: int, warmup: int, cores: int) -> dict:
-    r = result(run(shape, list(range(k)), steps, warmup, cores))
+def fused(shape: str, k: int, steps: int, warmup: int, cores: int, per_variant: bool = False) -> dict:
+    r = result(run(shape, list(range(k)), steps, warmup, cores, per_variant))
     return {"tokens_per_s": r["tokens"] / (r["t1"] - r["t0"]), "rss_mb": r["maxrss_mb"]}
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         shape, ks, steps, warmup, threads = sys.argv[2:7]
-        print(json.dumps(train(shape, [int(k) for k in ks.split(",")], int(steps), int(warmup), int(threads))))
+        ids = [int(k) for k in ks.split(",")]
+        per_variant = sys.argv[7:8] == ["per_variant"]
+        print(json.dumps(train(shape, ids, int(steps), int(warmup), int(threads), per_variant)))
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ks", default="2,4,8", help="numbers of variants, default model")
-    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--small-k", type=int, default=4, help="variants of the GPT-2-small shape (0: skip it)")
     p.add_argument("--small-steps", type=int, default=3)
@@ -157,8 +167,9 @@ def main() -> None:
     for shape, k, steps, warmup in cases:
         sep = separate(shape, k, steps, warmup, cores)
         fus = fused(shape, k, steps, warmup, cores)
-        rows.append((shape, k, sep, fus))
-        print(shape, k, sep, fus, flush=True)
+        per = fused(shape, k, steps, warmup, cores, per_variant=True)
+        rows.append((shape, k, sep, fus, per))
+        print(shape, k, sep, fus, per, flush=True)
     command = "python benchmarks/fused.py " + " ".join(sys.argv[1:])
     lines = [
         "# Fused LoRA variants against separate processes (CPU)",
@@ -170,14 +181,20 @@ def main() -> None:
         "ranks 4-16, lr and seed per variant. Tokens/s: real tokens of every variant after the warm-up steps over "
         "the wall time of those steps; memory: peak RSS, the separate processes' summed.",
         "",
-        "| model | variants | separate tokens/s | fused tokens/s | fused / separate | separate RSS MiB | fused RSS MiB | fused / separate |",
+        "Two fused layouts: one row (every variant's samples in one packed row, one forward and backward a step) and "
+        "per variant (the fused model runs one forward and backward per variant, its samples alone, gradients "
+        "accumulated: the activations of one variant at a time).",
+        "",
+        "| model | variants | separate tokens/s | fused, one row | fused, per variant | separate RSS MiB | "
+        "fused, one row | fused, per variant |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for shape, k, sep, fus in rows:
+    for shape, k, sep, fus, per in rows:
+        t, m = sep["tokens_per_s"], sep["rss_mb"]
         lines.append(
-            f"| {shape} | {k} | {sep['tokens_per_s']:,.0f} | {fus['tokens_per_s']:,.0f} | "
-            f"{fus['tokens_per_s'] / sep['tokens_per_s']:.2f}x | {sep['rss_mb']:,.0f} | {fus['rss_mb']:,.0f} | "
-            f"{fus['rss_mb'] / sep['rss_mb']:.2f}x |"
+            f"| {shape} | {k} | {t:,.0f} | {fus['tokens_per_s']:,.0f} ({fus['tokens_per_s'] / t:.2f}x) | "
+            f"{per['tokens_per_s']:,.0f} ({per['tokens_per_s'] / t:.2f}x) | {m:,.0f} | "
+            f"{fus['rss_mb']:,.0f} ({fus['rss_mb'] / m:.2f}x) | {per['rss_mb']:,.0f} ({per['rss_mb'] / m:.2f}x) |"
         )
     Path(args.out).write_text("\n".join(lines) + "\n")
     Path(args.out).with_suffix(".json").write_text(json.dumps({"rows": rows}, indent=1))
