@@ -309,6 +309,34 @@ for _mode in ("packed", "padded"):
     OTHERS[f"packed_rows-cpu.md:{_mode}_tokens_per_s"] = functools.partial(_packed_rows, _mode, "tokens/s")
     OTHERS[f"packed_rows-cpu.md:{_mode}_peak_mib"] = functools.partial(_packed_rows, _mode, "peak memory MiB")
 
+
+def _prune_real(variant: str, column: str) -> str:
+    return row(table("prune_real.md", "variant"), variant=variant)[column].split(" (")[0]
+
+
+for _v, _name in (("loser", "loser"), ("a or b", "aa")):
+    OTHERS[f"prune_real.md:{_name}_runs"] = functools.partial(_prune_real, _v, "runs where a replicate was pruned")
+    OTHERS[f"prune_real.md:{_name}_replicates"] = functools.partial(_prune_real, _v, "replicates pruned")
+OTHERS["prune_real.md:loser_median_step"] = functools.partial(_prune_real, "loser", "median step pruned")
+
+
+def _fused_cells(model: str, k: str) -> list[str]:
+    line = next(l for l in text("fused-cpu.md").splitlines() if l.startswith(f"| {model} | {k} |"))
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+for _model, _k in (("default", "4"), ("default", "8"), ("gpt2_small", "4")):
+    _key = f"{_model}_{_k}"
+    OTHERS[f"fused-cpu.md:{_key}_per_variant_speed"] = functools.partial(
+        lambda m, k: _fused_cells(m, k)[4].split("(")[1].rstrip(")x"), _model, _k
+    )
+    OTHERS[f"fused-cpu.md:{_key}_per_variant_memory"] = functools.partial(
+        lambda m, k: _fused_cells(m, k)[7].split("(")[1].rstrip(")x"), _model, _k
+    )
+    OTHERS[f"fused-cpu.md:{_key}_one_row_speed"] = functools.partial(
+        lambda m, k: _fused_cells(m, k)[3].split("(")[1].rstrip(")x"), _model, _k
+    )
+
 FIGURES: dict[str, Callable[[], str]] = {
     **{f"router.json:{k}": f for k, f in ROUTER.items()},
     **{f"router_noise.json:{k}": f for k, f in NOISE.items()},
