@@ -116,7 +116,8 @@ def pytest_collection_modifyitems(config, items):
             for i in items
             if i.nodeid == QUICK_RUN or (i.path.stem in QUICK_FILES and i.get_closest_marker("integration") is None)
         ]
-        if not any(i.nodeid == QUICK_RUN for i in keep):
+        named = config.args_source == pytest.Config.ArgsSource.ARGS  # `--quick tests/x.py`: that file's quick tests
+        if not named and not any(i.nodeid == QUICK_RUN for i in keep):
             raise pytest.UsageError(f"conftest.QUICK_RUN: no test {QUICK_RUN}")
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
