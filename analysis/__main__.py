@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_router.analysis.report import ReportError, print_table, report_run
+from slurm_router.analysis.console import print_table
+from slurm_router.analysis.report import ReportError, report_run
 from slurm_router.fileio import WriteError
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.tracking.trackers import KINDS

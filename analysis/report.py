@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from slurm_router.analysis import abtest, jobfacts, metrics, plots
-from slurm_router.analysis.document import document, print_table, task_table  # noqa: F401  (print_table: API)
+from slurm_router.analysis.document import document, task_table
 from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run, make_dir  # noqa: F401  (ReportError: API)
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import to_html, to_markdown

@@ -42,8 +42,8 @@ def grid_args(n_r: int, n_lr: int) -> list[str]:
 def phases(args: list[str], run_root: str, held: bool = False) -> dict[str, float]:
     """The steps of __main__.run, each timed (the launcher's check, the model check and the corpus included).
     held: submitted for real, held back by --begin, then cancelled."""
-    from slurm_router.__main__ import compose_grid
     from slurm_router.cli.checks import check_models, tokenizer
+    from slurm_router.config.compose import compose_grid
     from slurm_router.config.variants import validate
     from slurm_router.launch.base import launch
     from slurm_router.launch.plan import make_plan

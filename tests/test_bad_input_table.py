@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_router.__main__ import compose, main
+from slurm_router.__main__ import main
+from slurm_router.config.compose import compose
 
 FAST = ["train.steps=1", "base.steps=1"]
 

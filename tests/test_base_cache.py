@@ -96,7 +96,7 @@ def test_the_cache_is_a_checkpoint_transformers_loads_with_the_byte_tokenizer(tm
 
 def test_an_older_cache_layout_is_never_read(tmp_path):
     """format 1 (model.pt, a torch.save state dict) hashes elsewhere, and a folder of that layout is not whole."""
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
 
     cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
     assert base_cache.weights_path(cfg) == tmp_path / "base" / base_cache.base_hash(cfg)
@@ -120,7 +120,7 @@ def test_a_worker_refuses_damaged_weights_in_one_line_and_unmarks_the_cache(tmp_
 
 
 def test_the_plan_trains_a_truncated_cache_again_and_says_so(tmp_path, capsys):
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
     from slurm_router.config.variants import validate
     from slurm_router.launch.plan import make_plan
 
@@ -140,7 +140,7 @@ def test_the_plan_trains_a_truncated_cache_again_and_says_so(tmp_path, capsys):
 
 def _real_cache(args: list[str]) -> Path:
     """The cache a base stage of this config writes (an untrained base: its weights are what matter here)."""
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
     from slurm_router.train.model import build_model
     from slurm_router.train.tokenizer import make_tokenizer
 
@@ -227,7 +227,7 @@ def test_a_read_only_cache_dir_is_refused_before_anything_runs(tmp_path, tmpfs):
 
 
 def test_check_room_passes_for_a_roomy_writable_folder(tmp_path):
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
 
     cfg = compose([*FAST, f"base.cache_dir={tmp_path}"])
     base_cache.check_room(cfg)  # nothing raised, and nothing left behind

@@ -93,7 +93,7 @@ def test_golden_pyxis_sbatch_srun_workers():
 def test_golden_submitit_parameters(runtime, tmp_path):
     """What launcher=slurm hands submitit: the executor's parameters, the interpreter submitit runs on, and (apptainer)
     the words the PackRunner of one starts the task with inside the image."""
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
     from slurm_router.launch.container import container_spec
     from slurm_router.launch.slurm.submitit_launcher import submitit_params, submitit_python, task_runner_python
 

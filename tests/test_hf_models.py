@@ -126,7 +126,7 @@ def test_gpt2_builtin_models_are_checked_without_building_them():
     with torch.device("meta"):
         model = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=64, n_head=4))
     assert gpt2_lora_layers(3) == lora_layers(model)  # config.py's names are the real model's
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
 
     validate(compose(["model.lora.target_modules=[c_attn,c_proj,c_fc]"]))
     validate(compose(["model.lora.target_modules=all-linear", "+variants.a.model.lora.target_modules=[attn.c_attn]"]))

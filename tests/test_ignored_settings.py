@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from slurm_router.__main__ import compose
 from slurm_router.cli.checks import tokenizer
 from slurm_router.config.checks import check_data_keys, data_keys_read
+from slurm_router.config.compose import compose
 from slurm_router.config.schema import conf_dir
 from slurm_router.errors import UserError
 from slurm_router.train.data import build_corpus

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, run_dir_of, wait_until
 
-from slurm_router.__main__ import compose
+from slurm_router.config.compose import compose
 from slurm_router.launch.slurm.sbatch_launcher import report_script, sbatch_spec
 from slurm_router.launch.slurm.sbatch_render import SbatchSpec, render_sbatch
 from slurm_router.launch.slurm.submitit_launcher import job_setup, submitit_params, submitit_python

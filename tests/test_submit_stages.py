@@ -216,7 +216,7 @@ def test_local_threads_follow_the_workers_that_run_side_by_side(tmp_path, monkey
 def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_path, monkeypatch, capsys, report_state):
     """launcher.wait=true: the run's tasks, then the report job; the report it wrote is printed, not written
     again (one writer of report/); if it failed, say so and write it here."""
-    from slurm_router.analysis import report
+    from slurm_router.analysis import console, report
     from slurm_router.launch.slurm import status as slurm_status
     from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
     from slurm_router.launch.task_status import TaskStatus
@@ -233,7 +233,7 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
     )
     monkeypatch.setattr(slurm_status, "wait_for_job", lambda job_id, poll_s: order.append(job_id) or report_state)
     monkeypatch.setattr(report, "write_report", lambda run_dir: written.append(run_dir) or {"from": "here"})
-    monkeypatch.setattr(report, "print_table", lambda summary: print(f"table {summary}"))
+    monkeypatch.setattr(console, "print_table", lambda summary: print(f"table {summary}"))
     manifest.layout.report.mkdir()
     (manifest.layout.report / "summary.json").write_text(json.dumps({"from": "the report job"}))
     code = SubmititLauncher(cfg, manifest).finish(RunJobs(job_ids=["100"], report_job_id="999"))

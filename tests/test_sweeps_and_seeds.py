@@ -11,7 +11,8 @@ import subprocess
 import pytest
 from conftest import run_cli, run_dir_of, step_losses
 
-from slurm_router.__main__ import compose_grid, main
+from slurm_router.__main__ import main
+from slurm_router.config.compose import compose_grid
 from slurm_router.config.schema import NAME_RE
 from slurm_router.config.sweep import fit_name, format_value, short_keys
 from slurm_router.config.variants import validate
@@ -305,7 +306,7 @@ def test_three_seeds_on_slurm_are_one_array_job_of_six_tasks(tmp_path):
 
 def test_a_variant_with_no_overrides_is_the_experiment_itself():
     """`variants={a: {}, b: null}` (an A/A pair): each is the experiment's config as it is, not a traceback."""
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
 
     variants = validate(compose(["+experiment=lora_ab", "++variants={a: {}, b: null}"]))
     assert list(variants) == ["r8", "r32", "a", "b"]

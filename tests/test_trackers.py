@@ -175,7 +175,7 @@ def check_all(task_dir: Path, run_name: str, records: dict) -> tuple:
 
 # ---- the option --------------------------------------------------------------------------------------------------
 def test_tracker_option_picks_one_or_several():
-    from slurm_router.__main__ import compose
+    from slurm_router.config.compose import compose
     from slurm_router.tracking.trackers import enabled
 
     assert enabled(compose([]).tracker) == []

@@ -144,7 +144,8 @@ class LocalLauncher(Launcher):
 
     def report_job(self, after: str | None) -> str | None:
         pause_for_tests("report")  # before the imports: a signal during them may land in importlib's
-        from slurm_router.analysis.report import print_table, write_report  # lock callbacks, which drop it
+        from slurm_router.analysis.console import print_table
+        from slurm_router.analysis.report import write_report  # lock callbacks, which drop it
 
         raise_if_stop_dropped()  # (one dropped there, or earlier: now)
         try:

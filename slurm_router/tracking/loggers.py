@@ -7,10 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
-
-if TYPE_CHECKING:
-    from slurm_router.tracking.trackers import Target
+from typing import Any, cast
 
 # an attempt's end row -> the tracker run's state (MLflow's statuses; W&B: exit code 0 for the first group)
 ENDED_WELL = ("completed", "diverged", "pruned")
@@ -34,7 +31,7 @@ class TensorBoardLogger:
 
     kind = "tensorboard"
 
-    def __init__(self, target: Target, record: dict | None):
+    def __init__(self, target: Any, record: dict | None):  # target: trackers.Target
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(record["log_dir"]) if record else target.tensorboard_dir
@@ -63,7 +60,7 @@ class MlflowLogger:
 
     kind = "mlflow"
 
-    def __init__(self, target: Target, record: dict | None):
+    def __init__(self, target: Any, record: dict | None):  # target: trackers.Target
         uri = record["tracking_uri"] if record else target.mlflow_uri
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps its file store in maintenance mode behind this opt-in; it needs no server or database,
@@ -135,7 +132,7 @@ class WandbLogger:
 
     kind = "wandb"
 
-    def __init__(self, target: Target, record: dict | None):
+    def __init__(self, target: Any, record: dict | None):  # target: trackers.Target
         import wandb
 
         self.dir = Path(record["dir"]) if record else target.dir

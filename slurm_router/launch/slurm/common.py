@@ -218,7 +218,8 @@ class SlurmLauncher(Launcher):
     def _wait(self, run: RunJobs) -> int:
         """launcher.wait=true: the whole run, report job included; then print the report that job wrote (or,
         if it did not, say so and write it here: by then nothing else writes report/)."""
-        from slurm_router.analysis.report import print_table, write_report
+        from slurm_router.analysis.console import print_table
+        from slurm_router.analysis.report import write_report
         from slurm_router.launch.slurm.status import SUCCESS_STATES, wait_for_job, wait_for_run
 
         tasks = wait_for_run(self.manifest.data, poll_s=2.0)
