@@ -69,11 +69,15 @@ TIMEOUTS: dict[str, int] = {
 # (base stage, two LoRA variants, report; run again from the cached base).
 QUICK_FILES = (
     "test_analysis_units",
+    "test_architecture_map",
     "test_bad_input_table",
+    "test_benchmarks_index",
     "test_checkpoint",
+    "test_code_shape",
     "test_data",
     "test_data_formats",
     "test_events",
+    "test_fused_lora",
     "test_hf_models",
     "test_loss",
     "test_router_models",

@@ -1,0 +1,66 @@
+"""The shape the code keeps (issue 26; docs/ARCHITECTURE.md, "Rooms"): no module over 400 lines, at most eight
+modules at the top of the package, and no import cycle between any two modules of it (in-function and
+type-checking imports included; lint-imports checks the rooms' layers)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_LINES, MAX_TOP = 400, 8
+
+
+def _modules() -> list[Path]:
+    package = [p for p in (REPO / "slurm_router").rglob("*.py") if "analysis" not in p.relative_to(REPO).parts]
+    return sorted(package + list((REPO / "analysis").glob("*.py")))
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_is_over_400_lines(path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(REPO)}: {n} lines; split it where it reads apart"
+
+
+def test_few_modules_at_the_top_of_the_package():
+    top = sorted(p.name for p in (REPO / "slurm_router").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP, top
+
+
+def test_no_import_cycle_between_modules():
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("slurm_router", cache_dir=None)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+    sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
+
+    def visit(v: str) -> None:  # Tarjan: each strongly connected component of more than one module is a cycle
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in edges:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    assert not cycles, f"modules that import each other (directly or through others): {cycles}"
