@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "ARCHITECTURE.md"
