@@ -90,7 +90,9 @@ def _assert_base_failed(run_dir: Path, state: str) -> None:
     rc, status = _wait_json(run_dir)
     tasks = {t["variant"]: t for t in status["tasks"]}
     assert rc == 1 and status["all_terminal"] and not status["all_completed"], status
-    assert tasks["base"]["state"] == "FAILED" and tasks["base"]["exit_code"] == "1:0", tasks["base"]
+    assert (
+        tasks["base"]["state"] == "FAILED" and tasks["base"]["exit_code"] == 1 and tasks["base"]["exit_signal"] == 0
+    ), tasks["base"]
     for v in ("r8", "r32"):
         assert (tasks[v]["state"], tasks[v]["reason"], tasks[v]["terminal"]) == (state, BLAME, True), tasks[v]
     err = (run_dir / "logs").rglob("*.err")
