@@ -243,6 +243,18 @@ def start_cli(*args: str, cwd: Path, env: dict | None = None, module: str = "slu
     )
 
 
+@pytest.fixture(autouse=True)
+def _no_tracker_store_leaks():
+    """MLflow's set_tracking_uri writes MLFLOW_TRACKING_URI into os.environ: a test that logs to MLflow in-process
+    must not hand its store to the tests after it on the same worker (their commands inherit os.environ)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 def wait_until(predicate, what: str, timeout: float = 600, poll_s: float = 0.05):
     """predicate()'s first truthy value, polled; AssertionError naming `what` after `timeout` s."""
     import time

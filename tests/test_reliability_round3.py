@@ -121,7 +121,8 @@ def _refused_then_renewed(tmp_path: Path, run_dir: Path) -> None:
 # ---- 3. trackers checked before anything runs; a failing one dropped -------------------------------------------
 def _tracker_env(tmp: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+    # start_cli adds os.environ back: an empty MLFLOW_TRACKING_URI means "unset" to the sink (trackers.Target)
+    return {**env, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": "", **extra}
 
 
 @pytest.mark.parametrize(
