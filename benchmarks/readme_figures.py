@@ -325,17 +325,15 @@ def _fused_cells(model: str, k: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def _fused_ratio(model: str, k: str, column: int) -> str:
+    """The ratio in brackets of a fused-cpu.md cell ('32,889 (1.09x)' -> '1.09'); its table repeats column names
+    (tokens/s and RSS each have a one-row and a per-variant column), so cells are read by position."""
+    return _fused_cells(model, k)[column].split("(")[1].rstrip(")x")
+
+
 for _model, _k in (("default", "4"), ("default", "8"), ("gpt2_small", "4")):
-    _key = f"{_model}_{_k}"
-    OTHERS[f"fused-cpu.md:{_key}_per_variant_speed"] = functools.partial(
-        lambda m, k: _fused_cells(m, k)[4].split("(")[1].rstrip(")x"), _model, _k
-    )
-    OTHERS[f"fused-cpu.md:{_key}_per_variant_memory"] = functools.partial(
-        lambda m, k: _fused_cells(m, k)[7].split("(")[1].rstrip(")x"), _model, _k
-    )
-    OTHERS[f"fused-cpu.md:{_key}_one_row_speed"] = functools.partial(
-        lambda m, k: _fused_cells(m, k)[3].split("(")[1].rstrip(")x"), _model, _k
-    )
+    for _name, _column in (("one_row_speed", 3), ("per_variant_speed", 4), ("per_variant_memory", 7)):
+        OTHERS[f"fused-cpu.md:{_model}_{_k}_{_name}"] = functools.partial(_fused_ratio, _model, _k, _column)
 
 FIGURES: dict[str, Callable[[], str]] = {
     **{f"router.json:{k}": f for k, f in ROUTER.items()},

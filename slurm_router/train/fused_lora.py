@@ -186,7 +186,7 @@ def fused_packed_batch(split, ids_per_variant: list[list[int]], device: torch.de
 
     ids = [i for group in ids_per_variant for i in group]
     inputs, labels, _, _, kwargs = packed_tensors(split, ids, device)
-    ranges, variant_of, n_targets, n_tokens, start = [], [], [], [], 0
+    ranges, variant_of, n_tokens, start = [], [], [], 0
     for k, group in enumerate(ids_per_variant):
         n = int(sum(int(split.lengths[i]) for i in group))
         ranges.append((k, start, start + n))
@@ -194,8 +194,7 @@ def fused_packed_batch(split, ids_per_variant: list[list[int]], device: torch.de
         n_tokens.append(n)
         start += n
     targets = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
-    per_variant = [int((targets[a:b] != -100).sum()) for _, a, b in ranges]
-    n_targets.extend(per_variant)
+    n_targets = [int((targets[a:b] != -100).sum()) for _, a, b in ranges]
     return FusedBatch(
         inputs,
         targets,
