@@ -259,6 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # called in-process (tests): leave the caller's handlers as they were
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before[1] is None else before[1])
+        forget_handled_interrupt()
+
+
+def forget_handled_interrupt() -> None:
+    """A stop we handled must not kill the process on its way out. CPython (3.11) notes a KeyboardInterrupt
+    leaving any exec() of a source string (dataclasses and namedtuple build their methods that way: a Ctrl-C
+    while a module defining one is imported) as unhandled, even when our code catches it later; under
+    `python -m` the interpreter then ends by re-raising SIGINT at exit (rc -2 after our one line, not 130).
+    Each exec() of a string resets that note first: this one clears it. A KeyboardInterrupt that does escape
+    main() sets it again (the interpreter's own path), so an uncaught one still ends by SIGINT."""
+    exec("")  # noqa: S102
 
 
 MULTIRUN = ("-m", "--multirun")  # Hydra's flag: the sweep overrides' grid becomes the run's variants

@@ -45,14 +45,7 @@ SLOW_FILES = (
 # timing hazard: test id -> why. At most MAX_FLAKY. Every rerun is printed in the summary (scripts/test.sh: -rR
 # with the first attempt's traceback) and appended to the rerun record (--rerun-record). Fix the race instead of
 # adding a line here; a test not named here runs once, and its first result is the verdict.
-FLAKY: dict[str, str] = {
-    # seen once (fresh clone, .ci/run, 4 files side by side): SIGINT 0.5 s into the command's start-up printed the
-    # one line `interrupted: nothing was written` and then the process died of SIGINT (rc -2, not 130): a second
-    # delivery, or one during interpreter finalization, not yet found; it passes alone and in earlier full runs
-    "tests/test_signal_windows.py::test_ctrl_c_before_anything_is_written_is_one_line": (
-        "a SIGINT during start-up under load once ended the process by the signal after its one line"
-    ),
-}
+FLAKY: dict[str, str] = {}
 MAX_FLAKY = 5
 
 # Per-test time limits (pytest-timeout) longer than pyproject.toml's default (300 s, which fits a real run with 4
