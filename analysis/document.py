@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from slurm_router.analysis.metrics import WARMUP_FRACTION
 from slurm_router.analysis.render import fmt, gib, pct
+from slurm_router.rundir.throughput import WARMUP_FRACTION
 
 DEFINITIONS = [
     "Losses are token-weighted means in nats per token; 'final' is the last held-out evaluation, 'best' the lowest.",
     f"Warm-up: the first {WARMUP_FRACTION:.0%} of steps (at least one) are left out of tokens/s, samples/s, "
     "step-time percentiles and MFU.",
+    "Tokens/s: the real (non-padding) tokens of the steps after warm-up / the summed step time of those same "
+    "steps (evaluations and checkpoints between steps are not step time); `status --json` shows the same figure.",
     "Verdict: the difference of two variants' mean held-out losses over their seeds, paired by eval batch (every "
     "task evaluates the same batches) and by seed (the same data order). Its variance has a seeds part (training "
     "noise: LoRA init, data order) and an eval-batches part (which held-out samples were drawn), from the two-way "

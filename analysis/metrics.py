@@ -1,8 +1,9 @@
 """The report's figures for one task, from its cleaned events (see load.py). Pure functions of a Task.
 
 Definitions (they are repeated in the report's own "Definitions" section):
-- warm-up: the first WARMUP_FRACTION of the steps, at least one; throughput and step-time figures leave it
-  out, because it pays start-up costs (allocator, caches, kernel selection) later steps do not.
+- tokens/s (and samples/s) and warm-up: one definition, shared with `status`, in slurm_router/rundir/throughput.py
+  (real tokens of the steps after warm-up over the summed step time of those same steps); the step-time figures
+  leave the same warm-up out.
 - balance ratio of a step: max / mean over devices of busy_s (time from step start to the gradient sync).
   1.0 means every device finished its share together; the run's figure is the mean (and p95) over steps.
 - cost balance ratio: the router's own view, max / mean of the planned cost per device (mean over steps).
@@ -23,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from slurm_router.analysis.load import Task, of_kind
+from slurm_router.rundir import throughput as rates
 from slurm_router.rundir.events import StartRow
 
-WARMUP_FRACTION = 0.1
 # Dense bf16 peak FLOP/s from the vendors' data sheets (SXM parts); matched as substrings of the device name.
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets. Matched in this order against the device
 # name the worker records (torch.cuda.get_device_name), so the more specific names come first.
@@ -44,8 +45,7 @@ GIB = 2**30
 
 
 def warmup_steps(steps: pd.DataFrame) -> int:
-    n = int(steps["step"].max()) + 1 if len(steps) else 0
-    return max(1, int(n * WARMUP_FRACTION)) if n > 1 else 0
+    return rates.warmup_steps(int(steps["step"].max()) + 1 if len(steps) else 0)
 
 
 def warm(steps: pd.DataFrame) -> pd.DataFrame:
@@ -68,14 +68,13 @@ def losses(task: Task) -> dict:
 
 
 def throughput(task: Task) -> dict:
-    w = warm(task.steps)
-    seconds = float(w["t_step_s"].sum()) if len(w) else 0.0
-    out: dict[str, Any] = {"warmup_steps": warmup_steps(task.steps), "tokens_per_s": None, "samples_per_s": None}
-    if seconds > 0:
-        out["tokens_per_s"] = float(w["n_tokens"].sum()) / seconds
-        if "n_samples" in w:
-            out["samples_per_s"] = float(w["n_samples"].sum()) / seconds
-    return out
+    """tokens/s and samples/s as rundir/throughput.py defines them (status shows the same tokens/s)."""
+    rows = task.steps.to_dict("records")
+    return {
+        "warmup_steps": warmup_steps(task.steps),
+        "tokens_per_s": rates.tokens_per_s(rows),
+        "samples_per_s": rates.per_s(rows, "n_samples") if "n_samples" in task.steps else None,
+    }
 
 
 def step_balance(busy: list[float]) -> float:

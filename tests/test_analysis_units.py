@@ -153,3 +153,16 @@ def test_mfu_uses_6n_for_full_training_4n_plus_2n_trainable_for_lora_and_names_t
     assert mfu(t, tokens_per_s=100_000)["mfu"] == pytest.approx(100_000 * 6 * 100e6 / (2 * 756e12))
     t.start.update(device_type="cpu")
     assert mfu(t, tokens_per_s=100_000)["text"] == "n/a (CPU)"
+
+
+def test_tokens_per_s_is_one_definition_after_warm_up_and_counts_a_rerun_step_once():
+    from slurm_router.rundir.throughput import per_s, tokens_per_s, warmup_steps
+
+    assert [warmup_steps(n) for n in (0, 1, 2, 19, 20, 35)] == [0, 0, 1, 1, 2, 3]
+    rows = [{"step": s, "attempt": 0, "n_tokens": 100, "n_samples": 4, "t_step_s": 1.0} for s in range(6)]
+    rows[0]["t_step_s"] = 50.0  # warm-up: left out
+    rows += [{"step": 5, "attempt": 1, "n_tokens": 100, "n_samples": 4, "t_step_s": 3.0}]  # a requeue ran step 5 again
+    rows += [{"step": 6, "attempt": 1, "n_tokens": 300, "t_step_s": None}]  # damaged: left out
+    assert tokens_per_s(rows) == pytest.approx(500 / 7.0) and per_s(rows, "n_samples") == pytest.approx(20 / 7.0)
+    assert tokens_per_s(rows[:1]) == pytest.approx(100 / 50.0)  # one step: no warm-up
+    assert tokens_per_s([]) is None and tokens_per_s([{"step": 0, "n_tokens": 1, "t_step_s": 0.0}]) is None

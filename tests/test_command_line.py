@@ -10,7 +10,7 @@ import subprocess
 from importlib.metadata import entry_points, version
 
 import pytest
-from conftest import run_cli, run_dir_of
+from conftest import event_rows, run_cli, run_dir_of
 
 from slurm_router.__main__ import main
 
@@ -100,3 +100,26 @@ def test_status_json_has_nulls_and_numbers(tmp_path):
         if key in ("exit_code", "elapsed_s", "requeues", "step", "steps", "attempts", "tokens_per_s"):
             assert value is None or isinstance(value, (int, float)), (key, value)
     assert task["step"] == task["steps"] == 2
+
+
+def test_status_and_the_report_show_one_tokens_per_s(tmp_path):
+    """One definition of tokens/s (slurm_router/rundir/throughput.py): `status --json` shows the report's figure
+    for the same task (summary.json and report.md), the real tokens of the steps after warm-up over their summed
+    step time; the pace of the newest steps' wall time (evaluations between them included) has its own name."""
+    longer = [a for a in TINY if a != "train.steps=2"] + ["train.steps=12", "train.eval_every=3"]
+    proc = run_cli(*longer, f"run_root={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_dir = run_dir_of(proc)
+    status = run_cli("status", str(run_dir), "--json", cwd=tmp_path, timeout=120)
+    assert status.returncode == 0, status.stderr
+    (task,) = json.loads(status.stdout)["tasks"]
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    report = summary["variants"][task["task"]]
+    assert task["tokens_per_s"] == report["tokens_per_s"] > 0, (task, report)
+
+    assert report["warmup_steps"] == 1  # 10% of 12 steps, at least one
+    warm = [r for r in event_rows(run_dir / "tasks" / task["task"]) if r["event"] == "step" and r["step"] >= 1]
+    assert task["tokens_per_s"] == pytest.approx(sum(r["n_tokens"] for r in warm) / sum(r["t_step_s"] for r in warm))
+    assert f"| {task['task']} " in (md := (run_dir / "report" / "report.md").read_text())
+    assert f"{task['tokens_per_s']:,.0f}" in md and "Tokens/s: the real (non-padding) tokens" in md
+    assert task["pace_tokens_per_s"] > 0 and task["pace_tokens_per_s"] != task["tokens_per_s"], task

@@ -191,6 +191,7 @@ JSON_ORDER = (
     "val_loss",
     "val_step",
     "tokens_per_s",
+    "pace_tokens_per_s",
     "eta_s",
     "elapsed_s",
     "requeues",
@@ -209,8 +210,9 @@ JSON_ORDER = (
 
 def task_json(t: TaskStatus) -> dict:
     """One task as status --json prints it: Slurm's view (state, job_id, elapsed_s, requeues, exit_code, node,
-    reason, log_path, err_path) and its progress (step, steps, train_loss, val_loss, val_step, tokens_per_s,
-    eta_s, attempts, retries), flat."""
+    reason, log_path, err_path) and its progress (step, steps, train_loss, val_loss, val_step, tokens_per_s: the
+    report's figure, rundir/throughput.py; pace_tokens_per_s: the newest steps' wall time, which eta_s uses; eta_s,
+    attempts, retries), flat."""
     code, signal = exit_status(t.exit_code)
     fields = {
         **asdict(t),

@@ -1,7 +1,8 @@
 """Live progress of a local run's tasks, read from their rank-0 event files (rundir.progress, the one reader).
 
-On a terminal: a rich progress bar per task (step, loss, tokens/s). Elsewhere (CI, a log file): one plain
-line per task every 10% of its steps, so a captured log still shows the run moving.
+On a terminal: a rich progress bar per task (step, loss, pace: tokens/s over the newest steps' wall time).
+Elsewhere (CI, a log file): one plain line per task every 10% of its steps, so a captured log still shows the run
+moving.
 """
 
 from __future__ import annotations
@@ -43,14 +44,14 @@ class Progress:
 
     def update(self) -> None:
         for name, task in self.tasks.items():
-            self.state[name]["progress"] = read_progress(task.task_dir, running=True)
+            self.state[name]["progress"] = read_progress(task.task_dir, running=True, all_steps=False)
             self._show(name)
 
     def _info(self, name: str) -> str:
         p = self.state[name]["progress"]
         if p.train_loss is None:
             return "starting" if p.val_loss is None else f"val {p.val_loss:.3f}"
-        rate = f"  {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
+        rate = f"  pace {p.pace_tokens_per_s:,.0f} tok/s" if p.pace_tokens_per_s else ""
         return f"loss {p.train_loss:.3f}{rate}"
 
     def _show(self, name: str) -> None:

@@ -19,13 +19,14 @@ from pathlib import Path
 from slurm_router.rundir.attempts import load_attempts
 from slurm_router.rundir.events import EVENT, EvalRow, StepRow
 from slurm_router.rundir.layout import RunLayout, TaskPaths
+from slurm_router.rundir.throughput import tokens_per_s
 
-RECENT_STEPS = 10  # tokens/s and the ETA: over this many of the newest steps (of the current attempt)
+RECENT_STEPS = 10  # the pace and the ETA: over this many of the newest steps (of the current attempt)
 
 
-def last_rows(path: str | os.PathLike, kind: str, n: int = 1) -> list[dict]:
-    """The newest n rows of one kind in an events file, newest first; [] if there are none (or no file). A row
-    being written (no newline yet) is not one."""
+def last_rows(path: str | os.PathLike, kind: str, n: int | None = 1) -> list[dict]:
+    """The newest n rows of one kind in an events file (n=None: all of them), newest first; [] if there are none
+    (or no file). A row being written (no newline yet) is not one."""
     needle = json.dumps({EVENT: kind}, separators=(",", ":"))[:-1].encode()  # {"event":"step"
     try:
         with open(path, "rb") as f:
@@ -34,7 +35,7 @@ def last_rows(path: str | os.PathLike, kind: str, n: int = 1) -> list[dict]:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                 out: list[dict]
                 out, end = [], len(m)
-                while len(out) < n:
+                while n is None or len(out) < n:
                     start = m.rfind(needle, 0, end)
                     if start < 0:
                         break
@@ -59,7 +60,8 @@ class Progress:
     train_loss: float | None = None  # the newest step's global, token-weighted loss
     val_loss: float | None = None  # the newest held-out loss
     val_step: int | None = None  # ... at this step
-    tokens_per_s: float | None = None  # over the newest RECENT_STEPS steps of the current attempt
+    tokens_per_s: float | None = None  # the report's figure, one definition: rundir/throughput.py
+    pace_tokens_per_s: float | None = None  # another figure: the wall time of the newest RECENT_STEPS steps
     eta_s: float | None = None  # running tasks: the remaining steps at that pace
     attempts: int = 0  # starts of the task (attempts.json): requeues and resumes are attempts - 1
     retries: list = field(default_factory=list)  # launcher.max_failures records (retry.py), oldest first
@@ -71,8 +73,9 @@ class Progress:
 
 
 def pace(rows: list[dict], steps: int | None) -> tuple[float | None, float | None]:
-    """(tokens/s, ETA in s) from the newest step rows (newest first) of one attempt. The wall time between rows
-    includes evaluations and checkpoints, so the ETA does too; one row alone: its own step time."""
+    """(pace in tokens/s, ETA in s) from the newest step rows (newest first) of one attempt. The wall time between
+    rows includes evaluations and checkpoints, so the pace and the ETA do too (tokens/s, rundir/throughput.py, does
+    not: it is another figure); one row alone: its own step time."""
     if not rows:
         return None, None
     newest = rows[0]
@@ -89,8 +92,9 @@ def pace(rows: list[dict], steps: int | None) -> tuple[float | None, float | Non
     return tokens, None if left is None else left * per_step
 
 
-def read_progress(task_dir: str | os.PathLike, running: bool) -> Progress:
-    """A task's progress from its folder; the ETA only while it runs."""
+def read_progress(task_dir: str | os.PathLike, running: bool, all_steps: bool = True) -> Progress:
+    """A task's progress from its folder; the ETA only while it runs. tokens/s reads every step row of rank 0
+    (all_steps=False: not, for a live display that polls often and shows the pace)."""
     paths = TaskPaths(Path(task_dir))
     out = Progress()
     try:
@@ -105,8 +109,10 @@ def read_progress(task_dir: str | os.PathLike, running: bool) -> Progress:
     if recent:
         out.step, out.train_loss = int(recent[0]["step"]) + 1, recent[0].get("loss")
         tokens, eta = pace(recent, out.steps)
-        out.tokens_per_s = None if tokens is None else round(tokens, 1)
+        out.pace_tokens_per_s = None if tokens is None else round(tokens, 1)
         out.eta_s = None if eta is None or not running else round(eta, 1)
+        if all_steps:
+            out.tokens_per_s = tokens_per_s(reversed(last_rows(events, StepRow.KIND, None)))
     evals = last_rows(events, EvalRow.KIND)
     if evals:
         out.val_loss, out.val_step = evals[0].get("val_loss"), evals[0].get("step")
