@@ -23,6 +23,10 @@ A local job holds its run's lock (slurm_router.rundir.lock: inherited from the l
 hand) and ends with its launcher: if that dies, the job stops like on SIGTERM, kills workers that have not
 stopped within supervisor.ORPHAN_GRACE_S, and records its own end in the manifest (nobody else will).
 
+A fused task (resources.fuse_variants: a leader's spec names its members) trains every variant of its group in
+one process (worker/fused.py); it is done only when each of them has its result.json, its checkpoints (every
+variant's state in one file) are in the leader's folder, and a failure's `end` row reaches every unfinished one.
+
 Exit codes (slurm_router.rundir.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a packed task asks for a
 requeue, 1 failed, 2 bad arguments or unusable checkpoints.
 """
@@ -77,19 +81,48 @@ def checkpoint_step(spec) -> int | None:
     return step_of(path) if path else None
 
 
-def _repair_events(paths: TaskPaths, srun_rank: int | None) -> None:
-    """No worker of this task is running now (or, for an srun worker, no other process writes its file)."""
+def _repair_events(spec, srun_rank: int | None) -> None:
+    """No worker of this task (or of any task fused into it) is running now (or, for an srun worker, no other
+    process writes its file)."""
     from slurm_router.allocation.requeue import repair_torn_tail
 
-    for events_file in [paths.events(srun_rank)] if srun_rank is not None else paths.events_files():
-        repair_torn_tail(events_file)
+    if srun_rank is not None:
+        repair_torn_tail(TaskPaths(spec.task_dir).events(srun_rank))
+        return
+    for paths in _group_paths(spec):
+        for events_file in paths.events_files():
+            repair_torn_tail(events_file)
+
+
+def _group_paths(spec) -> list[TaskPaths]:
+    """The folders of the tasks this task trains: its own, then its fused members' (resources.fuse_variants)."""
+    from slurm_router.rundir.layout import RunLayout
+
+    return [RunLayout(spec.run_dir).task(name) for name in spec.group]
+
+
+def _unfinished(spec) -> list[str]:
+    """The tasks of this one's group without a result yet: a fused task is done only when every variant is."""
+    return [name for name, paths in zip(spec.group, _group_paths(spec)) if not paths.result.is_file()]
+
+
+def _end_failed(spec, error: str) -> None:
+    """The failed `end` row, in this task's events and in each fused member's that has no result."""
+    from slurm_router.allocation.requeue import task_event
+
+    task_event(spec, "end", exit_state="failed", error=error)
+    unfinished = set(_unfinished(spec))
+    for member in spec.group_specs()[1:]:
+        if member.name in unfinished:
+            member.attempt = spec.attempt
+            task_event(member, "end", exit_state="failed", error=error)
 
 
 def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict | None:
     """Train one task to the end, resuming from its newest valid checkpoint; returns its result (held-out
     loss, ...). Raises TaskStopped after a stop signal (checkpoint saved), TaskFailed if a worker died,
     CheckpointError if checkpoints exist and none is valid."""
-    from slurm_router.allocation.requeue import note_slurm_restart, task_event
+    from slurm_router.allocation.requeue import note_slurm_restart
     from slurm_router.allocation.srun_worker import run_srun_worker, srun_rank
     from slurm_router.rundir.attempts import next_attempt
     from slurm_router.rundir.spec import TaskSpec
@@ -97,12 +130,13 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     supervisor = supervisor or TaskSupervisor()
     spec = TaskSpec.load(task_file)
     paths = TaskPaths(spec.task_dir)
-    if paths.result.is_file():  # a requeue or resume= after the task had finished: nothing to redo
-        print(f"{spec.name}: already completed ({paths.result})", flush=True)
+    if not _unfinished(spec):  # a requeue or resume= after the task (every fused variant) had finished
+        fused = f" and its {len(spec.members)} fused task(s)" if spec.members else ""
+        print(f"{spec.name}: already completed ({paths.result}{fused})", flush=True)
         return json.loads(paths.result.read_text())
-    resume = _newest_checkpoint(spec)
+    resume = _newest_checkpoint(spec)  # a fused task's checkpoints hold every variant, in the leader's folder
     rank = srun_rank()
-    _repair_events(paths, rank)
+    _repair_events(spec, rank)
     if rank is not None:
         return run_srun_worker(spec, resume, supervisor)
     spec.attempt = next_attempt(spec.task_dir)
@@ -111,7 +145,7 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
 
     refused = count_node_failures(spec)  # Slurm requeued it after NODE_FAIL: launcher.max_failures
     if refused:
-        task_event(spec, "end", exit_state="failed", error=refused)
+        _end_failed(spec, refused)
         raise TaskFailed(refused)
     try:
         outcome = supervisor.run_workers(spec, resume)
@@ -125,16 +159,18 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
             f"{spec.name}: {e}; the task stopped (the other workers were killed); "
             f"{'resume continues from ' + ckpt if ckpt else 'no checkpoint yet: resume restarts it'}"
         )
-        task_event(spec, "end", exit_state="failed", error=msg)
+        _end_failed(spec, msg)
         retried = after_failure(spec, str(e), checkpoint_step(spec))  # not its own error: launcher.max_failures
         if retried:
             raise retried from None
         raise TaskFailed(msg) from None
     if outcome is TaskOutcome.STOPPED:
         raise TaskStopped(checkpoint_step(spec), supervisor.signum or signal.SIGTERM)
-    if not paths.result.is_file():
-        msg = f"{spec.name}: the workers ended without a result (interrupted during start-up?)"
-        task_event(spec, "end", exit_state="failed", error=msg)
+    missing = _unfinished(spec)
+    if missing:
+        which = f" for {', '.join(missing)}" if spec.members else ""
+        msg = f"{spec.name}: the workers ended without a result{which} (interrupted during start-up?)"
+        _end_failed(spec, msg)
         raise TaskFailed(msg)
     return json.loads(paths.result.read_text())
 

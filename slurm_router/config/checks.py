@@ -133,6 +133,8 @@ def explain(error: Exception, where: str = "") -> UserError:
         )
     if isinstance(error, ValidationError) and key and re.search(r"'dict'|'\{\}'", msg):
         return _not_a_group(key, msg, where)
+    if key == "resources.fuse_variants" and "converted to Integer" in msg:  # auto: the user gives K
+        return UserError(f"{where}{key}: {msg}: give K, the most variants fused into one task (e.g. {key}=4; 1: off)")
     if isinstance(error, ValidationError) and key:
         return UserError(f"{where}{key}: {msg}{_example(key, msg)}")
     return UserError(f"{where}{msg}")

@@ -222,6 +222,9 @@ class ResourcesConfig:
     # Nodes a task's devices spread over, devices_per_task/N on each (Slurm launchers with launcher.srun_workers:
     # one srun task per device, --nodes=N --ntasks-per-node=D/N); 1: every device of a task on one node.
     nodes_per_task: int = 1
+    # Fused variants: up to K compatible LoRA tasks of the variants stage train in one task over one shared base
+    # (launch/fuse.py groups them, worker/fused.py trains them); 1 = every task alone. Set once, at the top level.
+    fuse_variants: int = 1
 
 
 @dataclass
@@ -321,6 +324,7 @@ RANGES = {
     "resources.devices_per_task": (1, 4096, True),
     "resources.tasks_per_gpu": (0, 64, True),
     "resources.nodes_per_task": (1, 4096, True),
+    "resources.fuse_variants": (1, 64, True),
 }
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 

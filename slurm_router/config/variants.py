@@ -81,6 +81,11 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
                 "one array job, each of its tasks on the same number of nodes): set "
                 "resources.nodes_per_task= outside the variant"
             )
+        if overrides is not None and "fuse_variants" in (overrides.get("resources") or {}):
+            raise UserError(
+                f"variants.{name}.resources.fuse_variants: it is set once, at the top level (it groups the "
+                "variants with each other): set resources.fuse_variants= outside the variant"
+            )
         if overrides is not None and "prune" in overrides:
             raise UserError(
                 f"variants.{name}.prune: prune is set once, at the top level (it compares the variants "

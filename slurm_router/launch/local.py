@@ -28,7 +28,7 @@ from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests
 from slurm_router.config.schema import LocalLauncherConfig
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
-from slurm_router.launch.plan import prune_layout_note, queue_order
+from slurm_router.launch.plan import prune_layout_note, queue_order, trained_variants
 from slurm_router.launch.progress import Progress
 from slurm_router.launch.task_status import TaskStatus, local_tasks
 from slurm_router.rundir.layout import RunLayout
@@ -138,7 +138,7 @@ class LocalLauncher(Launcher):
         order = queue_order(stage.tasks)  # replicates of different variants side by side (prune=true compares them)
         if self.cfg.get("prune") and len(order) > 1:
             at_once = len(pool) // max(t.devices for t in order)
-            if note := prune_layout_note(order, at_once):
+            if note := prune_layout_note(order, at_once, trained_variants(stage)):
                 print(note, file=sys.stderr, flush=True)
         return StageJobs(states=_run_queue(order, pool, on_gpu, self.layout, self.manifest, threads))
 

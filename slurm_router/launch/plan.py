@@ -8,17 +8,23 @@ Replicates: each variant runs once per training seed (`seeds`, config.variants.t
 stage (one array job). With one seed a task is named as its variant (r8); with several, `<variant>-s<seed>`
 (r8-s0, r8-s1). A task's `seed` picks its LoRA init and data order; the base and the held-out eval batches keep
 the config's `seed`, so every replicate starts from the same base and is evaluated on the same batches.
+
+Fused variants (resources.fuse_variants=K, launch/fuse.py): the variants stage's compatible tasks, in queue order,
+in groups of up to K; a group's first task (its leader) is the one that runs and trains them all, the others are
+in Stage.fused. The stage's tasks, in queue order and indexed 0..N-1 (the Slurm array), are the leaders and the
+tasks alone.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Callable, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.artifacts import base_cache
 from slurm_router.config.variants import training_seeds
 from slurm_router.errors import UserError
+from slurm_router.launch.fuse import fuse_tasks
 from slurm_router.rundir.spec import Stage, TaskSpec, task_name
 
 # model keys that shape the base's weights (lora and dtype do not: every variant can fine-tune the same base)
@@ -91,14 +97,23 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
                     seed=seed,
                 )
             )
-    stages.append(Stage("variants", tasks, depends_on=[s.name for s in stages]))
+    fused: list[TaskSpec] = []
+    if cfg.resources.fuse_variants > 1:  # compatible tasks trained as one, over one base (launch/fuse.py)
+        fusion = fuse_tasks(queue_order(tasks), int(cfg.resources.fuse_variants))
+        tasks, fused = fusion.runs, fusion.fused
+        for line in [*fusion.notes, fusion.summary(int(cfg.resources.fuse_variants))]:
+            print(line, flush=True)
+    stages.append(Stage("variants", tasks, depends_on=[s.name for s in stages], fused=fused))
     return stages
 
 
 def queue_order(tasks: list[TaskSpec]) -> list[TaskSpec]:
     """The variants stage's tasks seed by seed across variants (r8-s0, r32-s0, r8-s1, r32-s1, ...): a queue that
     runs fewer tasks at a time than there are then trains every variant's replicates side by side, so prune=true
-    can compare them early (worker/prune.py). The base stage (one task) and one-seed runs keep their order."""
+    can compare them early (worker/prune.py). The base stage (one task) and one-seed runs keep their order; so does
+    a stage with fused tasks (resources.fuse_variants), which make_plan put in this order already."""
+    if any(getattr(t, "members", None) for t in tasks):
+        return list(tasks)
     by_variant: dict[str, list[TaskSpec]] = {}
     for t in tasks:
         by_variant.setdefault(t.variant, []).append(t)
@@ -106,18 +121,26 @@ def queue_order(tasks: list[TaskSpec]) -> list[TaskSpec]:
     return [v[i] for i in range(rounds) for v in by_variant.values() if i < len(v)]
 
 
-def prune_blind_variants(order: list[TaskSpec], at_once: int) -> list[str]:
+def trained_variants(stage: Stage) -> Callable[[TaskSpec], list[str]]:
+    """A task of `stage` -> the variants it trains: its own, then its fused members' (resources.fuse_variants)."""
+    variant_of = {t.name: t.variant for t in stage.fused}
+    return lambda t: [t.variant, *(variant_of.get(m, m) for m in t.members)]
+
+
+def prune_blind_variants(
+    order: list[TaskSpec], at_once: int, variants: Callable[[TaskSpec], list[str]] = lambda t: [t.variant]
+) -> list[str]:
     """The variants that prune=true can never stop when `at_once` tasks of `order` run at a time (equal task
     times assumed): a replicate sees the rows of the tasks queued before it and beside it, and is compared only
-    when it and another variant have 2 seeds there."""
+    when it and another variant have 2 seeds there. A fused task trains `variants(task)` side by side."""
     blind = []
-    for variant in dict.fromkeys(t.variant for t in order):
+    for variant in dict.fromkeys(v for t in order for v in variants(t)):
         for i, t in enumerate(order):
-            if t.variant != variant:
+            if variant not in variants(t):
                 continue
             seen: dict[str, int] = {}
-            for u in order[: i + max(1, at_once)]:
-                seen[u.variant] = seen.get(u.variant, 0) + 1
+            for v in (v for u in order[: i + max(1, at_once)] for v in variants(u)):
+                seen[v] = seen.get(v, 0) + 1
             if seen[variant] >= 2 and any(n >= 2 for v, n in seen.items() if v != variant):
                 break
         else:
@@ -125,13 +148,17 @@ def prune_blind_variants(order: list[TaskSpec], at_once: int) -> list[str]:
     return blind
 
 
-def prune_layout_note(order: list[TaskSpec], at_once: int) -> str | None:
+def prune_layout_note(
+    order: list[TaskSpec], at_once: int, variants: Callable[[TaskSpec], list[str]] = lambda t: [t.variant]
+) -> str | None:
     """One line when prune=true cannot compare some variants with this queue (None when every one can), with
     the number of tasks at a time that lets every one be compared."""
-    blind = prune_blind_variants(order, at_once)
+    blind = prune_blind_variants(order, at_once, variants)
     if not blind:
         return None
-    need = next((k for k in range(at_once + 1, len(order) + 1) if not prune_blind_variants(order, k)), len(order))
+    need = next(
+        (k for k in range(at_once + 1, len(order) + 1) if not prune_blind_variants(order, k, variants)), len(order)
+    )
     return (
         f"prune=true: with {at_once} task(s) at a time, {', '.join(blind)} can never be compared with 2 seeds of "
         f"another variant, so cannot be pruned: run {need} tasks at a time (launcher.cpu_slots={need} without "

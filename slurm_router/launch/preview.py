@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurm_router.launch.fuse import fused_line
 from slurm_router.rundir.layout import PREVIEW_FILE
 from slurm_router.rundir.layout import SUBMIT_ALL as SUBMIT_SCRIPT
 from slurm_router.rundir.spec import Stage
@@ -141,7 +142,15 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
                 f"predicted peak per device {_gib(peak)}{against} (one micro-batch at data.max_len; the router "
                 "splits a step that does not fit"
                 + ("; a CPU worker's RSS adds the interpreter and torch" if kind == "cpu" else "")
+                + (f"; one variant's: this task trains {len(t.group)}" if t.members else "")
                 + ")"
+            )
+            if line := fused_line(t):
+                lines.append(f"    {line}")
+        if stage.fused:
+            lines.append(
+                f"  resources.fuse_variants={cfg.resources.fuse_variants}: {len(stage.tasks) + len(stage.fused)} "
+                f"variant task(s) run as {len(stage.tasks)} task(s); each fused task holds one base in memory"
             )
         n_tasks += len(stage.tasks)
         n_device_tasks += len(stage.tasks) * devices

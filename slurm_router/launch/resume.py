@@ -49,18 +49,21 @@ def _task(manifest: Manifest, name: str) -> TaskSpec:
 
 def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
     """(manifest, config, stages holding only the unfinished tasks). Raises UserError (one line) for a run dir
-    that is not one, or a task whose checkpoints are all damaged."""
+    that is not one, or a task whose checkpoints are all damaged. A fused task (resources.fuse_variants) runs
+    again, as one task from its leader's checkpoint, while any of its variants has no result."""
     from slurm_router.worker.checkpoint import CheckpointError, latest_valid_checkpoint
 
     manifest, cfg = _load_run(arg)
     stages, notes = [], []
     for s in manifest.data["stages"]:
-        todo, reuse = [], []
-        for name in s["tasks"]:
+        todo, reuse, fused = [], [], []
+        for name in s["tasks"]:  # the tasks that run: a fused task's members are never resumed alone
             spec = _task(manifest, name)
+            members = [_task(manifest, m) for m in spec.members]
             paths = manifest.layout.task(name)
-            if paths.result.is_file():
-                notes.append(f"{name} completed")
+            shown = f"{name} (+ {', '.join(spec.members)} fused)" if spec.members else name
+            if all(manifest.layout.task(n).result.is_file() for n in spec.group):  # every variant of it
+                notes.append(f"{shown} completed")
                 continue
             if cached_base(spec):  # another run has trained this base since: submit_stages reuses it
                 notes.append(f"{name} from the base cache")
@@ -72,9 +75,11 @@ def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
                 raise UserError(f"resume: task {name}: {e}") from None
             for w in warnings:
                 print(f"warning: {name}: {w}", file=sys.stderr)
-            notes.append(f"{name} from step {checkpoint_step(path) if path else 0}")
+            notes.append(f"{shown} from step {checkpoint_step(path) if path else 0}")
             todo.append(spec)
-        stages.append(Stage(s["name"], todo or reuse, cached=not todo, depends_on=list(s.get("depends_on", []))))
+            fused += members
+        depends_on = list(s.get("depends_on", []))
+        stages.append(Stage(s["name"], todo or reuse, cached=not todo, depends_on=depends_on, fused=fused))
     print(f"resume {manifest.layout.root}: {', '.join(notes)}")
     return manifest, cfg, stages
 

@@ -66,6 +66,23 @@ def _git_dirty() -> bool | None:
         return None
 
 
+# a task entry's own fields, never copied from a fused task's leader to its members
+IDENTITY_FIELDS = ("stage", "variant", "seed", "index", "task_dir", "devices", "members", "fused_into")
+
+
+def mirror_leaders(data: dict) -> None:
+    """resources.fuse_variants: a member's entry (fused_into its leader) takes every field of its leader's entry
+    but its identity (IDENTITY_FIELDS): the state, job id, exit code, note and times a launcher or job recorded
+    on the task that runs are its members' too."""
+    tasks = data.get("tasks")
+    if not isinstance(tasks, dict):
+        return
+    for entry in tasks.values():
+        leader = tasks.get(entry.get("fused_into")) if isinstance(entry, dict) and entry.get("fused_into") else None
+        if isinstance(leader, dict):
+            entry.update({k: v for k, v in leader.items() if k not in IDENTITY_FIELDS})
+
+
 def new_run_dir(cfg: DictConfig) -> tuple[str, Path]:
     """A fresh, unique run directory path (not created yet: nothing is written before the config checks pass)
     in a folder that can be written (a path under /proc, a file, no permission: one line, UserError)."""
@@ -127,10 +144,12 @@ class Manifest:
         return self
 
     def update(self, change) -> None:
-        """change(data) applied to the file as it is now, under the manifest's lock; then `data` is that."""
+        """change(data) applied to the file as it is now, under the manifest's lock; then `data` is that. Every
+        write then mirrors each fused task's leader onto its members (mirror_leaders): no writer knows of groups."""
         with short_lock(self.layout.manifest_lock):
             data = self._read() or self.data
             change(data)
+            mirror_leaders(data)
             atomic_write_text(self.path, json.dumps(data, indent=1))
         self.data = data
 
@@ -181,8 +200,9 @@ def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stag
     atomic_write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
     tasks = {}
     for stage in stages:
-        for t in stage.tasks:
-            paths = layout.task(t.name)
+        fused = {t.name: t for t in stage.fused}
+        for t in (t for leader in stage.tasks for t in [leader, *(fused[m] for m in leader.members)]):
+            paths = layout.task(t.name)  # every task of a fused group has its own folder and task.json
             paths.dir.mkdir(parents=True)
             atomic_write_text(paths.task_file, t.to_json())
             state = TaskState.CACHED if stage.cached else TaskState.PENDING
@@ -194,6 +214,8 @@ def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stag
                 "devices": t.devices,
                 "state": state.value,
                 "task_dir": str(paths.dir),
+                **({"members": t.members} if t.members else {}),
+                **({"fused_into": t.fused_into} if t.fused_into else {}),
             }
     data = {
         "run_id": run_id,

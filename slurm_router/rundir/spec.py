@@ -31,6 +31,10 @@ class TaskSpec:
     save_weights: Optional[str] = None  # save the trained weights here (base stage)
     attempt: int = 0
     seed: Optional[int] = None  # training seed (LoRA init, data order); None: the config's seed
+    # resources.fuse_variants (launch/fuse.py): a fused task's leader (variant 0) names the other tasks of its group
+    # in order (members[i] is variant i+1); each of those names its leader and is never run itself
+    members: list[str] = field(default_factory=list)
+    fused_into: Optional[str] = None
 
     def __post_init__(self):
         if self.seed is None:  # a task.json written before replicates existed
@@ -47,6 +51,16 @@ class TaskSpec:
     def load(cls, path: str | os.PathLike) -> "TaskSpec":
         return cls(**json.loads(Path(path).read_text()))
 
+    @property
+    def group(self) -> list[str]:
+        """The names of the tasks this one trains: itself, then its fused members (one name when not fused)."""
+        return [self.name, *self.members]
+
+    def group_specs(self) -> list["TaskSpec"]:
+        """The specs of the tasks this one trains, in variant order: itself, then each member's task.json."""
+        layout = RunLayout(self.run_dir)
+        return [self, *(TaskSpec.load(layout.task(name).task_file) for name in self.members)]
+
 
 @dataclass
 class Stage:
@@ -54,6 +68,9 @@ class Stage:
     tasks: list[TaskSpec]
     cached: bool = False  # the base stage found in the cache: nothing to run
     depends_on: list[str] = field(default_factory=list)
+    # resources.fuse_variants: the tasks trained inside a leader of `tasks` (fused_into set), never run themselves;
+    # each keeps its own tasks/<name>/ (create_run_dir writes them all)
+    fused: list[TaskSpec] = field(default_factory=list)
 
 
 def task_name(variant: str, seed: int, n_seeds: int) -> str:

@@ -93,6 +93,18 @@ def check_packing(cfg) -> None:
             "resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
             "a packed array task runs its tasks side by side on the same GPUs"
         )
+    fuse = int(cfg.resources.get("fuse_variants", 1))
+    if fuse > 1 and cfg.resources.tasks_per_gpu > 1:
+        raise UserError(
+            f"resources.fuse_variants={fuse} and resources.tasks_per_gpu={cfg.resources.tasks_per_gpu} do not "
+            f"combine under launcher={cfg.launcher.kind}: a fused task already shares its GPUs among its variants; "
+            "set resources.tasks_per_gpu=1 (or resources.fuse_variants=1 to pack tasks instead)"
+        )
+    if fuse > 1 and cfg.launcher.srun_workers:
+        raise UserError(
+            f"resources.fuse_variants={fuse} and launcher.srun_workers=true do not combine: a fused task's job "
+            "process starts its workers itself; set launcher.srun_workers=false (or resources.fuse_variants=1)"
+        )
 
 
 def check_nodes(cfg) -> None:

@@ -18,6 +18,7 @@ its reason names the stage and the task that failed (blame_failed_stages).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Callable
 
 from slurm_router.launch.task_status import (
@@ -29,6 +30,7 @@ from slurm_router.launch.task_status import (
     never_runs,
     normalize_state,
 )
+from slurm_router.rundir.progress import Progress
 
 SQUEUE_FIELDS = ("JobArrayID", "State", "TimeUsed", "RestartCnt", "NodeList", "Reason")
 # 22.05's sacct has no Restarts field: requeues are counted from the REQUEUED rows that -D shows.
@@ -166,6 +168,20 @@ def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, S
             )
     blame_failed_stages(manifest, out)
     return out
+
+
+def mirror_fused(manifest: dict, tasks: list[TaskStatus]) -> list[TaskStatus]:
+    """resources.fuse_variants: each task fused into another (never submitted itself) right after its leader,
+    with the leader's job and state (it trains inside it); its progress is read from its own folder later."""
+    members: dict[str, list[str]] = {}
+    for name, info in (manifest.get("tasks") or {}).items():
+        if isinstance(info, dict) and info.get("fused_into"):
+            members.setdefault(str(info["fused_into"]), []).append(str(name))
+    if not members:
+        return tasks
+    return [
+        u for t in tasks for u in [t, *(replace(t, variant=m, progress=Progress()) for m in members.get(t.variant, []))]
+    ]
 
 
 def blame_failed_stages(manifest: dict, tasks: list[TaskStatus]) -> None:

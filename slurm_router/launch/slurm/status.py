@@ -22,6 +22,7 @@ from slurm_router.launch.slurm.parse import (
     Runner,
     expand_array_indices,
     merge_status,
+    mirror_fused,
     parse_duration,
     parse_sacct,
     parse_squeue,
@@ -120,7 +121,7 @@ def slurm_states(manifest: dict, runner: Runner = run_command) -> list[TaskStatu
     for t in tasks:
         if t.state == "UNKNOWN":
             _state_from_run_dir(manifest, t)
-    return tasks
+    return mirror_fused(manifest, tasks)
 
 
 def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
@@ -181,7 +182,7 @@ def cancel_never_runnable(
         squeue, sacct = query_slurm(report, runner)
         row = squeue.get(report) or sacct.get(report)
         report = report if row is not None and row.state not in TERMINAL_STATES else ""
-    runner(["scancel", *([report] if report else []), *(t.job_id for t in stuck)])
+    runner(["scancel", *([report] if report else []), *dict.fromkeys(t.job_id for t in stuck)])  # fused: one job
     return stuck, report or None
 
 
