@@ -125,9 +125,15 @@ def fuse(models: list[nn.Module]) -> FusedModel:
         reason = why_not_fusable(m)
         if reason:
             raise ValueError(f"variant {k} cannot be fused: {reason}")
-    weights = [lora_weights(m) for m in models]
-    configs = [cast(Any, m).peft_config["default"] for m in models]
-    base = cast(Any, models[0]).unload()  # the transformers model, its LoRA layers removed (not merged)
+    return fuse_parts(
+        models[0], [lora_weights(m) for m in models], [cast(Any, m).peft_config["default"] for m in models]
+    )
+
+
+def fuse_parts(first: nn.Module, weights: list[dict], configs: list[Any]) -> FusedModel:
+    """fuse() from the first variant's model and every variant's lora_weights and peft config: a caller that builds
+    the variants one at a time keeps only one base in memory (worker/fused.py)."""
+    base = cast(Any, first).unload()  # the transformers model, its LoRA layers removed (not merged)
     segments = Segments()
     layers: dict[str, FusedLoraLayer] = {}
     for path in sorted({p for w in weights for p in w}):
@@ -206,10 +212,12 @@ def fused_packed_batch(split, ids_per_variant: list[list[int]], device: torch.de
     )
 
 
-def fused_loss(fused: FusedModel, batch: FusedBatch, divide_by: list[float]) -> tuple[torch.Tensor, list[float]]:
+def fused_loss(
+    fused: FusedModel, batch: FusedBatch, divide_by: list[float], as_tensor: bool = False
+) -> tuple[torch.Tensor, Any]:
     """(the sum over variants of each variant's token-loss sum over divide_by[k] (its global target count: what
     its separate run divides by), each variant's token-loss sum). One backward of the first gives every variant
-    the gradients of its separate run."""
+    the gradients of its separate run. as_tensor: the sums as a (K,) tensor on the device (no host sync)."""
     fused.segments.ranges = batch.ranges
     logits = fused.model(input_ids=batch.inputs, use_cache=False, **batch.model_kwargs).logits
     per_token = F.cross_entropy(
@@ -218,4 +226,4 @@ def fused_loss(fused: FusedModel, batch: FusedBatch, divide_by: list[float]) -> 
     k = len(batch.ranges)
     sums = torch.zeros(k, dtype=per_token.dtype, device=per_token.device).index_add(0, batch.variant_of, per_token)
     scale = torch.tensor([1.0 / max(1.0, d) for d in divide_by], dtype=sums.dtype, device=sums.device)
-    return (sums * scale).sum(), sums.detach().cpu().tolist()
+    return (sums * scale).sum(), sums if as_tensor else sums.detach().cpu().tolist()

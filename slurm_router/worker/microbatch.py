@@ -194,6 +194,14 @@ class MicroBatchRunner:
             return packed_tensors(self.split, ids, self.device)
         return (*batch_tensors(self.split, ids, self.pad_id, self.device, self.cfg.train.pad_to_multiple), None)
 
+    def forward_backward(self, batch) -> tuple[torch.Tensor, int]:
+        """One micro-batch's summed token loss and its targets; its gradients accumulated (all or nothing)."""
+        loss, n_tok = loss_sum(
+            self.model, *cast("tuple[Any, Any, Any, Any]", batch[:4]), self.cfg, self.device, model_kwargs=batch[4]
+        )
+        accumulate(loss, self.params)
+        return loss, n_tok
+
     def run(self, mbs: list[MicroBatch], step: int, lr: float) -> DeviceStep:
         """Forward/backward every micro-batch; on OOM halve and retry (no sample lost or repeated)."""
         queue, out, ran = list(mbs), DeviceStep(), []
@@ -210,14 +218,7 @@ class MicroBatchRunner:
                 if self.mem_sim is not None:
                     self.mem_sim.check(mb)
                 timer = ComputeTimer(self.device)
-                loss, n_tok = loss_sum(
-                    self.model,
-                    *cast("tuple[Any, Any, Any, Any]", batch[:4]),
-                    self.cfg,
-                    self.device,
-                    model_kwargs=batch[4],
-                )
-                accumulate(loss, self.params)
+                loss, n_tok = self.forward_backward(batch)
                 timer.stop()
             except (torch.cuda.OutOfMemoryError, SimulatedOOM):
                 if len(mb.sample_ids) <= 1:
@@ -240,8 +241,11 @@ class MicroBatchRunner:
             torch.cuda.empty_cache()
         out.oom_count += 1
         out.oom_mb = max(out.oom_mb, (mb.n_padded_tokens, len(mb.sample_ids)))  # the largest that failed
-        lengths = {i: int(self.split.lengths[i]) for i in mb.sample_ids}
+        lengths = {i: self.length(i) for i in mb.sample_ids}
         return list(self.router.split_for_oom(mb, lengths))
+
+    def length(self, sample_id: int) -> int:
+        return int(self.split.lengths[sample_id])
 
     def _report(self, ran: list[_Ran], out: DeviceStep, step: int, lr: float) -> None:
         """After the step's one sync: read losses and times, write a micro row each."""

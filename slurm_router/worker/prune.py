@@ -216,6 +216,12 @@ def after_eval(spec, step: int, loss_sums: list[float], tokens: list[int], n_loo
     """Rank 0 of a variant's task after an in-training evaluation: record it, then decide over all tasks' rows at
     the evaluation step so far that holds the most of them (fullest_step)."""
     record(spec.task_dir, step, spec.variant, spec.seed, loss_sums, tokens)
+    return decide_after(spec, step, n_looks)
+
+
+def decide_after(spec, step: int, n_looks: int) -> Decision | None:
+    """The decision for a task whose evaluation at `step` is recorded (a fused task records all its variants'
+    first: worker/fused.py)."""
     tables = read_steps(spec.run_dir)
     at = fullest_step(tables, spec.variant, step)
     if at is None:

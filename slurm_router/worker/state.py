@@ -98,6 +98,9 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(_bytes_tensor(state["cuda"]), device)
 
 
+rng_state, set_rng_state = _rng_state, _set_rng_state  # a fused task's checkpoint (worker/fused.py) saves them too
+
+
 def _tuplify(x):
     return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
 

@@ -1,0 +1,426 @@
+"""A fused task's worker (docs/ARCHITECTURE.md, "Fused variants"): K LoRA variants of one base, one forward and
+backward a step over all their samples, each variant exactly as if alone.
+
+Per step: every variant still in the group draws its own global batch (its own sampler and seed); the router
+splits the union of their samples across the task's devices (a sample's key is k * N + its id: variant k, N
+training samples), as it splits one variant's; each micro-batch is one packed row with the variants' samples
+side by side (fused_lora.fused_packed_batch); the loss gives each variant its token losses over its own global
+target count, so one backward gives each its separate run's gradients; gradients are summed across devices; each
+variant clips and steps its own optimizer. Each variant writes its own events, evaluations, adapters and result
+in its own task directory. A variant that diverges or is pruned leaves the group at that step (a step where one
+diverges is computed again without it: its non-finite activations must not reach the others); the task ends
+when the last one does. The group's checkpoint (leader's checkpoints/) holds every variant's state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+from slurm_router.rundir import events as ev
+from slurm_router.rundir.layout import TaskPaths
+from slurm_router.rundir.spec import TaskSpec
+from slurm_router.train.fused_lora import FusedModel, fused_loss, fused_packed_batch
+from slurm_router.train.packed import choose_packing
+from slurm_router.worker import state as train_state
+from slurm_router.worker.fused_variants import (
+    MemberAdapter,
+    Variant,
+    build_fused,
+    make_variants,
+    restore_variant,
+    variant_state,
+)
+from slurm_router.worker.microbatch import MicroBatchRunner, accumulate, autocast
+from slurm_router.worker.telemetry import device_name
+from slurm_router.worker.worker import StepPlan, Worker, allreduce_grads
+
+
+class FusedMicroBatches(MicroBatchRunner):
+    """The micro-batch runner over keyed samples (k * N + id): each micro-batch one fused packed row."""
+
+    fused: FusedModel
+    divide_by: list[float]  # each variant's global target count this step
+    variant_sums: torch.Tensor  # (K,) this device's token-loss sums this step, read after the step's sync
+
+    def key(self, key: int) -> tuple[int, int]:
+        return divmod(key, len(self.split.lengths))
+
+    def length(self, sample_id: int) -> int:
+        return int(self.split.lengths[self.key(sample_id)[1]])
+
+    def _build(self, keys):
+        per_variant: list[list[int]] = [[] for _ in self.fused.members]
+        for key in keys:
+            k, i = self.key(key)
+            per_variant[k].append(i)
+        return fused_packed_batch(self.split, per_variant, self.device)
+
+    def forward_backward(self, batch) -> tuple[torch.Tensor, int]:
+        with autocast(self.cfg, self.device):
+            total, sums = fused_loss(self.fused, batch, self.divide_by, as_tensor=True)
+        accumulate(total, self.params)
+        self.variant_sums += sums.detach()
+        return sums.detach().sum(), sum(batch.n_targets)
+
+
+class FusedWorker(Worker):
+    """Worker's loop (run, stop handling, observe) over a group of variants; train_step, evaluate, checkpoint
+    and finish act on each variant."""
+
+    def _build(self) -> None:
+        from slurm_router.train.data import build_corpus, eval_batches
+        from slurm_router.train.tokenizer import make_tokenizer
+
+        cfg = self.cfg
+        self.tokenizer = make_tokenizer(cfg.model)
+        self.corpus = build_corpus(cfg.data, self.tokenizer)
+        self.specs = self.spec.group_specs()
+        if self.spec.base_weights:
+            from slurm_router.artifacts.base_cache import verify_before_load
+
+            verify_before_load(self.spec.base_weights)
+        self.fused, cfgs = build_fused(
+            self.specs, self.tokenizer.vocab_size, cfg.seed, self.device, cfg.train.gradient_checkpointing
+        )
+        self.model = self.fused.model.to(self.device)
+        if not choose_packing(self.model, cfg.train, False):
+            raise RuntimeError(
+                f"{self.spec.name}: fused variants train packed rows, and this model cannot take them "
+                "(train.packing): set resources.fuse_variants=1"
+            )
+        self.variants = make_variants(self.fused, self.specs, cfgs, len(self.corpus.train), self.device)
+        self.params = [p for v in self.variants for p in v.params]
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        self._router_and_memory()
+        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
+        self.ckpt_identity = {"task": self.spec.name, "members": [s.name for s in self.specs], "fused": True}
+
+    def _router_and_memory(self) -> None:
+        """The router and telemetry as a single task's (setup.WorkerSetup): the memory model sees the shared model."""
+        import dataclasses
+
+        from slurm_router.router import MemoryModel, Router, RouterSettings
+        from slurm_router.train.model import memory_shape
+        from slurm_router.worker.telemetry import Telemetry
+
+        cfg = self.cfg
+        self.packed, self.mem_sim, self.slowdown = True, None, 1.0
+        self.telemetry = Telemetry(self.device)
+        self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=True)
+        shape = memory_shape(self.model, cfg, self.device)
+        if self.device.type == "cpu":  # the CPU baseline (setup.py says why)
+            baseline = self.telemetry.peak_bytes() - shape["frozen_bytes"] - shape["trainable_bytes"]
+            shape["workspace_bytes"] = shape.get("workspace_bytes", 0) + max(0, baseline)
+        self.router = Router(
+            self.settings,
+            self.world,
+            memory_model=MemoryModel.from_model_bytes(**shape, vocab_size=self.tokenizer.vocab_size),
+        )
+        self.totals = [int(row[0]) for row in self.gather([self.telemetry.total_bytes()])]
+        for d, t in enumerate(self.totals):
+            self.router.set_device_memory(d, t)
+        slowdowns = list(cfg.router.device_slowdown) or [1.0]
+        self.slowdown = float(slowdowns[self.rank % len(slowdowns)])
+
+    def setup(self) -> None:
+        """WorkerSetup.setup (its events file is the leader's), then every other variant's events and the fused runner."""
+        super().setup()
+        from slurm_router.tracking.trackers import task_sink
+
+        self.variants[0].events = self.events
+        for v in self.variants[1:]:
+            paths = TaskPaths(v.spec.task_dir)
+            sink = task_sink(v.spec, paths.events(0)) if self.rank == 0 else None
+            v.events = ev.EventWriter(
+                paths.events(self.rank),
+                sink,
+                run_id=v.spec.run_id,
+                task=v.spec.name,
+                variant=v.spec.variant,
+                stage=v.spec.stage,
+                attempt=self.spec.attempt,
+                device=self.rank,
+                policy=self.settings.policy,
+            )
+        runner = cast(FusedMicroBatches, self.micro)
+        runner.__class__ = FusedMicroBatches
+        runner.fused = self.fused
+
+    @property
+    def alive(self) -> list[Variant]:
+        return [v for v in self.variants if v.ended is None]
+
+    def start(self) -> None:
+        for v in self.variants:
+            cast(ev.EventWriter, v.events).write(
+                ev.StartRow(
+                    steps=v.spec.steps,
+                    world=self.world,
+                    device_type=self.device.type,
+                    n_params=self.n_params,
+                    n_trainable_params=sum(p.numel() for p in v.params),
+                    global_batch_size=v.spec.global_batch_size,
+                    lr=v.spec.lr,
+                    n_train_samples=len(self.corpus.train),
+                    n_val_samples=len(self.corpus.val),
+                    mem_total_bytes=self.telemetry.total_bytes(),
+                    mem_budget_bytes=[d.mem_budget_bytes for d in self.router.device_states()],
+                    torch=torch.__version__,
+                    pid=os.getpid(),
+                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    resume_from=self.resume,
+                    device_name=device_name(self.device),
+                )
+            )
+        if self.resume:
+            self._restore()
+        else:
+            self.evaluate(0)
+
+    # ---- a step ---------------------------------------------------------------------------------------------
+    def train_step(self, step: int) -> train_state.Stopped | None:
+        t_step0 = time.time()
+        alive = self.alive
+        lrs = {v.k: v.set_lr(step) for v in alive}
+        batches = {v.k: v.sampler.batch(step) for v in alive}
+        plan = self.plan_fused(batches)
+        runner = cast(FusedMicroBatches, self.micro)
+        runner.params = [p for v in alive for p in v.params]
+        targets = {v.k: self.corpus.train.count_targets(batches[v.k]) for v in alive}
+        runner.divide_by = [float(targets.get(k, 1)) for k in range(len(self.variants))]
+        runner.variant_sums = torch.zeros(len(self.variants), dtype=torch.float64, device=self.device)
+        runner.events = alive[0].events  # the micro rows: the first variant still in the group
+        mine = self.micro.run(plan.mine, step, lrs[alive[0].k])
+        busy_s = time.time() - t_step0
+        t_sync0 = time.time()
+        allreduce_grads(runner.params, 1)  # the fused loss divided each variant by its own global targets
+        sums = runner.variant_sums.clone()
+        dist.all_reduce(sums)
+        t_sync = time.time() - t_sync0
+        losses = {v.k: float(sums[v.k]) / max(1, targets[v.k]) for v in alive}
+        diverged = [v for v in alive if not math.isfinite(losses[v.k])]
+        if diverged:  # it leaves now; the others' step is computed again without its activations
+            for v in diverged:
+                self._leave(v, "diverged", step, detail=f"loss {losses[v.k]}", extra={"loss": str(losses[v.k])})
+            for v in self.variants:
+                v.optimizer.zero_grad(set_to_none=True)
+            return self.train_step(step) if self.alive else None
+        for v in alive:
+            v.learn()
+        stats = self.observe(plan, mine, busy_s)
+        t_step = time.time() - t_step0
+        for v in alive:
+            v.train_losses.append(losses[v.k])
+            cast(ev.EventWriter, v.events).write(
+                ev.StepRow(
+                    step=step,
+                    loss=losses[v.k],
+                    n_tokens=sum(int(self.corpus.train.lengths[i]) for i in batches[v.k]),
+                    n_target_tokens=targets[v.k],
+                    n_samples=len(batches[v.k]),
+                    t_step_s=t_step,
+                    t_sync_wait_s=t_sync,
+                    lr=lrs[v.k],
+                    busy_s=busy_s,
+                    busy_s_all=[s.busy_s for s in stats],
+                    planned_cost=plan.assignment.planned_cost(),
+                    n_micro=[len(p) for p in plan.assignment.per_device],
+                    speed=plan.speeds,
+                    cost_balance_ratio=plan.assignment.cost_balance_ratio(),
+                    oom_retries=mine.oom_count,
+                    n_pad_tokens=0,
+                    mem_peak_bytes=mine.peak_bytes,
+                    mem_total_bytes=self.telemetry.total_bytes(),
+                    util=self.telemetry.util(),
+                )
+            )
+        return self._after_step(step, stats)
+
+    def plan_fused(self, batches: dict[int, list[int]]) -> StepPlan:
+        n = len(self.corpus.train)
+        keys = [k * n + i for k, ids in batches.items() for i in ids]
+        lengths = [int(self.corpus.train.lengths[i]) for ids in batches.values() for i in ids]
+        speeds = [d.speed for d in self.router.device_states()]
+        assignment = self.router.plan(keys, lengths)
+        return StepPlan(keys, lengths, speeds, assignment, list(assignment.per_device[self.rank]), 0)
+
+    def _after_step(self, step: int, stats) -> train_state.Stopped | None:
+        """Evaluation (adapter-best, prune) when due; the checkpoint when due or on a stop signal."""
+        every_eval = self.cfg.train.eval_every
+        if every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps:
+            self.evaluate(step + 1)
+            if self.rank == 0:
+                for v in self.alive:
+                    v.adapters(self.tokenizer).after_eval(MemberAdapter(v.member), step + 1, self._last_val[v.k])
+            self._prune(step + 1)
+        signum = max(s.stop for s in stats)
+        stop = signum and step + 1 < self.spec.steps
+        every = self.cfg.train.checkpoint_every
+        if self.alive and (stop or (every and (step + 1) % every == 0)):
+            self.checkpoint(step + 1, "signal" if stop else "periodic")
+        if stop:
+            dist.barrier()
+            self.close()
+            return train_state.Stopped(step + 1, signum)
+        return None
+
+    # ---- leaving the group, evaluating, checkpointing, finishing -------------------------------------------
+    def _leave(self, v: Variant, exit_state: str, step: int, detail: str | None, extra: dict) -> None:
+        cast(ev.EventWriter, v.events).write(ev.EndRow(exit_state=exit_state, step=step, detail=detail))
+        v.ended = {"exit_state": exit_state, "step": step, **extra, "steps": v.spec.steps}
+        if exit_state == "diverged":
+            v.ended["lr"] = v.spec.lr
+            v.ended["message"] = f"diverged at step {step} ({detail}, lr {v.spec.lr:g})"
+        if self.rank == 0:
+            v.write_result(v.ended)
+
+    def _prune(self, step: int) -> None:
+        if not self.cfg.get("prune"):
+            return
+        from slurm_router.worker.prune import decide_after, looks, record
+
+        alive = self.alive
+        decisions: list[Any] = [None] * len(alive)
+        if self.rank == 0:  # every variant's evaluation is recorded before any is decided
+            for v in alive:
+                record(v.spec.task_dir, step, v.spec.variant, cast(int, v.spec.seed), *v.last_eval)
+            for i, v in enumerate(alive):
+                decisions[i] = decide_after(v.spec, step, looks(v.spec.steps, self.cfg.train.eval_every))
+        flags = self.gather([1.0 if d else 0.0 for d in decisions])[0]
+        for v, flag, d in zip(alive, flags, decisions):
+            if flag:
+                if self.rank == 0:
+                    print(d.reason, flush=True)
+                self._leave(v, "pruned", step, d.reason if d else None, d.as_dict() if d else {})
+
+    def evaluate(self, step: int) -> float:
+        """Every variant still in the group on the same held-out batches, side by side in one forward each."""
+        alive, batches = self.alive, self.eval_ids
+        k_all = len(self.variants)
+        sums = torch.zeros(k_all, 2 * len(batches), dtype=torch.float64, device=self.device)
+        live = {v.k for v in alive}
+        self.model.eval()
+        with torch.no_grad():
+            for b, ids in enumerate(batches):
+                mine = ids[self.rank :: self.world]
+                if not mine:
+                    continue
+                batch = fused_packed_batch(
+                    self.corpus.val, [mine if k in live else [] for k in range(k_all)], self.device
+                )
+                with autocast(self.cfg, self.device):
+                    _, loss_sums = fused_loss(self.fused, batch, [1.0] * k_all, as_tensor=True)
+                sums[:, 2 * b] += loss_sums.double()
+                sums[:, 2 * b + 1] += torch.tensor(batch.n_targets, dtype=torch.float64, device=self.device)
+        self.model.train()
+        dist.all_reduce(sums)
+        self._last_val = {}
+        for v in alive:
+            row = sums[v.k].cpu().tolist()
+            loss_sums, tokens = row[0::2], [int(t) for t in row[1::2]]
+            val_loss = sum(loss_sums) / max(1, sum(tokens))
+            v.last_eval, self._last_val[v.k] = (loss_sums, tokens), val_loss
+            cast(ev.EventWriter, v.events).write(
+                ev.EvalRow(
+                    step=step, val_loss=val_loss, val_tokens=sum(tokens), batch_loss_sums=loss_sums, batch_tokens=tokens
+                )
+            )
+        return self._last_val[alive[0].k] if alive else float("nan")
+
+    def checkpoint(self, next_step: int, reason: str) -> None:
+        from slurm_router.worker.checkpoint import save_checkpoint
+
+        t0 = time.time()
+        rngs: list[Any] = [None] * self.world
+        dist.all_gather_object(rngs, train_state.rng_state(self.device))
+        if self.rank != 0:
+            return
+        state = {
+            "format": train_state.FORMAT,
+            **self.ckpt_identity,
+            "step": next_step,
+            "world": self.world,
+            "router": self.router.state_dict(),
+            "rng": rngs,
+            "variants": {v.spec.name: variant_state(v) for v in self.variants},
+        }
+        meta = save_checkpoint(self.paths.checkpoints, next_step, state, self.cfg.train.keep_checkpoints)
+        for v in self.alive:
+            cast(ev.EventWriter, v.events).write(
+                ev.CheckpointSavedRow(
+                    step=next_step,
+                    path=meta["path"],
+                    bytes=meta["bytes"],
+                    sha256=meta["sha256"],
+                    reason=reason,
+                    t_save_s=time.time() - t0,
+                )
+            )
+
+    def _restore(self) -> None:
+        from slurm_router.worker.checkpoint import load_checkpoint
+
+        t0 = time.time()
+        state = load_checkpoint(cast(str, self.resume), self.device)
+        for key, want in {"format": train_state.FORMAT, **self.ckpt_identity}.items():
+            if state.get(key) != want:
+                raise ValueError(f"checkpoint is for {key}={state.get(key)!r}, this task has {key}={want!r}")
+        for v in self.variants:
+            restore_variant(v, state["variants"][v.spec.name], self.device)
+        self.router.load_state_dict(state["router"])
+        rngs = state["rng"]
+        train_state.set_rng_state(rngs[self.rank] if len(rngs) == self.world else rngs[0], self.device)
+        self.first_step = int(state["step"])
+        for v in self.alive:
+            cast(ev.EventWriter, v.events).write(
+                ev.CheckpointLoadedRow(step=self.first_step, path=cast(str, self.resume), t_load_s=time.time() - t0)
+            )
+
+    def run(self) -> dict | train_state.Stopped | None:
+        train_state.install_stop_handlers()
+        self.setup()
+        stopped = self.stopped_in_setup()
+        if stopped is not None:
+            return stopped
+        self.start()
+        for step in range(self.first_step, self.spec.steps):
+            if not self.alive:
+                break
+            ended = self.train_step(step)
+            if ended is not None:
+                return ended
+        return self.finish()
+
+    def finish(self) -> dict | None:
+        """The final held-out loss of every variant still in the group; each one's adapter, end row and result."""
+        alive = self.alive
+        if alive:
+            self.evaluate(self.spec.steps)
+        for v in alive:
+            val_loss, result = self._last_val[v.k], None
+            if self.rank == 0:
+                tail = v.train_losses[-max(1, len(v.train_losses) // 10) :]
+                result = {"val_loss": val_loss, "train_loss": sum(tail) / max(1, len(tail)), "steps": v.spec.steps}
+            cast(ev.EventWriter, v.events).write(ev.EndRow(exit_state="completed", **(result or {})))
+            if result is not None:
+                result.update(v.adapters(self.tokenizer).final(MemberAdapter(v.member), v.spec.steps, val_loss))
+                v.write_result(result)
+            v.ended = result or {"exit_state": "completed"}
+        self.close()
+        return self.variants[0].ended if self.rank == 0 else None
+
+    def close(self) -> None:
+        for v in self.variants[1:]:
+            if v.events is not None:
+                v.events.close()
+        super().close()
+
+
+def train_fused(spec: TaskSpec, rank: int, world: int, master: str, resume: str | None = None):
+    return FusedWorker(spec, rank, world, master, resume).run()
