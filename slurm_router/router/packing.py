@@ -105,13 +105,15 @@ def build_packed(
     lengths: Sequence[int],
     costs: Sequence[float],
     memory_model: MemoryModel | None,
+    fixed: float = 0.0,
 ) -> MicroBatch:
-    """One packed row of these samples, in global-batch order: what it computes is its real tokens."""
+    """One packed row of these samples, in global-batch order: what it computes is its real tokens; its cost is
+    its samples' plus the fixed cost of a row."""
     positions = sorted(positions)
     n_tok = sum(map(lengths.__getitem__, positions))
     mem = memory_model.predict(n_tok, len(positions), n_tok // len(positions)) if memory_model is not None else None
     return MicroBatch(
-        tuple(map(sample_ids.__getitem__, positions)), n_tok, n_tok, sum(map(costs.__getitem__, positions)), mem
+        tuple(map(sample_ids.__getitem__, positions)), n_tok, n_tok, sum(map(costs.__getitem__, positions)) + fixed, mem
     )
 
 
@@ -129,6 +131,7 @@ def pack_rows(
     """Packed mode: the device's share in the fewest packed rows (micro-batches) that each fit the token cap
     (router.max_tokens_per_microbatch) and the memory budget: first-fit decreasing by length. With nothing
     limiting it, the whole share is one row. A sample that does not fit even alone is put alone, in oversize.
+    Each row's cost adds microbatch_overhead_tokens (fitted: router/cost_model.py).
 
     The memory model sees a row as its real tokens over its samples (padded = real): the attention term uses
     the row's mean sample length, since each sample attends only within itself."""
@@ -143,9 +146,10 @@ def pack_rows(
             not use_mem or cast(MemoryModel, memory_model).predict(tokens, n, tokens // n) <= cast(int, budget_bytes)
         )
 
+    fixed = float(settings.microbatch_overhead_tokens)
     total = sum(map(lengths.__getitem__, order))
     if fits(total, len(order)):
-        return (build_packed(order, sample_ids, lengths, costs, memory_model),)
+        return (build_packed(order, sample_ids, lengths, costs, memory_model, fixed),)
     rows: list[list[int]] = []
     tokens: list[int] = []
     for p in order:
@@ -160,7 +164,7 @@ def pack_rows(
                 oversize.append(p)
             rows.append([p])
             tokens.append(n)
-    return tuple(build_packed(row, sample_ids, lengths, costs, memory_model) for row in rows)
+    return tuple(build_packed(row, sample_ids, lengths, costs, memory_model, fixed) for row in rows)
 
 
 def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_model: MemoryModel | None):
@@ -311,9 +315,10 @@ def split_for_oom(
             side = 0 if half_tokens[0] <= half_tokens[1] else 1
             halves[side].append(i)
             half_tokens[side] += lengths[i]
+        fixed = float(settings.microbatch_overhead_tokens)
         return (
-            build_packed(halves[0], ids, lengths, costs, memory_model),
-            build_packed(halves[1], ids, lengths, costs, memory_model),
+            build_packed(halves[0], ids, lengths, costs, memory_model, fixed),
+            build_packed(halves[1], ids, lengths, costs, memory_model, fixed),
         )
     long_half, short_half = by_len[: n // 2], by_len[n // 2 :]
     return (

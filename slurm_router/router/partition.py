@@ -31,19 +31,22 @@ def partition(
     item_fits: Sequence[int] | None = None,
     lengths: Sequence[int] | None = None,
     max_rounds: int | None = None,
+    fixed: float = 0.0,
 ) -> list[list[int]]:
     """Split `items` (positions) over len(speeds) devices; returns one list of positions per device, each
     sorted by cost descending (= length descending), which the packer relies on.
 
     item_fits[d] = longest length device d can take alone (memory budget / token cap), with `lengths`;
     None = any device takes any item. An item that fits nowhere goes to the device with the largest limit
-    (the packer flags it).
+    (the packer flags it). fixed: what a device pays once it computes anything (a packed row's fixed cost):
+    every device starts at it, and one left idle pays nothing, so a slow device gets samples only where that
+    finishes them sooner than the others would.
     """
     n_dev = len(speeds)
     bins: list[list[int]] = [[] for _ in range(n_dev)]
     if n_dev == 0 or not items:
         return bins
-    loads = [0.0] * n_dev
+    loads = [float(fixed)] * n_dev
     # stable: equal costs keep the input order (callers pass positions ascending)
     order = sorted(items, key=costs.__getitem__, reverse=True)
 
@@ -70,8 +73,11 @@ def partition(
             loads[best] += c
 
     _lpt(free, costs, speeds, loads, bins)
+    for d in range(n_dev):
+        if not bins[d]:
+            loads[d] = 0.0  # idle: no row, no fixed cost
     # with equal speeds the pigeonhole bound tells when the remaining imbalance is granularity, not the search
-    floor = _sorted_lower_bound([costs[p] for p in order], n_dev) if min(speeds) == max(speeds) else 0.0
+    floor = _sorted_lower_bound([costs[p] for p in order], n_dev) + fixed if min(speeds) == max(speeds) else 0.0
     touched = _improve(
         bins,
         loads,
@@ -81,6 +87,7 @@ def partition(
         lengths,
         max_rounds if max_rounds is not None else min(4 * n_dev + 16, _MAX_ROUNDS),
         floor / speeds[0],
+        fixed,
     )
     for d in sorted(touched):  # LPT appends longest first; only bins the pass changed need re-sorting
         bins[d].sort(key=lambda p: (-costs[p], p))
@@ -160,9 +167,10 @@ def _improve(
     lengths: Sequence[int] | None,
     max_rounds: int,
     floor_time: float = 0.0,
+    fixed: float = 0.0,
 ) -> set[int]:
-    """floor_time: a known lower bound on the best step time (stop once within _GOOD_ENOUGH of it).
-    Returns the devices whose bins changed."""
+    """floor_time: a known lower bound on the best step time (stop once within _GOOD_ENOUGH of it); fixed: what a
+    device pays once it computes anything (partition's). Returns the devices whose bins changed."""
     n_dev = len(bins)
     touched: set[int] = set()
     if n_dev < 2:
@@ -181,7 +189,7 @@ def _improve(
         )
         hi_items = sorted(bins[hi], key=lambda p: (costs[p], p))
         for lo in receivers:
-            if _best_exchange(hi, lo, hi_items, bins, loads, costs, speeds, item_fits, lengths, t_hi):
+            if _best_exchange(hi, lo, hi_items, bins, loads, costs, speeds, item_fits, lengths, t_hi, fixed):
                 touched.update((hi, lo))
                 times[hi] = loads[hi] / speeds[hi]
                 times[lo] = loads[lo] / speeds[lo]
@@ -202,10 +210,13 @@ def _best_exchange(
     item_fits: Sequence[int] | None,
     lengths: Sequence[int] | None,
     t_hi: float,
+    fixed: float = 0.0,
 ) -> bool:
-    """Best single move (hi -> lo) or swap between hi and lo; applies it and returns True if it helps."""
+    """Best single move (hi -> lo) or swap between hi and lo; applies it and returns True if it helps. An idle lo
+    starts paying `fixed` with its first item; hi giving its last one away pays nothing."""
     s_hi, s_lo = speeds[hi], speeds[lo]
-    l_hi, l_lo = loads[hi], loads[lo]
+    l_hi, l_lo = loads[hi], loads[lo] if bins[lo] else fixed
+    last = len(bins[hi]) == 1
     # Moving delta cost from hi to lo equalises their finish times at this delta:
     target = (l_hi * s_lo - l_lo * s_hi) / (s_hi + s_lo)
     if target <= 0:
@@ -220,7 +231,7 @@ def _best_exchange(
             continue
         # plain move of a
         if ca < 2 * target + 1e-12:
-            t = max((l_hi - ca) / s_hi, (l_lo + ca) / s_lo)
+            t = max(0.0 if last else (l_hi - ca) / s_hi, (l_lo + ca) / s_lo)
             if best is None or t < best[0]:
                 best = (t, a, -1)
         # swap a <-> b: want ca - cb close to target, i.e. cb close to ca - target
@@ -240,12 +251,14 @@ def _best_exchange(
     bins[hi].remove(a)
     bins[lo].append(a)
     loads[hi] -= costs[a]
-    loads[lo] += costs[a]
+    loads[lo] = l_lo + costs[a]
     if b >= 0:
         bins[lo].remove(b)
         bins[hi].append(b)
         loads[lo] -= costs[b]
         loads[hi] += costs[b]
+    if not bins[hi]:
+        loads[hi] = 0.0
     return True
 
 

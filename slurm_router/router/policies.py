@@ -50,6 +50,39 @@ def _item_fits(
     return fits
 
 
+def _row_fixed_cost(settings: RouterSettings) -> float:
+    """What a device pays once it computes anything: a packed row's fixed cost (padded micro-batches: none here,
+    microbatch_overhead_tokens is their padding threshold)."""
+    return float(settings.microbatch_overhead_tokens) if settings.packed else 0.0
+
+
+def _partition_costs(
+    costs: list[float],
+    lengths: Sequence[int],
+    devices: Sequence[DeviceState],
+    settings: RouterSettings,
+    memory_model: MemoryModel | None,
+) -> list[float]:
+    """The costs the partition balances. Packed rows that a token cap or the memory budget limits: a device's
+    share of T tokens needs about T / R rows of R tokens beyond its first, so each sample also carries
+    fixed * len / R (R: the smallest device's row, by the cap and the memory model at the batch's mean length).
+    The first row's fixed cost is the partition's `fixed`. Otherwise the samples' own costs."""
+    fixed = _row_fixed_cost(settings)
+    if fixed <= 0 or not lengths:
+        return costs
+    mean_len = sum(lengths) / len(lengths)
+    row = float(settings.max_tokens_per_microbatch or UNLIMITED)
+    if memory_model is not None:
+        (f, a, b), scale = memory_model.coef, memory_model.scale
+        for d in devices:
+            if d.mem_budget_bytes is not None and a + b * mean_len > 0:
+                row = min(row, max(mean_len, (d.mem_budget_bytes / scale - f) / (a + b * mean_len)))
+    if row >= UNLIMITED:
+        return costs
+    per_token = fixed / row
+    return [c + per_token * n for c, n in zip(costs, lengths)]
+
+
 def _finish(
     bins: list[list[int]],
     sample_ids: Sequence[int],
@@ -107,7 +140,14 @@ def balanced(
     _check(lengths, sample_ids, devices)
     costs = sample_costs(lengths, settings)
     speeds = [max(d.speed, _MIN_SPEED) for d in devices]
-    bins = partition(range(len(sample_ids)), costs, speeds, _item_fits(devices, settings, memory_model), lengths)
+    bins = partition(
+        range(len(sample_ids)),
+        _partition_costs(costs, lengths, devices, settings, memory_model),
+        speeds,
+        _item_fits(devices, settings, memory_model),
+        lengths,
+        fixed=_row_fixed_cost(settings),
+    )
     return _finish(bins, sample_ids, lengths, costs, devices, settings, memory_model)
 
 
@@ -217,13 +257,15 @@ def affinity(
         group_cost[best_i : best_i + 2] = [group_cost[best_i] + group_cost[best_i + 1]]
     group_sizes = _apportion(group_cost, n_dev)
     item_fits = _item_fits(devices, settings, memory_model)
+    part_costs = _partition_costs(costs, lengths, devices, settings, memory_model)
     bins: list[list[int]] = [[] for _ in range(n_dev)]
     start = 0
     for items, size in zip(groups_items, group_sizes):
         group = ranked[start : start + size]
         start += size
         fits = [item_fits[d] for d in group] if item_fits is not None else None
-        sub = partition(items, costs, [max(devices[d].speed, _MIN_SPEED) for d in group], fits, lengths)
+        speeds = [max(devices[d].speed, _MIN_SPEED) for d in group]
+        sub = partition(items, part_costs, speeds, fits, lengths, fixed=_row_fixed_cost(settings))
         for d, share in zip(group, sub):
             bins[d].extend(share)
     return _finish(bins, sample_ids, lengths, costs, devices, settings, memory_model)

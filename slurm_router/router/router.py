@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence, cast
 
+from .cost_model import RowCostModel
 from .memory_model import MemoryModel
 from .packing import split_for_oom as _split_for_oom
 from .policies import POLICIES
@@ -36,6 +37,10 @@ class Router:
         self._total_bytes: list[int | None] = [None] * n_devices
         self._free_bytes: list[int | None] = [None] * n_devices
         self._policy = POLICIES[self.settings.policy]
+        # packed rows, row_cost="fitted": the row's terms fit from step times (router/cost_model.py)
+        fit = self.settings.packed and self.settings.row_cost == "fitted"
+        self.cost_model = RowCostModel(n_devices) if fit else None
+        self._lengths_by_id: dict[int, int] = {}  # the last plan's, to read observed rows' sum of len^2
 
     # ---- state the workers report ------------------------------------------------------------------------
     def set_device_memory(self, device: int, total_bytes: int | None, free_bytes: int | None = None) -> None:
@@ -65,21 +70,35 @@ class Router:
             devices = self.device_states()
         elif len(devices) != self.n_devices:
             raise ValueError(f"{len(devices)} device states for a router of {self.n_devices} devices")
-        return self._policy(list(lengths), list(sample_ids), devices, self.settings, self.memory_model)
+        if self.cost_model is not None:
+            self._lengths_by_id = dict(zip(sample_ids, map(int, lengths)))
+        return self._policy(list(lengths), list(sample_ids), devices, self.planning_settings(), self.memory_model)
+
+    def planning_settings(self) -> RouterSettings:
+        """The settings plans use: the configured ones, with the fitted row terms once the cost model has them."""
+        return self.settings if self.cost_model is None else self.cost_model.settings_for(self.settings)
 
     def split_for_oom(
         self, mb: MicroBatch, lengths_by_id: Mapping[int, int] | Sequence[int]
     ) -> tuple[MicroBatch, MicroBatch]:
         """Halve an out-of-memory micro-batch (longest half first); costs/memory from this router's models."""
-        return _split_for_oom(mb, lengths_by_id, self.settings, self.memory_model)
+        return _split_for_oom(mb, lengths_by_id, self.planning_settings(), self.memory_model)
 
     # ---- learning ----------------------------------------------------------------------------------------
     def observe_step(
         self, device: int, cost: float, compute_s: float, peak_mem_bytes: int | None, microbatches: Sequence[MicroBatch]
     ) -> None:
         """One device's finished step: speed = cost / compute_s; the step's memory peak belongs to its largest
-        micro-batch (gradient accumulation frees activations between micro-batches)."""
+        micro-batch (gradient accumulation frees activations between micro-batches). Packed, fitted: the rows'
+        tokens, sum of squared sample lengths and count feed the row cost model."""
         self.speed_model.observe(device, cost, compute_s)
+        if self.cost_model is not None and microbatches:
+            known = self._lengths_by_id
+            ids = [sid for mb in microbatches for sid in mb.sample_ids]
+            if all(sid in known for sid in ids):  # rows of another plan (none: a test's own rows) say nothing
+                tokens = sum(mb.n_tokens for mb in microbatches)
+                len2 = sum(known[sid] * known[sid] for sid in ids)
+                self.cost_model.observe(device, tokens, len2, len(microbatches), compute_s)
         if self.memory_model is None or peak_mem_bytes is None or not microbatches:
             return
         largest = max(
@@ -106,6 +125,7 @@ class Router:
             "n_devices": self.n_devices,
             "speed": self.speed_model.state_dict(),
             "memory": None if self.memory_model is None else self.memory_model.state_dict(),
+            "row_cost": None if self.cost_model is None else self.cost_model.state_dict(),
             "total_bytes": list(self._total_bytes),
             "free_bytes": list(self._free_bytes),
         }
@@ -118,6 +138,8 @@ class Router:
             if self.memory_model is None:
                 self.memory_model = MemoryModel()
             self.memory_model.load_state_dict(d["memory"])
+        if d.get("row_cost") is not None and self.cost_model is not None:
+            self.cost_model.load_state_dict(d["row_cost"])
         # Memory readings describe the devices of the previous allocation; keep them only on the same count.
         if d.get("n_devices") == self.n_devices:
             self._total_bytes = list(d["total_bytes"])

@@ -16,6 +16,7 @@ from .speed_model import SPEED_MODELS
 # router.policy's choices, in order: each is the function of that name in policies.py (POLICIES is built from this)
 POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
 COST_NAMES = ("tokens", "tokens_attention")  # router/packing.py sample_costs computes each
+ROW_COST_NAMES = ("fitted", "fixed")  # packed rows: terms fit from step times (router/cost_model.py), or the config's
 # Above 1 the router plans more than the device holds: a testing aid that forces real out-of-memory errors.
 MAX_HEADROOM = 4.0
 # RouterSettings' numeric ranges, (low, high, low_inclusive), high None = unbounded: the one range check of the
@@ -65,7 +66,7 @@ class MicroBatch(NamedTuple):
     sample_ids: tuple[int, ...]  # global sample ids, in global-batch order
     n_tokens: int  # real tokens
     n_padded_tokens: int  # len(sample_ids) * longest sample: what the device computes
-    cost: float  # sum of the samples' costs (cost model of RouterSettings)
+    cost: float  # sum of the samples' costs (cost model of RouterSettings); a packed row adds its fixed cost
     predicted_mem_bytes: int | None = None  # memory model prediction; None = no model
 
     @property
@@ -143,13 +144,24 @@ class RouterSettings:
     # it saves exceeds this. 0 = never pad (one micro-batch per distinct length).
     microbatch_overhead_tokens: int = 16
     # Packed micro-batches (train.packing, set by the worker): a device's samples go end to end into the fewest
-    # rows that fit the memory budget and the token cap, no padding (router/packing.py pack_rows).
+    # rows that fit the memory budget and the token cap, no padding (router/packing.py pack_rows). A row costs its
+    # samples' costs plus microbatch_overhead_tokens, and balanced/affinity charge that fixed cost once to every
+    # device they give samples to.
     packed: bool = False
+    # Packed mode: fitted = a row's per-token, attention (per len^2) and fixed terms are fit from the measured step
+    # times (router/cost_model.py) and replace cost, attention_weight and microbatch_overhead_tokens once enough
+    # steps are in; fixed = the configured values throughout.
+    row_cost: str = "fitted"
 
     def __post_init__(self) -> None:
         """The one check of the router's settings: ValueError, one line naming router.KEY (config.checks turns it
         into the user's error)."""
-        for key, allowed in (("policy", POLICY_NAMES), ("cost", COST_NAMES), ("speed_model", SPEED_MODELS)):
+        for key, allowed in (
+            ("policy", POLICY_NAMES),
+            ("cost", COST_NAMES),
+            ("speed_model", SPEED_MODELS),
+            ("row_cost", ROW_COST_NAMES),
+        ):
             problem = not_a_choice(f"router.{key}", getattr(self, key), allowed)
             if problem:
                 raise ValueError(problem)
