@@ -269,27 +269,24 @@ def test_slurm_status_shows_each_member_with_its_leaders_job(tmp_path):
 # ---- the real command: refusals (exit 2, one line, nothing written) and the preview
 
 
-@pytest.mark.parametrize(
-    "args, says",
-    [
-        (
-            ["launcher=sbatch", "resources.tasks_per_gpu=2"],
-            "resources.fuse_variants=2 and resources.tasks_per_gpu=2 do not combine under launcher=sbatch",
-        ),
-        (
-            ["launcher=slurm", "launcher.srun_workers=true"],
-            "resources.fuse_variants=2 and launcher.srun_workers=true do not combine",
-        ),
-    ],
-)
-def test_what_fusion_does_not_combine_with_is_refused_in_one_line(tmp_path, args, says):
+@pytest.mark.parametrize("launcher", ["slurm", "sbatch"])
+def test_srun_workers_is_refused_in_one_line(tmp_path, launcher):
     proc = run_cli(
-        *FAST, "-m", "model.lora.r=4,8", "resources.fuse_variants=2", *args, "dry_run=true", cwd=tmp_path, timeout=120
+        *FAST,
+        "-m",
+        "model.lora.r=4,8",
+        "resources.fuse_variants=2",
+        f"launcher={launcher}",
+        "launcher.srun_workers=true",
+        "dry_run=true",
+        cwd=tmp_path,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], proc.stderr
-    assert "set " in lines[0] and not (tmp_path / "runs").exists()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "resources.fuse_variants=2 and launcher.srun_workers=true do not combine" in lines[0]
+    assert "set launcher.srun_workers=false" in lines[0] and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
@@ -343,3 +340,27 @@ def test_the_preview_shows_the_groups_and_the_first_lines_count_them(tmp_path):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["stages"][0]["tasks"] == ["r8-s0", "r8-s1"]
     assert sorted(manifest["tasks"]) == ["r32-s0", "r32-s1", "r8-s0", "r8-s1"]
+
+
+def test_fused_tasks_pack_into_array_tasks(tmp_path):
+    """resources.tasks_per_gpu=2 under Slurm packs two fused tasks (their leaders) into one array task."""
+    proc = run_cli(
+        *FAST,
+        "-m",
+        "model.lora.r=8,32",
+        "seeds=2",
+        "resources.fuse_variants=2",
+        "resources.tasks_per_gpu=2",
+        "launcher=sbatch",
+        "dry_run=true",
+        f"run_root={tmp_path / 'runs'}",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "one Slurm array of 1 task(s) (2 tasks packed each)" in proc.stdout
+    from slurm_router.allocation.pack import pack_task_files
+
+    run_dir = run_dir_of(proc)
+    files = pack_task_files(str(run_dir), "variants", 0, 2)
+    assert [Path(f).parent.name for f in files] == ["r8-s0", "r8-s1"]  # the leaders; each trains its members

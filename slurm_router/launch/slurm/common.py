@@ -93,13 +93,9 @@ def check_packing(cfg) -> None:
             "resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
             "a packed array task runs its tasks side by side on the same GPUs"
         )
+    # resources.fuse_variants with tasks_per_gpu=N packs N fused tasks (their leaders) into an array task: the pack
+    # runs each leader's task.json as any task's (allocation/pack.py)
     fuse = int(cfg.resources.get("fuse_variants", 1))
-    if fuse > 1 and cfg.resources.tasks_per_gpu > 1:
-        raise UserError(
-            f"resources.fuse_variants={fuse} and resources.tasks_per_gpu={cfg.resources.tasks_per_gpu} do not "
-            f"combine under launcher={cfg.launcher.kind}: a fused task already shares its GPUs among its variants; "
-            "set resources.tasks_per_gpu=1 (or resources.fuse_variants=1 to pack tasks instead)"
-        )
     if fuse > 1 and cfg.launcher.srun_workers:
         raise UserError(
             f"resources.fuse_variants={fuse} and launcher.srun_workers=true do not combine: a fused task's job "
