@@ -1,7 +1,8 @@
 """Run every router benchmark and write benchmarks/results/router.md and router.json (a few minutes on 2 cores:
-the memory benchmark trains real CPU micro-batches; the rest is the cost model).
+the memory benchmark trains real CPU micro-batches; the rest is the cost model), and the packed rows' fitted cost
+(router_packed.py, simulated, ~10 s) to router_packed.md and router_packed.json.
 
-    python benchmarks/run_router_benchmarks.py [--fast]
+    python benchmarks/run_router_benchmarks.py [--fast] [--packed-only]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import router_balance  # noqa: E402
 import router_decision_cost  # noqa: E402
 import router_heterogeneity  # noqa: E402
 import router_memory  # noqa: E402
+import router_packed  # noqa: E402
 import router_simulation  # noqa: E402
 from provenance import header  # noqa: E402
 from router_common import machine_info  # noqa: E402
@@ -100,11 +102,45 @@ def mean_of(xs) -> float:
     return sum(xs) / len(xs)
 
 
+def packed(out: Path, command: str) -> None:
+    """router_packed.md and .json: the fitted row cost against the fixed default, simulated (deterministic)."""
+    t0 = time.perf_counter()
+    res = {"command": command, "header": header(command), "machine": machine_info()}
+    res["packed"] = router_packed.run()
+    res["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in router_packed.targets(res["packed"])]
+    res["wall_s"] = time.perf_counter() - t0
+    md = [
+        "# Router benchmarks: packed rows' cost, fitted from step times",
+        "",
+        *res["header"],
+        "",
+        f"{res['wall_s']:.0f} s. Simulated (no processes, no GPU, seeded: the same figures on any machine with this "
+        "Python, whose standard library is the stdlib pool): `benchmarks/router_packed.py`; the model in "
+        "`slurm_router/router/cost_model.py`.",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | met |",
+        "|---|---|---|",
+    ]
+    md += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in res["targets"]]
+    md += ["", router_packed.to_markdown(res["packed"])]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "router_packed.md").write_text("\n".join(md) + "\n")
+    (out / "router_packed.json").write_text(json.dumps(res, indent=1))
+    print("\n".join(md[: md.index("## Targets") + 4 + len(res["targets"])]))
+    print(f"\nwrote {out / 'router_packed.md'} and {out / 'router_packed.json'} in {res['wall_s']:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--packed-only", action="store_true", help="only the packed rows' cost (router_packed.md)")
     ap.add_argument("--out", default=str(HERE / "results"), help="output folder")
     args = ap.parse_args()
+    if args.packed_only:
+        packed(Path(args.out), "python benchmarks/run_router_benchmarks.py --packed-only")
+        return
     t0 = time.perf_counter()
     command = "python benchmarks/run_router_benchmarks.py" + (" --fast" if args.fast else "")
     res = {"command": command, "header": header(command), "machine": machine_info(), "load_before": os.getloadavg()}
@@ -152,6 +188,7 @@ def main() -> None:
     (out / "router.json").write_text(json.dumps(res, indent=1))
     print("\n".join(md[: md.index("## Targets") + 4 + len(res["targets"])]))
     print(f"\nwrote {out / 'router.md'} and {out / 'router.json'} in {res['wall_s']:.0f} s")
+    packed(out, command)
 
 
 if __name__ == "__main__":
