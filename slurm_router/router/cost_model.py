@@ -61,8 +61,8 @@ class RowCostModel:
 
     def __init__(self, n_devices: int, window: int = _WINDOW) -> None:
         self.n_devices, self.window = n_devices, window
-        self._rows: list[deque[tuple[float, ...]]] = [deque(maxlen=window) for _ in range(n_devices)]
-        self._k = [1.0] * n_devices  # the devices' slowness, warm start of the next fit
+        self._rows: list[deque[tuple[float, ...]]] = [deque(maxlen=window) for _ in range(min(n_devices, _FIT_DEVICES))]
+        self._k = [1.0] * len(self._rows)  # the fitted devices' slowness, warm start of the next fit
         self._fit: RowFit | None = None
         self._warm = False  # the k_d come from a previous refit
         self._dirty = False
@@ -70,10 +70,10 @@ class RowCostModel:
     def observe(self, device: int, tokens: int, len2: int, n_rows: int, compute_s: float) -> None:
         """One device's step: it ran n_rows rows of `tokens` real tokens (sum of squared sample lengths `len2`)
         in compute_s seconds. An idle device or a clock glitch carries nothing."""
-        if n_rows <= 0 or tokens <= 0 or not compute_s > 0 or not math.isfinite(compute_s):
-            return
+        if device >= _FIT_DEVICES or n_rows <= 0 or tokens <= 0 or not compute_s > 0 or not math.isfinite(compute_s):
+            return  # a device past the fitted ones (its rows would only fill the checkpoint), or nothing learned
         self._rows[device].append((float(tokens), float(len2), float(n_rows), float(compute_s)))
-        self._dirty = self._dirty or device < _FIT_DEVICES
+        self._dirty = True
 
     def fit(self) -> RowFit | None:
         """The fit of the rows so far (refit when rows came in), or None before enough rows or without a
@@ -110,7 +110,7 @@ class RowCostModel:
         )
 
     def _refit(self) -> RowFit | None:
-        devices = [d for d in range(min(self.n_devices, _FIT_DEVICES)) if self._rows[d]]
+        devices = [d for d in range(len(self._rows)) if self._rows[d]]
         rows = {d: list(self._rows[d]) for d in devices}
         if sum(map(len, rows.values())) < _MIN_ROWS:
             return None
@@ -150,7 +150,7 @@ class RowCostModel:
 
     def load_state_dict(self, d: dict) -> None:
         """A requeued job may come back with another device count: the devices that overlap keep their rows."""
-        n = self.n_devices
+        n = min(self.n_devices, _FIT_DEVICES)
         rows = [deque((tuple(float(x) for x in r) for r in rs), self.window) for rs in d.get("rows", [])][:n]
         self._rows = rows + [deque(maxlen=self.window) for _ in range(n - len(rows))]
         k = [float(x) for x in d.get("k", [])][:n]
