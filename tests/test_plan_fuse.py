@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_dir_of
+from conftest import event_rows, run_cli, run_dir_of
 
 from slurm_router.config.compose import compose_grid
 from slurm_router.config.variants import validate
@@ -176,7 +176,9 @@ def test_the_run_dir_has_every_task_and_the_stage_only_those_that_run(tmp_path):
         spec = TaskSpec.load(manifest.layout.task(name).task_file)
         assert spec.name == name and spec.variant == name
     leader = TaskSpec.load(manifest.layout.task("r4").task_file)
-    assert [s.name for s in leader.group_specs()] == ["r4", "r8"] and leader.group_specs()[1].fused_into == "r4"
+    leader.attempt = 3
+    specs = leader.group_specs()
+    assert [s.name for s in specs] == ["r4", "r8"] and specs[1].fused_into == "r4" and specs[1].attempt == 3
 
 
 def test_a_leaders_records_reach_its_members_and_their_identity_stays(tmp_path):
@@ -219,6 +221,24 @@ def test_a_group_is_done_only_when_every_variant_has_its_result(tmp_path):
     manifest.layout.task("r8").result.write_text(json.dumps({"variant": "r8"}))
     assert _unfinished(leader) == []
     assert run_task(str(leader_file)) == {"variant": "r4", "exit_state": "pruned"}  # no worker started
+
+
+def test_a_failure_ends_every_unfinished_variant_of_the_group(tmp_path):
+    from slurm_router.allocation.job import _end_failed
+
+    cfg, stages = _plan(tmp_path, "model.lora.r=4,8,16", "resources.fuse_variants=3")
+    manifest = create_run_dir(cfg, "run", tmp_path / "run", stages, "local")
+    layout = manifest.layout
+    layout.task("r8").result.write_text("{}")  # pruned before the failure: its end stands
+    leader = TaskSpec.load(layout.task("r4").task_file)
+    leader.attempt = 2
+    _end_failed(leader, "r4: worker 0 died")
+    for name, ended in (("r4", True), ("r8", False), ("r16", True)):
+        rows = [r for r in event_rows(layout.task(name).dir) if r.get("event") == "end"]
+        assert bool(rows) is ended, (name, rows)
+        if ended:
+            assert rows[0]["exit_state"] == "failed" and rows[0]["error"] == "r4: worker 0 died"
+            assert rows[0]["task"] == name and rows[0]["attempt"] == 2
 
 
 def test_resume_reruns_a_group_while_any_variant_is_unfinished_and_never_a_member_alone(tmp_path, capsys):

@@ -114,7 +114,6 @@ def _end_failed(spec, error: str) -> None:
     unfinished = set(_unfinished(spec))
     for member in spec.group_specs()[1:]:
         if member.name in unfinished:
-            member.attempt = spec.attempt
             task_event(member, "end", exit_state="failed", error=error)
 
 

@@ -57,9 +57,13 @@ class TaskSpec:
         return [self.name, *self.members]
 
     def group_specs(self) -> list["TaskSpec"]:
-        """The specs of the tasks this one trains, in variant order: itself, then each member's task.json."""
+        """The specs of the tasks this one trains, in variant order: itself, then each member's task.json, in
+        this attempt (the job counts a fused task's attempts in the leader's folder)."""
         layout = RunLayout(self.run_dir)
-        return [self, *(TaskSpec.load(layout.task(name).task_file) for name in self.members)]
+        members = [TaskSpec.load(layout.task(name).task_file) for name in self.members]
+        for m in members:
+            m.attempt = self.attempt
+        return [self, *members]
 
 
 @dataclass
