@@ -116,9 +116,12 @@ def worker_entry(rank: int, spec_json: str, world: int, master: str, resume: str
     """One worker's whole life: train, and rank 0 writes the task's result."""
     from slurm_router.fileio import atomic_write_text
     from slurm_router.rundir.spec import TaskSpec
-    from slurm_router.worker.worker import train
 
     spec = TaskSpec(**json.loads(spec_json))
+    if spec.members:  # a fused task: its variants in one process group (docs/ARCHITECTURE.md, "Fused variants")
+        from slurm_router.worker.fused import train_fused as train
+    else:
+        from slurm_router.worker.worker import train
     result = train(spec, rank, world, master, resume)
     if rank == 0 and isinstance(result, dict):
         atomic_write_text(TaskPaths(spec.task_dir).result, json.dumps(result, indent=1))

@@ -25,10 +25,11 @@ import torch.distributed as dist
 from slurm_router.rundir import events as ev
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
-from slurm_router.train.fused_lora import FusedModel, fused_loss, fused_packed_batch
+from slurm_router.train.fused_lora import fused_loss, fused_packed_batch
 from slurm_router.train.packed import choose_packing
 from slurm_router.worker import state as train_state
 from slurm_router.worker.fused_variants import (
+    FusedMicroBatches,
     MemberAdapter,
     Variant,
     build_fused,
@@ -36,37 +37,9 @@ from slurm_router.worker.fused_variants import (
     restore_variant,
     variant_state,
 )
-from slurm_router.worker.microbatch import MicroBatchRunner, accumulate, autocast
+from slurm_router.worker.microbatch import autocast
 from slurm_router.worker.telemetry import device_name
 from slurm_router.worker.worker import StepPlan, Worker, allreduce_grads
-
-
-class FusedMicroBatches(MicroBatchRunner):
-    """The micro-batch runner over keyed samples (k * N + id): each micro-batch one fused packed row."""
-
-    fused: FusedModel
-    divide_by: list[float]  # each variant's global target count this step
-    variant_sums: torch.Tensor  # (K,) this device's token-loss sums this step, read after the step's sync
-
-    def key(self, key: int) -> tuple[int, int]:
-        return divmod(key, len(self.split.lengths))
-
-    def length(self, sample_id: int) -> int:
-        return int(self.split.lengths[self.key(sample_id)[1]])
-
-    def _build(self, keys):
-        per_variant: list[list[int]] = [[] for _ in self.fused.members]
-        for key in keys:
-            k, i = self.key(key)
-            per_variant[k].append(i)
-        return fused_packed_batch(self.split, per_variant, self.device)
-
-    def forward_backward(self, batch) -> tuple[torch.Tensor, int]:
-        with autocast(self.cfg, self.device):
-            total, sums = fused_loss(self.fused, batch, self.divide_by, as_tensor=True)
-        accumulate(total, self.params)
-        self.variant_sums += sums.detach()
-        return sums.detach().sum(), sum(batch.n_targets)
 
 
 class FusedWorker(Worker):
@@ -97,36 +70,10 @@ class FusedWorker(Worker):
         self.variants = make_variants(self.fused, self.specs, cfgs, len(self.corpus.train), self.device)
         self.params = [p for v in self.variants for p in v.params]
         self.n_params = sum(p.numel() for p in self.model.parameters())
-        self._router_and_memory()
+        self.packed = True  # the fused rows are packed
+        self._build_router()
         self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
         self.ckpt_identity = {"task": self.spec.name, "members": [s.name for s in self.specs], "fused": True}
-
-    def _router_and_memory(self) -> None:
-        """The router and telemetry as a single task's (setup.WorkerSetup): the memory model sees the shared model."""
-        import dataclasses
-
-        from slurm_router.router import MemoryModel, Router, RouterSettings
-        from slurm_router.train.model import memory_shape
-        from slurm_router.worker.telemetry import Telemetry
-
-        cfg = self.cfg
-        self.packed, self.mem_sim, self.slowdown = True, None, 1.0
-        self.telemetry = Telemetry(self.device)
-        self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=True)
-        shape = memory_shape(self.model, cfg, self.device)
-        if self.device.type == "cpu":  # the CPU baseline (setup.py says why)
-            baseline = self.telemetry.peak_bytes() - shape["frozen_bytes"] - shape["trainable_bytes"]
-            shape["workspace_bytes"] = shape.get("workspace_bytes", 0) + max(0, baseline)
-        self.router = Router(
-            self.settings,
-            self.world,
-            memory_model=MemoryModel.from_model_bytes(**shape, vocab_size=self.tokenizer.vocab_size),
-        )
-        self.totals = [int(row[0]) for row in self.gather([self.telemetry.total_bytes()])]
-        for d, t in enumerate(self.totals):
-            self.router.set_device_memory(d, t)
-        slowdowns = list(cfg.router.device_slowdown) or [1.0]
-        self.slowdown = float(slowdowns[self.rank % len(slowdowns)])
 
     def setup(self) -> None:
         """WorkerSetup.setup (its events file is the leader's), then every other variant's events and the fused runner."""

@@ -18,9 +18,19 @@ from slurm_router.rundir import events as ev
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.train.data import GlobalBatchSampler
-from slurm_router.train.fused_lora import FusedModel, Member, fuse_parts, lora_weights, save_adapter, why_not_fusable
+from slurm_router.train.fused_lora import (
+    FusedModel,
+    Member,
+    fuse_parts,
+    fused_loss,
+    fused_packed_batch,
+    lora_weights,
+    save_adapter,
+    why_not_fusable,
+)
 from slurm_router.train.model import build_model
 from slurm_router.train.optim import lr_at, make_optimizer
+from slurm_router.worker.microbatch import MicroBatchRunner, accumulate, autocast
 
 
 class MemberAdapter:
@@ -135,6 +145,34 @@ def make_variants(fused: FusedModel, specs: list[TaskSpec], cfgs: list, n_train:
         )
         for k, (spec, cfg, member) in enumerate(zip(specs, cfgs, fused.members))
     ]
+
+
+class FusedMicroBatches(MicroBatchRunner):
+    """The micro-batch runner over keyed samples (k * N + id): each micro-batch one fused packed row."""
+
+    fused: FusedModel
+    divide_by: list[float]  # each variant's global target count this step
+    variant_sums: torch.Tensor  # (K,) this device's token-loss sums this step, read after the step's sync
+
+    def key(self, key: int) -> tuple[int, int]:
+        return divmod(key, len(self.split.lengths))
+
+    def length(self, sample_id: int) -> int:
+        return int(self.split.lengths[self.key(sample_id)[1]])
+
+    def _build(self, keys):
+        per_variant: list[list[int]] = [[] for _ in self.fused.members]
+        for key in keys:
+            k, i = self.key(key)
+            per_variant[k].append(i)
+        return fused_packed_batch(self.split, per_variant, self.device)
+
+    def forward_backward(self, batch) -> tuple[torch.Tensor, int]:
+        with autocast(self.cfg, self.device):
+            total, sums = fused_loss(self.fused, batch, self.divide_by, as_tensor=True)
+        accumulate(total, self.params)
+        self.variant_sums += sums.detach()
+        return sums.detach().sum(), sum(batch.n_targets)
 
 
 # ---- the group's checkpoint -------------------------------------------------------------------------------------

@@ -119,6 +119,14 @@ class WorkerSetup:
         self.params = trainable_parameters(self.model)
         self.n_params, self.n_trainable = count_parameters(self.model)
         self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
+        self._build_router()
+        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cast(int, spec.seed))
+        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
+        self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
+
+    def _build_router(self) -> None:
+        """Telemetry, the router and its memory model (seeded from the model's shape), every device's memory."""
+        cfg = self.cfg
         self.telemetry = Telemetry(self.device)
         self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=self.packed)
         shape = memory_shape(self.model, cfg, self.device)
@@ -140,9 +148,6 @@ class WorkerSetup:
             self.router.set_device_memory(d, t)
         slowdowns = list(cfg.router.device_slowdown) or [1.0]
         self.slowdown = float(slowdowns[self.rank % len(slowdowns)])  # testing aid: a slower device
-        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cast(int, spec.seed))
-        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
-        self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
 
     def stopped_in_setup(self) -> train_state.Stopped | None:
         """A stop signal during start-up (it waited, blocked, until the handlers existed: supervisor.py): every

@@ -41,10 +41,6 @@ def train(
 ) -> dict | train_state.Stopped | None:
     """Train spec's task as rank `rank` of `world`, from checkpoint `resume` if given. Returns the result (rank 0),
     None (other ranks), or Stopped after a stop signal (checkpoint saved at a step end, every rank agreeing)."""
-    if spec.members:  # a fused task: its variants in one process group (fused.py)
-        from slurm_router.worker.fused import train_fused
-
-        return train_fused(spec, rank, world, master, resume)
     return Worker(spec, rank, world, master, resume).run()
 
 

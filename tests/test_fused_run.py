@@ -1,0 +1,142 @@
+"""Fused variants through the real command (issue 28): resources.fuse_variants=2 trains r8 and r32 in one task
+over one base, and each variant's losses equal its separate run's, per step, on 1 to 3 devices and any policy;
+its adapter is peft's, equal to the separate run's; a diverged variant leaves the group and the other trains on
+as if alone; a stopped group resumes bitwise. Real multi-process workers (gloo)."""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import event_rows, read_json, run_cli, run_dir_of, start_cli, wait_until
+
+pytestmark = pytest.mark.integration
+
+COMMON = [
+    "+experiment=lora_ab",
+    "base.enabled=false",
+    "train.steps=6",
+    "train.global_batch_size=12",
+    "train.warmup_steps=0",
+    "train.lr=1e-2",
+    "train.eval_every=3",
+    "train.eval_batches=1",
+    "train.eval_batch_size=4",
+    "train.checkpoint_every=1",
+    "data.max_documents=40",
+    "data.max_len=128",
+    "launcher.cpu_slots=2",
+]
+RTOL = 1e-5
+FUSED = "resources.fuse_variants=2"
+
+
+def _run(tmp_path: Path, *args: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    proc = run_cli(*COMMON, *args, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir_of(proc)
+
+
+def _curves(run_dir: Path, attempt_last: bool = False) -> dict[str, dict[str, list[float]]]:
+    """variant -> {"train": per-step losses, "eval": held-out losses} from its own task directory."""
+    out = {}
+    for name in ("r8", "r32"):
+        rows = event_rows(run_dir / "tasks" / name)
+        steps: dict[int, float] = {}
+        for r in sorted((r for r in rows if r["event"] == "step"), key=lambda r: (r["attempt"], r["time"])):
+            steps[r["step"]] = r["loss"]  # a step run again after a resume: its last attempt's
+        evals = {r["step"]: r["val_loss"] for r in rows if r["event"] == "eval"}
+        out[name] = {"train": [steps[s] for s in sorted(steps)], "eval": [evals[s] for s in sorted(evals)]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory) -> Path:
+    return _run(tmp_path_factory.mktemp("alone"), "resources.devices_per_task=1", "router=round_robin")
+
+
+def _same(fused: dict, ref: dict, names=("r8", "r32")) -> None:
+    for name in names:
+        for kind in ("train", "eval"):
+            assert len(fused[name][kind]) == len(ref[name][kind]), (name, kind, fused[name], ref[name])
+            assert fused[name][kind] == pytest.approx(ref[name][kind], rel=RTOL), (name, kind)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["resources.devices_per_task=1", "router=round_robin"],
+        ["resources.devices_per_task=2", "router=balanced"],
+        [
+            "resources.devices_per_task=3",
+            "router=balanced",
+            "router.device_slowdown=[1.0,2.0,4.0]",
+            "router.max_tokens_per_microbatch=200",
+        ],
+    ],
+    ids=["1dev", "2dev-balanced", "3dev-slow-split"],
+)
+def test_fused_variants_train_exactly_as_alone(tmp_path, alone, args):
+    run_dir = _run(tmp_path, FUSED, *args)
+    manifest = read_json(run_dir / "manifest.json")
+    assert manifest["tasks"]["r32"]["fused_into"] == "r8" and manifest["tasks"]["r32"]["state"] == "completed"
+    assert [s["tasks"] for s in manifest["stages"] if s["name"] == "variants"] == [["r8"]]  # one task ran
+    _same(_curves(run_dir), _curves(alone))
+    for name in ("r8", "r32"):  # each variant's own result, beside its separate run's
+        mine, ref = (read_json(d / "tasks" / name / "result.json") for d in (run_dir, alone))
+        assert mine["val_loss"] == pytest.approx(ref["val_loss"], rel=RTOL), name
+        assert Path(mine["adapter"]).is_dir()
+
+
+def test_a_fused_adapter_is_peft_and_equals_the_separate_runs(tmp_path, alone):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    run_dir = _run(tmp_path, FUSED)
+    for name in ("r8", "r32"):
+        mine, ref = (read_json(d / "tasks" / name / "result.json") for d in (run_dir, alone))
+        a = load_file(str(Path(mine["adapter"]) / "adapter_model.safetensors"))
+        b = load_file(str(Path(ref["adapter"]) / "adapter_model.safetensors"))
+        assert sorted(a) == sorted(b), name
+        for key in a:
+            assert (a[key] - b[key]).abs().max().item() <= 1e-4 * max(1.0, b[key].abs().max().item()), (name, key)
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(mine["base_model"]), mine["adapter"])
+        assert json.loads((Path(mine["adapter"]) / "adapter_config.json").read_text())["r"] == int(name[1:])
+        assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
+
+
+def test_a_diverged_variant_leaves_and_the_other_trains_as_alone(tmp_path, alone):
+    run_dir = _run(tmp_path, FUSED, "variants.r8.train.lr=10")
+    result = read_json(run_dir / "tasks" / "r8" / "result.json")
+    assert result["exit_state"] == "diverged" and result["lr"] == 10.0, result
+    assert event_rows(run_dir / "tasks" / "r8")[-1]["exit_state"] == "diverged"
+    _same(_curves(run_dir), _curves(alone), names=("r32",))
+    assert read_json(run_dir / "tasks" / "r32" / "result.json")["steps"] == 6
+
+
+def test_a_stopped_fused_task_resumes_bitwise(tmp_path):
+    reference = _curves(_run(tmp_path / "ref", FUSED))
+    root = tmp_path / "stopped"
+    proc = start_cli(*COMMON, FUSED, f"run_root={root}", cwd=tmp_path)
+    try:
+        task = wait_until(lambda: next(root.glob("lora_ab/*/tasks/r8"), None), "the leader's task dir", 300)
+        wait_until(lambda: any(r["event"] == "step" and r["step"] >= 2 for r in event_rows(task)), "step 2", 300)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    run_dir = task.parent.parent
+    manifest = read_json(run_dir / "manifest.json")
+    assert {manifest["tasks"][n]["state"] for n in ("r8", "r32")} == {"interrupted"}, manifest["tasks"]
+    saved = [r for r in event_rows(run_dir / "tasks" / "r32") if r["event"] == "checkpoint_saved"]
+    assert saved and saved[-1]["reason"] == "signal", saved  # the member's rows name the group's checkpoint
+    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    loaded = [r for r in event_rows(run_dir / "tasks" / "r32") if r["event"] == "checkpoint_loaded"]
+    assert loaded and loaded[0]["step"] == saved[-1]["step"], loaded
+    assert _curves(run_dir) == reference, "an interrupted and resumed fused task must match bitwise"
+    assert read_json(run_dir / "manifest.json")["state"] == "completed"
