@@ -69,9 +69,10 @@ def run(overrides: list[str], multirun: bool = False) -> int:
         )
     cfg = compose_grid(overrides, multirun)
     from slurm_router.cli.checks import check_new_run
+    from slurm_router.config.unread import set_keys
     from slurm_router.rundir.manifest import create_run_dir
 
-    checked = check_new_run(cfg)  # every check, in order, before any file is written
+    checked = check_new_run(cfg, set_keys(overrides))  # every check, in order, before any file is written
     variants, launcher, corpus, run_id, run_dir = (
         checked.variants,
         checked.launcher,

@@ -142,6 +142,12 @@ def test_the_data_line_names_only_what_was_read():
         (["+hydra.verbose=true"], "Hydra's own settings are not read here"),
         (["-m", "hydra.sweep.dir=a,b", "train.lr=1e-3,2e-3"], "set run_root=a,b instead"),
         (["+experiment=lora_ab", "variants.r8.data.n_samples=5"], "variants.r8: data.n_samples=5 is not read"),
+        # read only under another setting (config/unread.py; every key: tests/test_every_setting.py)
+        (["base.steps=5"], "base.steps=5 is not read with base.enabled=false (no base stage)"),
+        (["model.name_or_path=/tmp"], "model.name_or_path='/tmp' is not read by model.kind=gpt2"),
+        (["train.pad_to_multiple=8"], "train.pad_to_multiple=8 is not read with train.packing=auto"),
+        (["-m", "router.speed_ema=0.1,0.2"], "router.speed_ema=0.1 is not read with router.speed_model=robust"),
+        (["+experiment=lora_ab", "model.lora.enabled=false"], "variants.r8: model.lora.r=8 is not read with"),
     ],
 )
 def test_the_command_refuses_what_it_would_ignore(args, expected, tmp_path):

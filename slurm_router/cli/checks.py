@@ -2,20 +2,23 @@
 resume=RUN_DIR): each check raises UserError (one line, exit 2) before any file of the run is written.
 
 A new run, in this order: the config alone (values, seeds, variants, prune: config.variants.validate), the
-trackers of every variant (a known mode, its package, a writable store), every variant fits the one base stage
-(launch.plan), the run root can be written, model=hf checkpoints (config, whole weights, a causal LM with the
-LoRA target layers, built on the meta device), the launcher's own checks (Slurm on PATH, the partition, the
-container image...), then the data (the corpus is built once, so a bad file is named now).
+settings the user set that nothing in the run reads (config.unread), the trackers of every variant (a known
+mode, its package, a writable store), every variant fits the one base stage (launch.plan), the run root can be
+written, model=hf checkpoints (config, whole weights, a causal LM with the LoRA target layers, built on the
+meta device), the launcher's own checks (Slurm on PATH, the partition, the container image...), then the data
+(the corpus is built once, so a bad file is named now).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
+from slurm_router.config.unread import refuse_unread
 from slurm_router.config.variants import validate
 from slurm_router.errors import UserError
 from slurm_router.launch.plan import check_fits_base
@@ -33,9 +36,11 @@ class CheckedRun:
     run_dir: Path  # not created yet
 
 
-def check_new_run(cfg: DictConfig) -> CheckedRun:
-    """A new run whose every check passed, in order."""
+def check_new_run(cfg: DictConfig, user_keys: Iterable[str] = ()) -> CheckedRun:
+    """A new run whose every check passed, in order. user_keys: the keys the user's overrides set
+    (config.unread.set_keys), refused when nothing in the run reads them."""
     variants = validate(cfg)
+    refuse_unread(cfg, variants if cfg.variants else {}, user_keys)
     for where, c in _each_config(cfg, variants):
         check_tracker(c.get("tracker"), where)
     check_fits_base(cfg, variants)
