@@ -68,6 +68,7 @@ def _same(fused: dict, ref: dict, names=("r8", "r32")) -> None:
     [
         ["resources.devices_per_task=1", "router=round_robin"],
         ["resources.devices_per_task=2", "router=balanced"],
+        ["resources.devices_per_task=2", "router=least_loaded", "train.fused_layout=row"],
         [
             "resources.devices_per_task=3",
             "router=balanced",
@@ -75,7 +76,7 @@ def _same(fused: dict, ref: dict, names=("r8", "r32")) -> None:
             "router.max_tokens_per_microbatch=200",
         ],
     ],
-    ids=["1dev", "2dev-balanced", "3dev-slow-split"],
+    ids=["1dev", "2dev-balanced", "2dev-one-row", "3dev-slow-split"],
 )
 def test_fused_variants_train_exactly_as_alone(tmp_path, alone, args):
     run_dir = _run(tmp_path, FUSED, *args)

@@ -18,10 +18,9 @@ first and block the stop signals again before they spawn.
 
 Nothing of a local run outlives its launcher (issue 12): a local job process watches its launcher
 (`watch_launcher`; the launcher's pid comes in LAUNCHER_PID_ENV) and each worker its job process
-(`watch_parent_process`), and the forkserver that forks several workers dies with its job process
-(slurm_router.allocation.forkserver_tie). When the parent is gone, the child stops as on a stop signal (the step in flight
-ends, rank 0 saves) and is killed ORPHAN_GRACE_S later if it has not ended by then: nothing of the run lives
-10 s after the launcher died, with a checkpoint at the step end where a step is short enough.
+(`watch_parent_process`), and the forkserver that forks several workers dies with its job process (forkserver_tie.py).
+When the parent is gone, the child stops as on a stop signal (the step in flight ends, rank 0 saves) and is killed
+ORPHAN_GRACE_S later if it has not ended: nothing of the run lives 10 s after the launcher died.
 
 Deliberately light imports (no torch): a job process installs its handlers within milliseconds of starting.
 """
@@ -116,12 +115,10 @@ def worker_entry(rank: int, spec_json: str, world: int, master: str, resume: str
     """One worker's whole life: train, and rank 0 writes the task's result."""
     from slurm_router.fileio import atomic_write_text
     from slurm_router.rundir.spec import TaskSpec
+    from slurm_router.worker import fused, worker
 
     spec = TaskSpec(**json.loads(spec_json))
-    if spec.members:  # a fused task: its variants in one process group (docs/ARCHITECTURE.md, "Fused variants")
-        from slurm_router.worker.fused import train_fused as train
-    else:
-        from slurm_router.worker.worker import train
+    train = fused.train_fused if spec.members else worker.train  # fused: its variants in one process group
     result = train(spec, rank, world, master, resume)
     if rank == 0 and isinstance(result, dict):
         atomic_write_text(TaskPaths(spec.task_dir).result, json.dumps(result, indent=1))

@@ -76,6 +76,7 @@ class RouterConfig:
     affinity_boundaries: List[int] = field(default_factory=list)
     speed_model: str = RouterSettings.speed_model  # robust | ema | none (router/speed_model.py)
     speed_ema: float = RouterSettings.speed_ema
+    row_cost: str = RouterSettings.row_cost  # packed rows: fitted (from step times, router/cost_model.py) | fixed
     # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
     device_slowdown: List[float] = field(default_factory=list)
     # Testing aid: a memory cap (bytes) per CPU worker; a micro-batch predicted above it raises a simulated OOM.
@@ -200,6 +201,11 @@ class TrainConfig:
     # auto: on unless train.compile (a row's length changes every step); a model whose attention cannot take
     # packed rows trains padded, with one line saying why.
     packing: str = "auto"  # auto | true | false
+    # resources.fuse_variants >= 2 (slurm_router/worker/fused.py): a micro-batch's variants in one packed row (one
+    # forward and backward: bigger kernels, a GPU's choice) or one row per variant through the shared model (the
+    # activations of one variant at a time: faster on CPU, benchmarks/results/fused-cpu.md). auto: per_variant on
+    # CPU, row on a GPU.
+    fused_layout: str = "auto"  # auto | row | per_variant
     checkpoint_every: int = 0  # save a checkpoint every N steps (0: only on a stop signal)
     keep_checkpoints: int = 3  # the newest K checkpoints are kept (a damaged newest falls back)
 
@@ -276,6 +282,7 @@ CHOICES = {
     "launcher.kind": tuple(s.kind for s in LAUNCHER_SCHEMAS),
     "train.precision": ("auto", "fp32", "bf16"),
     "train.packing": ("auto", "true", "false"),
+    "train.fused_layout": ("auto", "row", "per_variant"),
 }
 # key -> (low, high, low_inclusive); None = unbounded
 RANGES = {

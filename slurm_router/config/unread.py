@@ -100,6 +100,18 @@ RULES = (
         "set train.packing=false (padded micro-batches), or drop it",
     ),
     Rule(
+        ("router.row_cost",),
+        lambda c: str(c.train.packing).lower() != "false",
+        lambda c: "with train.packing=false (the row cost is a packed row's)",
+        "set train.packing=auto, or drop it",
+    ),
+    Rule(
+        ("train.fused_layout",),
+        lambda c: int(c.resources.fuse_variants) >= 2,
+        lambda c: "with resources.fuse_variants=1 (no fused tasks)",
+        "set resources.fuse_variants=K (K >= 2), or drop it",
+    ),
+    Rule(
         ("launcher.cpus_per_device",),
         lambda c: c.launcher.get("cpus_per_task") is None,
         lambda c: f"with launcher.cpus_per_task={c.launcher.get('cpus_per_task')} (the CPUs per task, as given)",

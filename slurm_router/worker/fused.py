@@ -98,6 +98,8 @@ class FusedWorker(Worker):
         runner = cast(FusedMicroBatches, self.micro)
         runner.__class__ = FusedMicroBatches
         runner.fused = self.fused
+        layout = str(self.cfg.train.fused_layout)
+        runner.per_variant = layout == "per_variant" or (layout == "auto" and self.device.type == "cpu")
 
     @property
     def alive(self) -> list[Variant]:

@@ -30,7 +30,7 @@ from slurm_router.train.fused_lora import (
 )
 from slurm_router.train.model import build_model
 from slurm_router.train.optim import lr_at, make_optimizer
-from slurm_router.worker.microbatch import MicroBatchRunner, accumulate, autocast
+from slurm_router.worker.microbatch import MicroBatchRunner, autocast
 
 
 class MemberAdapter:
@@ -148,9 +148,12 @@ def make_variants(fused: FusedModel, specs: list[TaskSpec], cfgs: list, n_train:
 
 
 class FusedMicroBatches(MicroBatchRunner):
-    """The micro-batch runner over keyed samples (k * N + id): each micro-batch one fused packed row."""
+    """The micro-batch runner over keyed samples (k * N + id). A micro-batch is one fused packed row of its
+    variants' samples (layout "row"), or one row per variant through the shared model ("per_variant"); either
+    way its gradients are added only once every row's exist (all or nothing, as microbatch.accumulate)."""
 
     fused: FusedModel
+    per_variant: bool
     divide_by: list[float]  # each variant's global target count this step
     variant_sums: torch.Tensor  # (K,) this device's token-loss sums this step, read after the step's sync
 
@@ -165,14 +168,24 @@ class FusedMicroBatches(MicroBatchRunner):
         for key in keys:
             k, i = self.key(key)
             per_variant[k].append(i)
-        return fused_packed_batch(self.split, per_variant, self.device)
+        if not self.per_variant:
+            return [fused_packed_batch(self.split, per_variant, self.device)]
+        alone = [[ids if j == k else [] for j in range(len(per_variant))] for k, ids in enumerate(per_variant) if ids]
+        return [fused_packed_batch(self.split, rows, self.device) for rows in alone]
 
-    def forward_backward(self, batch) -> tuple[torch.Tensor, int]:
-        with autocast(self.cfg, self.device):
-            total, sums = fused_loss(self.fused, batch, self.divide_by, as_tensor=True)
-        accumulate(total, self.params)
-        self.variant_sums += sums.detach()
-        return sums.detach().sum(), sum(batch.n_targets)
+    def forward_backward(self, batches) -> tuple[torch.Tensor, int]:
+        grads, sums = [], torch.zeros_like(self.variant_sums)
+        for batch in batches:
+            with autocast(self.cfg, self.device):
+                total, row_sums = fused_loss(self.fused, batch, self.divide_by, as_tensor=True)
+            grads.append(torch.autograd.grad(total, self.params, allow_unused=True))
+            sums += row_sums.detach()
+        for row_grads in grads:
+            for p, g in zip(self.params, row_grads):
+                if g is not None:
+                    p.grad = torch.empty_like(p).copy_(g) if p.grad is None else p.grad.add_(g)
+        self.variant_sums += sums
+        return sums.sum(), sum(sum(b.n_targets) for b in batches)
 
 
 # ---- the group's checkpoint -------------------------------------------------------------------------------------
