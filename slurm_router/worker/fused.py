@@ -38,6 +38,7 @@ from slurm_router.worker.fused_variants import (
     variant_state,
 )
 from slurm_router.worker.microbatch import autocast
+from slurm_router.worker.profile import profile_step, profiled
 from slurm_router.worker.telemetry import device_name
 from slurm_router.worker.worker import StepPlan, Worker, allreduce_grads
 
@@ -338,10 +339,15 @@ class FusedWorker(Worker):
         if stopped is not None:
             return stopped
         self.start()
+        to_profile = profile_step() if self.rank == 0 else None  # SLURM_ROUTER_PROFILE_STEP (profile.py)
         for step in range(self.first_step, self.spec.steps):
             if not self.alive:
                 break
-            ended = self.train_step(step)
+            ended = (
+                profiled(self.train_step, step, self.device, self.spec.task_dir)
+                if step == to_profile
+                else self.train_step(step)
+            )
             if ended is not None:
                 return ended
         return self.finish()
