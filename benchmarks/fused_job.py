@@ -42,10 +42,12 @@ COMMON = [
 ]
 
 
-def run(shape: str, k: int, steps: int, fuse: int, layout: str, tmp: Path) -> Path:
+def run(shape: str, k: int, steps: int, fuse: int, layout: str, tmp: Path, gpu: bool = False) -> Path:
+    """On a GPU the separate tasks share it as processes (resources.tasks_per_gpu=K, the local launcher's packing)."""
     tmp.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    args = [*COMMON, *SHAPES[shape], f"train.steps={steps}", f"launcher.cpu_slots={cores}", f"run_root={tmp}"]
+    share = f"resources.tasks_per_gpu={k}" if gpu else f"launcher.cpu_slots={cores}"
+    args = [*COMMON, *SHAPES[shape], f"train.steps={steps}", share, f"run_root={tmp}"]
     if fuse > 1:
         args += [f"resources.fuse_variants={fuse}", f"train.fused_layout={layout}"]
     out = subprocess.run(
@@ -82,16 +84,17 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--small-k", type=int, default=4, help="variants of the GPT-2-small shape (0: skip it)")
     p.add_argument("--small-steps", type=int, default=4)
+    p.add_argument("--gpu", action="store_true", help="on a GPU machine: the separate tasks share one GPU")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/fused-job-cpu.md"))
     args = p.parse_args()
-    cases = [("default", int(k), args.steps, args.warmup) for k in args.ks.split(",")]
+    cases = [("default", int(k), args.steps, args.warmup) for k in args.ks.split(",") if k]
     if args.small_k:
         cases.append(("gpt2_small", args.small_k, args.small_steps, 1))
     rows = []
     for shape, k, steps, warmup in cases:
         with tempfile.TemporaryDirectory() as tmp:
             got = {
-                name: measure(run(shape, k, steps, fuse, layout, Path(tmp) / name), warmup)
+                name: measure(run(shape, k, steps, fuse, layout, Path(tmp) / name, args.gpu), warmup)
                 for name, fuse, layout in (("separate", 1, ""), ("per_variant", k, "per_variant"), ("row", k, "row"))
             }
         rows.append({"model": shape, "variants": k, "steps": steps, "warmup": warmup, **got})
@@ -103,8 +106,8 @@ def main() -> None:
         "",
         *header(command.strip()),
         "",
-        f"`python -m slurm_router -m GRID` with resources.fuse_variants=K (one task, one worker, {cores} threads) against "
-        f"resources.fuse_variants=1 (K tasks, launcher.cpu_slots={cores} at a time, the cores shared); batch 16 per "
+        f"`python -m slurm_router -m GRID` with resources.fuse_variants=K (one task, one worker) against "
+        f"resources.fuse_variants=1 (K tasks: {'sharing one GPU as processes, resources.tasks_per_gpu=K' if args.gpu else f'launcher.cpu_slots={cores} at a time, the {cores} cores shared'}); batch 16 per "
         "variant, stdlib corpus, packed rows, variants differing in LoRA rank and lr. Tokens/s: every variant's real "
         "tokens after the warm-up steps over the union wall window of those steps (step rows' clock); memory: each "
         "worker's peak RSS, the separate tasks' summed. Fused layouts (train.fused_layout): per variant (one row per "
@@ -121,6 +124,17 @@ def main() -> None:
             f"| {r['model']} | {r['variants']} | {t:,.0f} | {row['tokens_per_s']:,.0f} ({row['tokens_per_s'] / t:.2f}x) | "
             f"{per['tokens_per_s']:,.0f} ({per['tokens_per_s'] / t:.2f}x) | {m:,.0f} | "
             f"{row['rss_mib']:,.0f} ({row['rss_mib'] / m:.2f}x) | {per['rss_mib']:,.0f} ({per['rss_mib'] / m:.2f}x) |"
+        )
+    lines += [
+        "",
+        "Fused peak memory against one separate task's (the issue's GPU target: at most 1.3x one variant):",
+        "",
+    ]
+    for r in rows:
+        one = r["separate"]["one_task_mib"]
+        lines.append(
+            f"- {r['model']}, {r['variants']} variants: per variant {r['per_variant']['rss_mib'] / one:.2f}x, "
+            f"one row {r['row']['rss_mib'] / one:.2f}x"
         )
     Path(args.out).write_text("\n".join(lines) + "\n")
     Path(args.out).with_suffix(".json").write_text(json.dumps({"rows": rows}, indent=1))

@@ -10,7 +10,8 @@
 # Checks: device (nvidia-smi, versions), poll_cost (telemetry read cost), lora_ab (the experiment end to end
 # with its report), cuda_tests (tests/test_cuda.py: Ctrl-C resume, a real CUDA OOM), throughput (job vs bare
 # loop vs the speed switches, MFU, one profiled step of each), packed_rows (packed vs padded micro-batches,
-# long-tailed lengths), packing (4 variants on one GPU vs one after another). Fused variants join once built.
+# long-tailed lengths), fused (8 GPT-2-small variants fused vs 8 processes sharing the GPU: benchmarks/fused_job.py),
+# packing (4 variants on one GPU vs one after another).
 # Seen on an H200 (2026-11-26, benchmarks/results/gpu_checks/): lora_ab needed more than 150 s (base 300 steps,
 # r8 done, r32 cut), tests/test_cuda.py more than 171 s (six runs of the command, ~30 s of start-up each);
 # poll_cost took 4 s, throughput --only b,c --profile 82 s, packing 90 s. The next lease: GPU_CHECKS_ONLY=
@@ -136,10 +137,14 @@ step cuda_tests 330 cuda_tests
 # ---- (c) throughput: the job vs the bare loop vs the speed switches; MFU; one profiled step of each
 step throughput 230 python3 benchmarks/throughput.py "${tp_args[@]}" --profile --out "$work"
 
-# ---- (d) packed rows vs padded micro-batches on a long-tailed corpus (issue 27); fused variants: not built yet
+# ---- (d) packed rows vs padded micro-batches on a long-tailed corpus (issue 27)
 step packed_rows 150 python3 benchmarks/packed_rows.py --repeats "$([ "$standin" = 1 ] && echo 1 || echo 2)" \
   --steps "$([ "$standin" = 1 ] && echo 6 || echo 30)" --out "$work"
 
+
+# ---- (f) fused variants (issue 28): 8 GPT-2-small variants in one task against 8 processes sharing the GPU
+if [ "$standin" = 1 ]; then fused_args=(--ks 2 --steps 6 --warmup 2 --small-k 0); else fused_args=(--gpu --ks "" --small-k 8 --small-steps 20 --warmup 5); fi
+step fused 200 python3 benchmarks/fused_job.py "${fused_args[@]}" --out "$work/fused-job-cuda.md"
 
 # ---- (e) 4 variants packed on one GPU vs one after another
 step packing 120 python3 benchmarks/packing.py --shapes 8x512 --steps 60 --out "$work"

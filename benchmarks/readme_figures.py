@@ -320,20 +320,17 @@ for _v, _name in (("loser", "loser"), ("a or b", "aa")):
 OTHERS["prune_real.md:loser_median_step"] = functools.partial(_prune_real, "loser", "median step pruned")
 
 
-def _fused_cells(model: str, k: str) -> list[str]:
-    line = next(l for l in text("fused-cpu.md").splitlines() if l.startswith(f"| {model} | {k} |"))
-    return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
 def _fused_ratio(model: str, k: str, column: int) -> str:
-    """The ratio in brackets of a fused-cpu.md cell ('32,889 (1.09x)' -> '1.09'); its table repeats column names
-    (tokens/s and RSS each have a one-row and a per-variant column), so cells are read by position."""
-    return _fused_cells(model, k)[column].split("(")[1].rstrip(")x")
+    """The ratio in brackets of a fused-job-cpu.md cell ('31,535 (1.38x)' -> '1.38'); its table repeats column
+    names (tokens/s and RSS each have a one-row and a per-variant column), so cells are read by position."""
+    line = next(l for l in text("fused-job-cpu.md").splitlines() if l.startswith(f"| {model} | {k} |"))
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    return cells[column].split("(")[1].rstrip(")x")
 
 
-for _model, _k in (("default", "4"), ("default", "8"), ("gpt2_small", "4")):
+for _model, _k in (("default", "2"), ("default", "4"), ("default", "8"), ("gpt2_small", "4")):
     for _name, _column in (("one_row_speed", 3), ("per_variant_speed", 4), ("per_variant_memory", 7)):
-        OTHERS[f"fused-cpu.md:{_model}_{_k}_{_name}"] = functools.partial(_fused_ratio, _model, _k, _column)
+        OTHERS[f"fused-job-cpu.md:{_model}_{_k}_{_name}"] = functools.partial(_fused_ratio, _model, _k, _column)
 
 FIGURES: dict[str, Callable[[], str]] = {
     **{f"router.json:{k}": f for k, f in ROUTER.items()},

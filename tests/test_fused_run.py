@@ -141,3 +141,37 @@ def test_a_stopped_fused_task_resumes_bitwise(tmp_path):
     assert loaded and loaded[0]["step"] == saved[-1]["step"], loaded
     assert _curves(run_dir) == reference, "an interrupted and resumed fused task must match bitwise"
     assert read_json(run_dir / "manifest.json")["state"] == "completed"
+
+
+def test_fused_llama_chat_variants_train_exactly_as_alone(tmp_path):
+    """A tiny Llama checkpoint on chat data (assistant turns the only targets): r8 and r32 fused on 2 devices equal
+    each one's separate run on 1 device, per step."""
+    from tiny_checkpoints import chat_rows, make_checkpoint, write_jsonl
+
+    ckpt = make_checkpoint(tmp_path / "llama", "llama")
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(60))
+    chat = [
+        "+experiment=lora_ab",
+        "base.enabled=false",
+        "model=hf",
+        f"model.name_or_path={ckpt}",
+        "data=jsonl",
+        f"data.path={data}",
+        "data.messages_field=messages",
+        "data.max_len=192",
+        "train.steps=5",
+        "train.global_batch_size=8",
+        "train.warmup_steps=0",
+        "train.lr=1e-2",
+        "train.eval_every=0",
+        "train.eval_batches=1",
+        "train.eval_batch_size=4",
+        "launcher.cpu_slots=2",
+    ]
+    runs = {}
+    for name, args in (("alone", ["resources.devices_per_task=1"]), ("fused", [FUSED, "resources.devices_per_task=2"])):
+        proc = run_cli(*chat, *args, f"run_root={tmp_path / name}", cwd=tmp_path, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = _curves(run_dir_of(proc))
+    assert runs["alone"]["r8"]["train"][-1] < runs["alone"]["r8"]["train"][0], "the separate run did not learn"
+    _same(runs["fused"], runs["alone"])
