@@ -21,8 +21,10 @@ class Progress:
     the one reader of a task's progress (the same numbers `python -m slurm_router.status` prints)."""
 
     def __init__(self, tasks: list[TaskSpec]):
-        self.tasks = {t.name: t for t in tasks}
-        self.state: dict[str, dict] = {t.name: {"progress": TaskProgress(), "printed": -1} for t in tasks}
+        # a fused task's variants each show their own progress (their own events); the launcher knows the leader
+        self.members = {t.name: t.members for t in tasks}
+        self.tasks = {s.name: s for t in tasks for s in (t.group_specs() if t.members else [t])}
+        self.state: dict[str, dict] = {n: {"progress": TaskProgress(), "printed": -1} for n in self.tasks}
         self.live = sys.stderr.isatty()
         self._rich = None
         if self.live:
@@ -66,15 +68,17 @@ class Progress:
             print(f"  {self.tasks[name].stage}/{name}: step {step}/{total}  {self._info(name)}", flush=True)
 
     def finish(self, name: str, state: TaskState, log: Path) -> None:
+        """A task ended (a fused task: each of its variants, with the group's state)."""
         self.update()
-        msg = f"{self.tasks[name].stage}/{name}: {state.value}"
-        if state is not TaskState.COMPLETED:
-            msg += f" (log: {log})"
-        if self._rich is not None:
-            self._rich.update(self._ids[name], info=state.value)
-            self._rich.console.print(msg)
-        else:
-            print(msg, flush=True)
+        for each in [name, *self.members.get(name, [])]:
+            msg = f"{self.tasks[each].stage}/{each}: {state.value}"
+            if state is not TaskState.COMPLETED:
+                msg += f" (log: {log})"
+            if self._rich is not None:
+                self._rich.update(self._ids[each], info=state.value)
+                self._rich.console.print(msg)
+            else:
+                print(msg, flush=True)
 
     def close(self) -> None:
         if self._rich is not None:
