@@ -175,3 +175,24 @@ def test_fused_llama_chat_variants_train_exactly_as_alone(tmp_path):
         runs[name] = _curves(run_dir_of(proc))
     assert runs["alone"]["r8"]["train"][-1] < runs["alone"]["r8"]["train"][0], "the separate run did not learn"
     _same(runs["fused"], runs["alone"])
+
+
+def test_a_pruned_variant_leaves_the_group_and_the_others_train_as_alone(tmp_path):
+    """r8 (lr 1e-6: a planted loser) against r32, 3 seeds each, all six in one fused task with prune=true: every
+    evaluation is recorded before any is decided, so r8's replicates are pruned at an in-training evaluation and
+    leave the group; r32-s2 trains on exactly as its separate run does."""
+    prune_args = ["train.lr=3e-3", "train.eval_every=2", "train.eval_batches=4", "variants.r8.train.lr=1e-6"]
+    run_dir = _run(tmp_path / "fused", "seeds=3", "prune=true", "resources.fuse_variants=6", *prune_args)
+    results = {p.parent.name: read_json(p) for p in (run_dir / "tasks").glob("*/result.json")}
+    assert len(results) == 6, sorted(results)
+    pruned = sorted(t for t, r in results.items() if r.get("exit_state") == "pruned")
+    assert pruned and all(t.startswith("r8-") for t in pruned), results
+    for t in pruned:
+        steps = [r["step"] for r in event_rows(run_dir / "tasks" / t) if r["event"] == "step"]
+        assert results[t]["best"] == "r32" and len(steps) == results[t]["step"] < 6, (t, results[t], steps)
+    summary = read_json(run_dir / "report" / "summary.json")
+    assert sorted(line.split(":")[0] for line in summary["pruned"]) == pruned
+    alone = _run(tmp_path / "alone", "seeds=[2]", "~variants.r8", *prune_args[:3])
+    survivor = [r["loss"] for r in event_rows(run_dir / "tasks" / "r32-s2") if r["event"] == "step"]
+    reference = [r["loss"] for r in event_rows(alone / "tasks" / "r32") if r["event"] == "step"]
+    assert len(survivor) == 6 and survivor == pytest.approx(reference, rel=RTOL)
