@@ -22,6 +22,7 @@ LoRA dropout would draw its masks from one stream for all variants, so a variant
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -34,9 +35,10 @@ from torch import nn
 PEFT_PREFIX = "base_model.model."  # peft's names: base_model.model.<the base's module path>
 
 
-class Segments:
+class Segments(threading.local):
     """Which variant owns which tokens of the batch being computed: (variant, start, end) in the flattened
-    (rows x width) token order, covering every token once, in order. Set before each forward."""
+    (rows x width) token order, covering every token once, in order. Set before each forward; per thread, so
+    threads may run different variants' rows through the shared model at once (worker/fused_variants.py)."""
 
     def __init__(self) -> None:
         self.ranges: list[tuple[int, int, int]] = []
@@ -56,19 +58,28 @@ class FusedLoraLayer(nn.Module):
         self.lora_B[str(k)] = nn.Parameter(b.detach().clone())
         self.scaling[k] = float(scaling)
 
+    def _delta(self, k: int, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """Variant k's low-rank update of x, as peft computes it (the input in the LoRA weights' dtype, the sum in
+        the output's); None where k does not adapt this layer."""
+        key = str(k)
+        if key not in self.lora_A:
+            return None
+        a, b = self.lora_A[key], self.lora_B[key]
+        return ((x.to(a.dtype) @ a.t()) @ b.t() * self.scaling[k]).to(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         n = out.shape[:-1].numel()
+        whole = [(k, a, b) for k, a, b in self.segments.ranges if b > a]
+        if len(whole) == 1 and whole[0][1:] == (0, n):  # one variant's tokens only (fused_layout=per_variant)
+            delta = self._delta(whole[0][0], x, out.dtype)
+            return out if delta is None else out + delta
         flat_x, flat_out = x.reshape(n, x.shape[-1]), out.reshape(n, out.shape[-1])
         pieces = []
         for k, start, end in self.segments.ranges:
             piece = flat_out[start:end]
-            key = str(k)
-            if key in self.lora_A:  # as peft computes it: the input in the LoRA weights' dtype, the sum in the output's
-                a, b = self.lora_A[key], self.lora_B[key]
-                delta = (flat_x[start:end].to(a.dtype) @ a.t()) @ b.t() * self.scaling[k]
-                piece = piece + delta.to(piece.dtype)
-            pieces.append(piece)
+            delta = self._delta(k, flat_x[start:end], piece.dtype)
+            pieces.append(piece if delta is None else piece + delta)
         return torch.cat(pieces).view(out.shape)
 
 
