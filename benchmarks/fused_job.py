@@ -73,6 +73,7 @@ def measure(run_dir: Path, warmup: int) -> dict:
     return {
         "tokens_per_s": tokens / (max(ends) - min(starts)),
         "rss_mib": sum(peaks.values()) / 2**20,
+        "one_task_mib": max(peaks.values()) / 2**20,
         "tasks": len(peaks),
     }
 

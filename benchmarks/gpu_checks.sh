@@ -15,7 +15,7 @@
 # Seen on an H200 (2026-11-26, benchmarks/results/gpu_checks/): lora_ab needed more than 150 s (base 300 steps,
 # r8 done, r32 cut), tests/test_cuda.py more than 171 s (six runs of the command, ~30 s of start-up each);
 # poll_cost took 4 s, throughput --only b,c --profile 82 s, packing 90 s. The next lease: GPU_CHECKS_ONLY=
-# "device cuda_tests lora_ab throughput packed_rows" with GPU_CHECKS_THROUGHPUT_ARGS="--repeats 1 --only b,d,e".
+# "device cuda_tests lora_ab throughput packed_rows fused" with GPU_CHECKS_THROUGHPUT_ARGS="--repeats 1 --only b,d,e".
 # Budget: GPU_CHECKS_BUDGET_S (default 540 s); each check gets min(its own limit, what is left).
 # GPU_CHECKS_ONLY="throughput cuda_tests" runs only those (in this file's order); GPU_CHECKS_THROUGHPUT_ARGS
 # replaces throughput.py's arguments (default --repeats 2; --stand-in-cpu: --quick --repeats 1).

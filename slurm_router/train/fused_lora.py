@@ -22,7 +22,6 @@ LoRA dropout would draw its masks from one stream for all variants, so a variant
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -35,10 +34,9 @@ from torch import nn
 PEFT_PREFIX = "base_model.model."  # peft's names: base_model.model.<the base's module path>
 
 
-class Segments(threading.local):
+class Segments:
     """Which variant owns which tokens of the batch being computed: (variant, start, end) in the flattened
-    (rows x width) token order, covering every token once, in order. Set before each forward; per thread, so
-    threads may run different variants' rows through the shared model at once (worker/fused_variants.py)."""
+    (rows x width) token order, covering every token once, in order. Set before each forward."""
 
     def __init__(self) -> None:
         self.ranges: list[tuple[int, int, int]] = []

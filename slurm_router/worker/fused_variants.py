@@ -8,7 +8,6 @@ checkpoint file (in the leader's checkpoints/, one entry per variant)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -175,20 +174,8 @@ class FusedMicroBatches(MicroBatchRunner):
         return [fused_packed_batch(self.split, rows, self.device) for rows in alone]
 
     def forward_backward(self, batches) -> tuple[torch.Tensor, int]:
-        """Every row's forward and backward, then their gradients added (all or nothing). Several rows on a CPU
-        worker with T threads: T Python threads, each running rows with one torch thread (the frozen base is only
-        read; each row's LoRA gradients are its own), which keeps the cores busier than T-thread kernels on the
-        small matrices of one row."""
-        threads = torch.get_num_threads() if self.device.type == "cpu" else 1
-        if threads > 1 and len(batches) > 1:
-            torch.set_num_threads(1)
-            try:
-                with concurrent.futures.ThreadPoolExecutor(min(threads, len(batches))) as pool:
-                    done = list(pool.map(self._row, batches))
-            finally:
-                torch.set_num_threads(threads)
-        else:
-            done = [self._row(batch) for batch in batches]
+        """Every row's forward and backward, then their gradients added in row order (all or nothing)."""
+        done = [self._row(batch) for batch in batches]
         sums = torch.stack([row_sums for _, row_sums in done]).sum(0)
         for row_grads, _ in done:
             for p, g in zip(self.params, row_grads):
