@@ -204,6 +204,13 @@ def test_two_node_task_matches_one_device_and_requeues_on_usr2(tmp_path, mn_env)
     assert requeue and requeue[0]["reason"] == "preempted", requeue
     assert _hosts(u2, attempt=1) == {0: "mn1", 1: "mn2"}
     assert 0 < stopped[0]["step"] < 12, "the signal did not land mid-run"
+    # every rank planned every step alike (separate processes: nothing rank-local may reach the router)
+    for task in (ref, u2):
+        plans = [
+            {(r["attempt"], r["step"]): r["planned_cost"] for r in _rows(task, rank) if r["event"] == "step"}
+            for rank in range(NODES)
+        ]
+        assert plans[0] == plans[1], f"{task.name}: the ranks' plans differ"
     # equal up to float reduction order: router=balanced splits each batch by measured (timing-noisy) speeds
     assert _losses(u2) == pytest.approx(two_nodes, rel=1e-5), "u2's losses differ from the uninterrupted run"
     assert "requeued" in (run_dir / "logs" / f"{jobs['u2']}.out").read_text()

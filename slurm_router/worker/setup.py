@@ -139,7 +139,10 @@ class WorkerSetup:
             # A CPU worker's observed peak is its whole RSS (telemetry.py): the interpreter, torch's libraries
             # and the corpus are in it before the first micro-batch, and the tensor-only prior under-predicted
             # the first micro-batches ~7x until the online refit. Seed the fixed term with that baseline.
-            baseline = self.telemetry.peak_bytes() - shape["frozen_bytes"] - shape["trainable_bytes"]
+            # Every rank plans with the same router state, so the seed is the ranks' largest baseline, not each
+            # rank's own (srun workers are separate processes whose RSS differs: plans diverged, a sample was lost).
+            own = self.telemetry.peak_bytes() - shape["frozen_bytes"] - shape["trainable_bytes"]
+            baseline = int(max(row[0] for row in self.gather([float(own)])))
             shape["workspace_bytes"] = shape.get("workspace_bytes", 0) + max(0, baseline)
             mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.tokenizer.vocab_size)
         self.router = Router(self.settings, self.world, memory_model=mem_model)
