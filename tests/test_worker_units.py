@@ -28,6 +28,7 @@ def test_step_stats_round_trip_through_the_gathered_tensor():
         oom_padded=4096,
         oom_n=8,
         stop=15,
+        plan_digest=2**32 - 1,
     )
     row = s.pack()
     assert len(row) == StepStats.width() == len(dataclasses.fields(StepStats))
@@ -36,8 +37,31 @@ def test_step_stats_round_trip_through_the_gathered_tensor():
     assert back == s
     assert all(type(getattr(back, f.name)) is (int if f.type == "int" else float) for f in dataclasses.fields(back))
     assert StepStats.unpack(StepStats().pack()) == StepStats()
-    with pytest.raises(ValueError, match="9 values, got 8"):
+    with pytest.raises(ValueError, match="10 values, got 9"):
         StepStats.unpack(row[:-1])
+
+
+def test_a_plan_digest_tells_two_plans_of_one_batch_apart():
+    """The ranks' digests of a step are compared after the gather (worker.observe): the one divergence seen (the
+    same 16 samples, one sample placed differently) must change it."""
+    from slurm_router.router import MicroBatch
+    from slurm_router.worker.step_stats import plan_digest
+
+    def plan(first: tuple[int, ...], second: tuple[int, ...]):
+        return ((MicroBatch(first, 10, 10, 10.0),), (MicroBatch(second, 10, 10, 10.0),))
+
+    a, b = plan((1, 2, 3), (4, 5)), plan((1, 2), (3, 4, 5))
+    assert plan_digest(a) == plan_digest(plan((1, 2, 3), (4, 5))) != plan_digest(b)
+    assert (
+        plan_digest(a)
+        != plan_digest(
+            plan(
+                (1, 2),
+                (3,),
+            )
+        )
+        and 0 <= plan_digest(a) < 2**32
+    )
 
 
 def test_cpu_threads_come_from_the_launcher_else_the_workers_share(monkeypatch):

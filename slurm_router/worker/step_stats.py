@@ -20,6 +20,7 @@ class StepStats:
     oom_padded: int = 0  # the largest micro-batch that did not fit: padded tokens ...
     oom_n: int = 0  # ... and samples
     stop: int = 0  # the stop signal this worker received (0: none)
+    plan_digest: int = 0  # plan_digest of the router's assignment this rank computed: every rank's must agree
 
     def pack(self) -> list[float]:
         """The gathered row: the fields in declaration order (exact in float64 for ints below 2**53)."""
@@ -40,3 +41,12 @@ class StepStats:
     @classmethod
     def width(cls) -> int:
         return len(dataclasses.fields(cls))
+
+
+def plan_digest(per_device) -> int:
+    """A 32-bit digest of an assignment's sample ids per device and micro-batch: the router runs on every rank
+    over the same gathered state, so every rank's digest of a step must be the same (else a sample would be
+    trained twice or never: docs/ARCHITECTURE.md, the router's central invariant)."""
+    import zlib
+
+    return zlib.crc32(repr([[mb.sample_ids for mb in mbs] for mbs in per_device]).encode())

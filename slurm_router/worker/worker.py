@@ -32,7 +32,7 @@ from slurm_router.worker.microbatch import DeviceStep, batch_tensors, loss_sum
 from slurm_router.worker.profile import profile_step, profiled
 from slurm_router.worker.prune import Pruned
 from slurm_router.worker.setup import COLLECTIVE_TIMEOUT_S, WorkerSetup  # noqa: F401  (COLLECTIVE_TIMEOUT_S: read from here)
-from slurm_router.worker.step_stats import StepStats
+from slurm_router.worker.step_stats import StepStats, plan_digest
 from slurm_router.worker.telemetry import device_name
 
 
@@ -252,8 +252,11 @@ class Worker(WorkerSetup):
             oom_padded=mine.oom_mb[0],
             oom_n=mine.oom_mb[1],
             stop=train_state.stop_requested(),
+            plan_digest=plan_digest(plan.assignment.per_device),
         )
         stats = [StepStats.unpack(row) for row in self.gather(own.pack())]
+        if len({s.plan_digest for s in stats}) > 1:  # never train on: a sample would be lost or doubled
+            raise RuntimeError(f"{self.spec.name}: the ranks planned this step differently (a bug: please report it)")
         for d, s in enumerate(stats):
             self.router.observe_step(d, s.cost, s.compute_s, s.peak_bytes or None, list(plan.assignment.per_device[d]))
             if s.oom_count > 0:  # the memory model learns that this size did not fit this device
