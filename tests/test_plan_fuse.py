@@ -142,6 +142,18 @@ def test_not_fusable_reads_the_real_keys():
     assert "use_dora" in (not_fusable({"model": {"lora": {"enabled": True, "use_dora": True}}}) or "")
 
 
+def test_what_the_fused_worker_does_not_do_keeps_a_task_alone():
+    """Settings the fused worker would not honour are reasons, never silently dropped."""
+    lora = {"lora": {"enabled": True, "use_dora": False, "dropout": 0.0}}
+    for train, key in (
+        ({"packing": "false"}, "train.packing=false"),
+        ({"compile": True}, "train.compile=true"),
+        ({"loss_chunk_tokens": 4096}, "train.loss_chunk_tokens=4096"),
+    ):
+        assert (not_fusable({"model": lora, "train": train}) or "").startswith(key), train
+    assert not_fusable({"model": lora, "train": {"packing": "auto", "compile": False, "loss_chunk_tokens": 0}}) is None
+
+
 def _spec(tmp_path: Path, name: str, variant: str, seed: int, **config) -> TaskSpec:
     cfg = {"seed": 0, "model": {"lora": {"enabled": True, "r": 8}}, "data": {"max_len": 64}, **config}
     return TaskSpec("run", str(tmp_path), "e", name, "variants", variant, 0, 1, cfg, 2, 1e-3, 8, True, seed=seed)

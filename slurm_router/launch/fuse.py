@@ -35,6 +35,16 @@ def not_fusable(config: dict) -> str | None:
             f"model.lora.dropout={lora['dropout']}: LoRA dropout would draw every variant's masks from one random "
             "stream (set model.lora.dropout=0 to fuse it)"
         )
+    train = config.get("train") or {}  # what the fused worker (worker/fused.py) does not do, never ignored
+    if str(train.get("packing", "auto")).lower() == "false":
+        return "train.packing=false: a fused task trains packed rows (set train.packing=auto to fuse it)"
+    if train.get("compile"):
+        return "train.compile=true: the fused model is not compiled (drop train.compile to fuse it)"
+    if int(train.get("loss_chunk_tokens") or 0) > 0:
+        return (
+            f"train.loss_chunk_tokens={train['loss_chunk_tokens']}: the fused loss takes every variant's logits "
+            "at once (drop it to fuse)"
+        )
     return None
 
 
