@@ -4,7 +4,7 @@ backward a step over all their samples, each variant exactly as if alone.
 Per step: every variant still in the group draws its own global batch (its own sampler and seed); the router
 splits the union of their samples across the task's devices (a sample's key is k * N + its id: variant k, N
 training samples), as it splits one variant's; each micro-batch is one packed row with the variants' samples
-side by side (fused_lora.fused_packed_batch); the loss gives each variant its token losses over its own global
+side by side (fused_lora.fused_packed_batch), or one row per variant (train.fused_layout); the loss gives each variant its token losses over its own global
 target count, so one backward gives each its separate run's gradients; gradients are summed across devices; each
 variant clips and steps its own optimizer. Each variant writes its own events, evaluations, adapters and result
 in its own task directory. A variant that diverges or is pruned leaves the group at that step (a step where one
