@@ -48,11 +48,12 @@ def not_fusable(config: dict) -> str | None:
     return None
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys (model.lora.r); an empty mapping is a leaf."""
     out: dict[str, Any] = {}
     for k, v in (d or {}).items():
         if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -60,7 +61,7 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def shared_settings(config: dict) -> dict[str, Any]:
     """The flattened config keys every task of one fused task must hold equal."""
-    return {k: v for k, v in _flat(config).items() if k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_UNDER)}
+    return {k: v for k, v in flat(config).items() if k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_UNDER)}
 
 
 def shown(value: Any) -> str:

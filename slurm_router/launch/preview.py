@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurm_router.launch.fuse import fused_line
+from slurm_router.launch.fuse import flat, fused_line
 from slurm_router.rundir.layout import PREVIEW_FILE
 from slurm_router.rundir.layout import SUBMIT_ALL as SUBMIT_SCRIPT
 from slurm_router.rundir.spec import Stage
@@ -35,21 +35,11 @@ def cfg_text(cfg: DictConfig, variants: dict[str, DictConfig], resolve: bool, hy
             OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_node})).rstrip(),
         ]
     for name, vcfg in variants.items():
-        written = _flat(OmegaConf.to_container(cfg.variants[name], resolve=False))
-        merged = _flat(OmegaConf.to_container(vcfg, resolve=resolve))
+        written = flat(OmegaConf.to_container(cfg.variants[name], resolve=False))
+        merged = flat(OmegaConf.to_container(vcfg, resolve=resolve))
         changed = [f"{k}={_value(merged.get(k, v))}" for k, v in written.items()]
         lines.append(f"# variant {name}: {' '.join(changed) or '(no overrides: the config above)'}")
     return "\n".join(lines)
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _value(v: Any) -> str:

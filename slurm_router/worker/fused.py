@@ -15,7 +15,6 @@ when the last one does. The group's checkpoint (leader's checkpoints/) holds eve
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any, cast
 
@@ -23,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from slurm_router.rundir import events as ev
-from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.train.fused_lora import fused_loss, fused_packed_batch
 from slurm_router.train.packed import choose_packing
@@ -39,7 +37,6 @@ from slurm_router.worker.fused_variants import (
 )
 from slurm_router.worker.microbatch import autocast
 from slurm_router.worker.profile import profile_step, profiled
-from slurm_router.worker.telemetry import device_name
 from slurm_router.worker.worker import StepPlan, Worker, allreduce_grads
 
 
@@ -48,17 +45,9 @@ class FusedWorker(Worker):
     and finish act on each variant."""
 
     def _build(self) -> None:
-        from slurm_router.train.data import build_corpus, eval_batches
-        from slurm_router.train.tokenizer import make_tokenizer
-
         cfg = self.cfg
-        self.tokenizer = make_tokenizer(cfg.model)
-        self.corpus = build_corpus(cfg.data, self.tokenizer)
+        self._build_data()
         self.specs = self.spec.group_specs()
-        if self.spec.base_weights:
-            from slurm_router.artifacts.base_cache import verify_before_load
-
-            verify_before_load(self.spec.base_weights)
         self.fused, cfgs = build_fused(
             self.specs, self.tokenizer.vocab_size, cfg.seed, self.device, cfg.train.gradient_checkpointing
         )
@@ -73,29 +62,15 @@ class FusedWorker(Worker):
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.packed = True  # the fused rows are packed
         self._build_router()
-        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
         self.ckpt_identity = {"task": self.spec.name, "members": [s.name for s in self.specs], "fused": True}
 
     def setup(self) -> None:
         """WorkerSetup.setup (its events file is the leader's), then every other variant's events and the fused runner."""
         super().setup()
-        from slurm_router.tracking.trackers import task_sink
 
         self.variants[0].events = self.events
         for v in self.variants[1:]:
-            paths = TaskPaths(v.spec.task_dir)
-            sink = task_sink(v.spec, paths.events(0)) if self.rank == 0 else None
-            v.events = ev.EventWriter(
-                paths.events(self.rank),
-                sink,
-                run_id=v.spec.run_id,
-                task=v.spec.name,
-                variant=v.spec.variant,
-                stage=v.spec.stage,
-                attempt=self.spec.attempt,
-                device=self.rank,
-                policy=self.settings.policy,
-            )
+            v.events = self.events_writer(v.spec)
         runner = cast(FusedMicroBatches, self.micro)
         runner.__class__ = FusedMicroBatches
         runner.fused = self.fused
@@ -108,26 +83,7 @@ class FusedWorker(Worker):
 
     def start(self) -> None:
         for v in self.variants:
-            cast(ev.EventWriter, v.events).write(
-                ev.StartRow(
-                    steps=v.spec.steps,
-                    world=self.world,
-                    device_type=self.device.type,
-                    n_params=self.n_params,
-                    n_trainable_params=sum(p.numel() for p in v.params),
-                    global_batch_size=v.spec.global_batch_size,
-                    lr=v.spec.lr,
-                    n_train_samples=len(self.corpus.train),
-                    n_val_samples=len(self.corpus.val),
-                    mem_total_bytes=self.telemetry.total_bytes(),
-                    mem_budget_bytes=[d.mem_budget_bytes for d in self.router.device_states()],
-                    torch=torch.__version__,
-                    pid=os.getpid(),
-                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                    resume_from=self.resume,
-                    device_name=device_name(self.device),
-                )
-            )
+            cast(ev.EventWriter, v.events).write(self.start_row(v.spec, sum(p.numel() for p in v.params)))
         if self.resume:
             self._restore()
         else:

@@ -26,7 +26,7 @@ from slurm_router.train.tokenizer import make_tokenizer
 from slurm_router.worker import state as train_state
 from slurm_router.worker.cpu import worker_threads
 from slurm_router.worker.microbatch import CpuMemorySim, MicroBatchRunner
-from slurm_router.worker.telemetry import Telemetry
+from slurm_router.worker.telemetry import Telemetry, device_name
 
 # A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
 # dies, so this only bounds a hang nobody else catches (a peer stuck without dying; srun_workers mode).
@@ -67,18 +67,7 @@ class WorkerSetup:
 
             self.spec.attempt = int(self.gather([next_attempt(self.spec.task_dir) if self.rank == 0 else 0])[0][0])
         self._build()
-        sink = task_sink(self.spec, self.paths.events(0)) if self.rank == 0 else None  # trackers.py, or None
-        self.events = ev.EventWriter(
-            self.paths.events(self.rank),
-            sink,
-            run_id=self.spec.run_id,
-            task=self.spec.name,
-            variant=self.spec.variant,
-            stage=self.spec.stage,
-            attempt=self.spec.attempt,
-            device=self.rank,
-            policy=self.settings.policy,
-        )
+        self.events = self.events_writer(self.spec)
         self.micro = MicroBatchRunner(
             self.model,
             self.params,
@@ -94,14 +83,58 @@ class WorkerSetup:
             self.packed,
         )
 
-    def _build(self) -> None:
-        spec, cfg = self.spec, self.cfg
+    def events_writer(self, spec: TaskSpec) -> ev.EventWriter:
+        """This rank's events file of `spec`'s task (a fused task: each variant's), rank 0's with its trackers."""
+        paths = TaskPaths(spec.task_dir)
+        sink = task_sink(spec, paths.events(0)) if self.rank == 0 else None  # trackers.py, or None
+        return ev.EventWriter(
+            paths.events(self.rank),
+            sink,
+            run_id=spec.run_id,
+            task=spec.name,
+            variant=spec.variant,
+            stage=spec.stage,
+            attempt=spec.attempt,
+            device=self.rank,
+            policy=self.settings.policy,
+        )
+
+    def start_row(self, spec: TaskSpec, n_trainable: int) -> ev.StartRow:
+        """What a worker of `spec`'s task starts with (a fused task: each variant's, its own trainable count)."""
+        return ev.StartRow(
+            steps=spec.steps,
+            world=self.world,
+            device_type=self.device.type,
+            n_params=self.n_params,
+            n_trainable_params=n_trainable,
+            global_batch_size=spec.global_batch_size,
+            lr=spec.lr,
+            n_train_samples=len(self.corpus.train),
+            n_val_samples=len(self.corpus.val),
+            mem_total_bytes=self.telemetry.total_bytes(),
+            mem_budget_bytes=[d.mem_budget_bytes for d in self.router.device_states()],
+            torch=torch.__version__,
+            pid=os.getpid(),
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            resume_from=self.resume,
+            device_name=device_name(self.device),
+        )
+
+    def _build_data(self) -> None:
+        """The tokenizer, the corpus, the held-out batches; the base cache verified (size, sha256) before a
+        model loads its weights."""
+        cfg = self.cfg
         self.tokenizer = make_tokenizer(cfg.model)
         self.corpus = build_corpus(cfg.data, self.tokenizer)
-        if spec.base_weights:  # the cache is verified (size, sha256) before its weights are loaded
+        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
+        if self.spec.base_weights:
             from slurm_router.artifacts.base_cache import verify_before_load
 
-            verify_before_load(spec.base_weights)
+            verify_before_load(self.spec.base_weights)
+
+    def _build(self) -> None:
+        spec, cfg = self.spec, self.cfg
+        self._build_data()
         # the base's init from the config's seed; the LoRA init and the data order from the task's training seed
         self.model = build_model(
             cfg.model,
@@ -121,7 +154,6 @@ class WorkerSetup:
         self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
         self._build_router()
         self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cast(int, spec.seed))
-        self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
         self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
 
     def _build_router(self) -> None:

@@ -13,7 +13,6 @@ step), observe (every device's StepStats gathered; the router learns), then eval
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, cast
@@ -33,7 +32,6 @@ from slurm_router.worker.profile import profile_step, profiled
 from slurm_router.worker.prune import Pruned
 from slurm_router.worker.setup import COLLECTIVE_TIMEOUT_S, WorkerSetup  # noqa: F401  (COLLECTIVE_TIMEOUT_S: read from here)
 from slurm_router.worker.step_stats import StepStats, plan_digest
-from slurm_router.worker.telemetry import device_name
 
 
 def train(
@@ -93,27 +91,7 @@ class Worker(WorkerSetup):
 
     def start(self) -> None:
         """The start row, then the checkpoint to resume from, or the step-0 held-out loss."""
-        spec = self.spec
-        self.events.write(
-            ev.StartRow(
-                steps=spec.steps,
-                world=self.world,
-                device_type=self.device.type,
-                n_params=self.n_params,
-                n_trainable_params=self.n_trainable,
-                global_batch_size=spec.global_batch_size,
-                lr=spec.lr,
-                n_train_samples=len(self.corpus.train),
-                n_val_samples=len(self.corpus.val),
-                mem_total_bytes=self.telemetry.total_bytes(),
-                mem_budget_bytes=[d.mem_budget_bytes for d in self.router.device_states()],
-                torch=torch.__version__,
-                pid=os.getpid(),
-                cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                resume_from=self.resume,
-                device_name=device_name(self.device),
-            )
-        )
+        self.events.write(self.start_row(self.spec, self.n_trainable))
         if self.resume:
             from slurm_router.worker.checkpoint import load_checkpoint
 
