@@ -118,18 +118,20 @@ def packed(out: Path, command: str) -> None:
         "Python, whose standard library is the stdlib pool): `benchmarks/router_packed.py`; the model in "
         "`slurm_router/router/cost_model.py`.",
         "",
-        "## Targets",
-        "",
-        "| target | measured | met |",
-        "|---|---|---|",
+        *targets_table(res["targets"]),
     ]
-    md += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in res["targets"]]
     md += ["", router_packed.to_markdown(res["packed"])]
     out.mkdir(parents=True, exist_ok=True)
     (out / "router_packed.md").write_text("\n".join(md) + "\n")
     (out / "router_packed.json").write_text(json.dumps(res, indent=1))
     print("\n".join(md[: md.index("## Targets") + 4 + len(res["targets"])]))
     print(f"\nwrote {out / 'router_packed.md'} and {out / 'router_packed.json'} in {res['wall_s']:.0f} s")
+
+
+def targets_table(targets: list[dict]) -> list[str]:
+    """The results files' "Targets" section: each target, what was measured, whether it is met."""
+    rows = [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in targets]
+    return ["## Targets", "", "| target | measured | met |", "|---|---|---|", *rows]
 
 
 def main() -> None:
@@ -168,12 +170,8 @@ def main() -> None:
         "memory section's measured peaks (real CPU micro-batches). Default RouterSettings throughout "
         "(microbatch_overhead_tokens=16).",
         "",
-        "## Targets",
-        "",
-        "| target | measured | met |",
-        "|---|---|---|",
+        *targets_table(res["targets"]),
     ]
-    md += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in res["targets"]]
     md += [
         "",
         router_balance.to_markdown(res["balance"]),
