@@ -44,6 +44,8 @@ class FusedWorker(Worker):
     """Worker's loop (run, stop handling, observe) over a group of variants; train_step, evaluate, checkpoint
     and finish act on each variant."""
 
+    runner_class = FusedMicroBatches
+
     def _build(self) -> None:
         cfg = self.cfg
         self._build_data()
@@ -67,12 +69,10 @@ class FusedWorker(Worker):
     def setup(self) -> None:
         """WorkerSetup.setup (its events file is the leader's), then every other variant's events and the fused runner."""
         super().setup()
-
         self.variants[0].events = self.events
         for v in self.variants[1:]:
             v.events = self.events_writer(v.spec)
         runner = cast(FusedMicroBatches, self.micro)
-        runner.__class__ = FusedMicroBatches
         runner.fused = self.fused
         layout = str(self.cfg.train.fused_layout)
         runner.per_variant = layout == "per_variant" or (layout == "auto" and self.device.type == "cpu")

@@ -36,6 +36,8 @@ COLLECTIVE_TIMEOUT_S = float(os.environ.get("SLURM_ROUTER_COLLECTIVE_TIMEOUT_S",
 class WorkerSetup:
     """The start-up half of a Worker: what setup() builds, every rank the same way."""
 
+    runner_class: type[MicroBatchRunner] = MicroBatchRunner  # what runs a device's micro-batches (fused.py: its own)
+
     spec: TaskSpec
     rank: int
     world: int
@@ -68,7 +70,7 @@ class WorkerSetup:
             self.spec.attempt = int(self.gather([next_attempt(self.spec.task_dir) if self.rank == 0 else 0])[0][0])
         self._build()
         self.events = self.events_writer(self.spec)
-        self.micro = MicroBatchRunner(
+        self.micro = self.runner_class(
             self.model,
             self.params,
             self.corpus.train,
