@@ -286,10 +286,21 @@ def _balance(task_dir: Path, first: int) -> dict[str, float]:
 
 @cluster_test
 def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
-    """router=balanced with device 1 (rank 1, on mn2) 2x slow: across the nodes it learns the speeds and
+    """router=balanced with device 1 (rank 1, on mn2) 3x slow: across the nodes it learns the speeds and
     splits the cost as it does on one node (launcher=local, 2 workers). Submitted with launcher=slurm
-    (submitit: nodes=2, tasks_per_node=1); the other tests here use launcher=sbatch."""
-    slow = ["router=balanced", "router.device_slowdown=[1,2]", "train.steps=16", "train.checkpoint_every=0"]
+    (submitit: nodes=2, tasks_per_node=1); the other tests here use launcher=sbatch.
+
+    The signal is sized for a loaded machine (scripts/test.sh runs 4 test files at once on 2 cores): the
+    robust speed model keeps a difference only as far as it stands out of the steps' noise, and a 2x device
+    on 16-sample steps (~80 ms of compute) read 0.72 instead of 0.55 once under that load. A 3x device on
+    32-sample steps: 0.30-0.41 for both runs, quiet or beside 4-6 busy processes."""
+    slow = [
+        "router=balanced",
+        "router.device_slowdown=[1,3]",
+        "train.global_batch_size=32",
+        "train.steps=16",
+        "train.checkpoint_every=0",
+    ]
     run_dir = _submit(tmp_path, mn_env, *slow, launcher="slurm")
     task = run_dir / "tasks" / "main"
     _wait(lambda: (task / "result.json").is_file(), "the 2-node task to complete")
@@ -308,11 +319,10 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
     two_nodes, one_node = _balance(task, first=5), _balance(run_dir_of(local) / "tasks" / "main", first=5)
     print(f"\nfrom step 5 on: 2 nodes {two_nodes}\n                1 node  {one_node}")
     for where, b in (("2 nodes", two_nodes), ("1 node", one_node)):
-        assert b["speed_ratio"] < 0.7, (where, b)  # learned: device 1 is slower (measured 0.37-0.41)
-        assert b["cost_balance"] > 1.2, (where, b)  # so it gets less than half the cost
-    # as on one node; the one-node run's timings share this machine's 2 cores with the other test files
-    # (scripts/test.sh runs 4 at once): 1.26-1.45 seen for the same 2:1 split
-    assert abs(two_nodes["cost_balance"] - one_node["cost_balance"]) < 0.25, (two_nodes, one_node)
+        assert b["speed_ratio"] < 0.6, (where, b)  # learned: device 1 is slower (equal speeds read 1.0)
+        assert b["cost_balance"] > 1.3, (where, b)  # so it gets well under half the cost (3:1 reads 1.5)
+    # as on one node: 1.42-1.53 across the nodes, 1.48-1.66 on one (quiet and loaded runs)
+    assert abs(two_nodes["cost_balance"] - one_node["cost_balance"]) < 0.3, (two_nodes, one_node)
 
 
 def test_who_records_the_end_when_a_peer_is_lost(monkeypatch):
