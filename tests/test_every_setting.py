@@ -62,7 +62,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "model.n_head": (MODEL, "n_head=model_cfg.n_head"),
     "model.n_embd": (MODEL, "n_embd=model_cfg.n_embd"),
     "model.n_positions": (MODEL, "n_positions=model_cfg.n_positions"),
-    "model.vocab_size": ("launch/local.py", "cfg.model.vocab_size"),  # the memory prediction's (see the report)
+    "model.vocab_size": (SETUP, "cfg.model.vocab_size,"),  # the model the task trains (and the previews size)
     "model.dtype": (MODEL, 'model_cfg.dtype == "bf16"'),
     "model.lora.enabled": (MODEL, "model_cfg.lora.enabled"),
     "model.lora.r": (MODEL, "r=lc.r"),

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_dir_of
 
 from slurm_router.cli.checks import tokenizer
 from slurm_router.config.checks import check_data_keys, data_keys_read
@@ -155,6 +155,26 @@ def test_the_command_refuses_what_it_would_ignore(args, expected, tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_model_vocab_size_is_the_vocabulary_trained(tmp_path):
+    """model.vocab_size is the embedding the task trains (it was the memory preview's alone, while the worker
+    built the tokenizer's 257 rows: conf/model/gpt2_small.yaml's 50257 trained an 85M model, not 124M); the
+    output layer is tied, so each extra row adds n_embd parameters once."""
+    counts = {}
+    for vocab in (257, 300):
+        runs = tmp_path / str(vocab)
+        proc = run_cli(
+            f"model.vocab_size={vocab}", "train.steps=1", "base.enabled=false", f"run_root={runs}", cwd=tmp_path
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        (events,) = run_dir_of(proc).glob("tasks/*/events-rank0.jsonl")
+        (start,) = [r for r in map(json.loads, events.read_text().splitlines()) if r["event"] == "start"]
+        counts[vocab] = start["n_params"]
+    assert counts[300] - counts[257] == (300 - 257) * 128  # model.n_embd of conf/model/gpt2_tiny.yaml
+    small = run_cli("model.vocab_size=100", f"run_root={tmp_path}/runs", cwd=tmp_path)
+    assert small.returncode == 2 and small.stderr.count("\n") == 1, small.stderr
+    assert "model.vocab_size=100 is smaller than the byte-level tokenizer's 257 tokens" in small.stderr
 
 
 def test_more_cpu_workers_than_cores_warn_with_the_numbers(monkeypatch, capsys):

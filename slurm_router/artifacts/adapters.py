@@ -129,7 +129,7 @@ def save_init_base(run_dir: str, cfg, tokenizer) -> Path:
     from slurm_router.train.model import build_model
 
     with torch.random.fork_rng(devices=[]):  # the training's RNG streams are not disturbed
-        model: Any = build_model(cfg.model, tokenizer.vocab_size, cfg.seed, lora=False)  # transformers quieted
+        model: Any = build_model(cfg.model, cfg.model.vocab_size, cfg.seed, lora=False)  # transformers quieted
     hf_tok = to_transformers(tokenizer, cfg.model.get("n_positions"))
 
     def write(tmp: Path) -> None:

@@ -199,10 +199,8 @@ def save(model, folder: str | os.PathLike, result: dict, tokenizer=None) -> None
 def estimate_bytes(cfg: DictConfig) -> int:
     """The base weights' size on disk: 4 bytes (fp32) per entry of the GPT-2 state dict built from cfg.model
     (its tied output layer counted twice, an upper bound: safetensors stores it once), plus MARGIN."""
-    from slurm_router.train.tokenizer import make_tokenizer
-
     m = cfg.model
-    vocab, d, layers = make_tokenizer(m).vocab_size, int(m.n_embd), int(m.n_layer)
+    vocab, d, layers = int(m.vocab_size), int(m.n_embd), int(m.n_layer)
     entries = 2 * vocab * d + int(m.n_positions) * d + layers * (12 * d * d + 13 * d) + 2 * d
     return int(4 * entries * MARGIN) + MARGIN_BYTES
 

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from slurm_router.config.schema import CHOICES, LAUNCHER_SCHEMAS, RANGES, launcher_schema, valid_keys
+from slurm_router.config.schema import BYTE_VOCAB_SIZE, CHOICES, LAUNCHER_SCHEMAS, RANGES, launcher_schema, valid_keys
 from slurm_router.errors import UserError
 from slurm_router.router.types import RouterSettings, not_a_choice, out_of_range
 
@@ -221,6 +221,11 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         check_target_modules(names, gpt2_lora_layers(cfg.model.n_layer), "GPT2LMHeadModel", where)
     if cfg.model.n_embd % cfg.model.n_head:
         raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")
+    if cfg.model.kind == "gpt2" and cfg.model.vocab_size < BYTE_VOCAB_SIZE:
+        raise UserError(
+            f"{where}model.vocab_size={cfg.model.vocab_size} is smaller than the byte-level tokenizer's "
+            f"{BYTE_VOCAB_SIZE} tokens (model=gpt2 builds with it): set model.vocab_size>={BYTE_VOCAB_SIZE}"
+        )
     if cfg.data.max_len > cfg.model.n_positions and cfg.model.kind == "gpt2":
         raise UserError(
             f"{where}data.max_len={cfg.data.max_len} exceeds model.n_positions={cfg.model.n_positions}: "

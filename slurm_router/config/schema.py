@@ -16,6 +16,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slurm_router.router.types import RouterSettings
 
+# The byte-level tokenizer (train/tokenizer.py) model=gpt2 reads text with: 256 bytes + end-of-text.
+BYTE_VOCAB_SIZE = 257
+
 
 @dataclass
 class LoraConfig:
@@ -37,7 +40,7 @@ class ModelConfig:
     n_head: int = 4
     n_embd: int = 128
     n_positions: int = 512
-    vocab_size: int = 257  # byte-level: 256 bytes + end-of-text
+    vocab_size: int = BYTE_VOCAB_SIZE  # model=gpt2's embedding rows: at least the byte-level tokenizer's
     dtype: str = "auto"  # frozen weights: auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     lora: LoraConfig = field(default_factory=LoraConfig)
 

@@ -16,6 +16,7 @@ import torch
 
 from slurm_router.config.checks import check_target_modules, target_module_names
 from slurm_router.errors import UserError
+from slurm_router.train.tokenizer import ByteTokenizer
 
 # What transformers loads a causal LM's weights from, in its order of preference.
 WEIGHT_FILES = (
@@ -83,8 +84,8 @@ def build_model(
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attn_pdrop=0.0,
-            bos_token_id=vocab_size - 1,
-            eos_token_id=vocab_size - 1,
+            bos_token_id=ByteTokenizer.eot_id,  # the byte-level tokenizer's end-of-text starts every sample
+            eos_token_id=ByteTokenizer.eot_id,
         )
         model = GPT2LMHeadModel(config)
     if not folder and model_cfg.kind != "hf":

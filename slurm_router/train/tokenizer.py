@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slurm_router.config.schema import BYTE_VOCAB_SIZE
 from slurm_router.errors import UserError
 from slurm_router.train.chat import chat_tokens
 
@@ -17,7 +18,7 @@ class ByteTokenizer:
     """Bytes are tokens 0-255; 256 is end-of-text: it starts every sample, ends a prompt/completion one and pads
     (padding is never a target). It has no chat template: chat data needs model=hf."""
 
-    vocab_size = 257
+    vocab_size = BYTE_VOCAB_SIZE
     eot_id = 256
     pad_id = 256
     start_id = 256

@@ -51,7 +51,7 @@ class FusedWorker(Worker):
         self._build_data()
         self.specs = self.spec.group_specs()
         self.fused, cfgs = build_fused(
-            self.specs, self.tokenizer.vocab_size, cfg.seed, self.device, cfg.train.gradient_checkpointing
+            self.specs, cfg.model.vocab_size, cfg.seed, self.device, cfg.train.gradient_checkpointing
         )
         self.model = self.fused.model.to(self.device)
         if not choose_packing(self.model, cfg.train, False):

@@ -140,7 +140,7 @@ class WorkerSetup:
         # the base's init from the config's seed; the LoRA init and the data order from the task's training seed
         self.model = build_model(
             cfg.model,
-            self.tokenizer.vocab_size,
+            cfg.model.vocab_size,
             cfg.seed,
             spec.base_weights,
             lora=spec.lora,
@@ -164,7 +164,10 @@ class WorkerSetup:
         self.telemetry = Telemetry(self.device)
         self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=self.packed)
         shape = memory_shape(self.model, cfg, self.device)
-        mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.tokenizer.vocab_size)
+        self.model_vocab = int(
+            cast(Any, self.model).config.vocab_size
+        )  # the logits' width: the model's, not the tokenizer's
+        mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.model_vocab)
         self.mem_sim, total = None, self.telemetry.total_bytes()
         if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
             self.mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
@@ -178,7 +181,7 @@ class WorkerSetup:
             own = self.telemetry.peak_bytes() - shape["frozen_bytes"] - shape["trainable_bytes"]
             baseline = int(max(row[0] for row in self.gather([float(own)])))
             shape["workspace_bytes"] = shape.get("workspace_bytes", 0) + max(0, baseline)
-            mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.tokenizer.vocab_size)
+            mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.model_vocab)
         self.router = Router(self.settings, self.world, memory_model=mem_model)
         self.totals = [int(row[0]) for row in self.gather([total])]
         for d, t in enumerate(self.totals):
