@@ -95,3 +95,7 @@ def test_packing_count_follows_predicted_memory():
     cfg.train.global_batch_size, cfg.data.max_len = 64, 512
     assert packable_tasks(cfg, 80 << 30) in range(1, small)  # GPT-2 small at 64 x 512 needs far more per task
     assert packable_tasks(cfg, 1 << 30) == 1
+    cfg.train.global_batch_size = 16
+    alone = packable_tasks(cfg, 80 << 30)  # 7 measured
+    cfg.resources.fuse_variants = 4  # a fused task holds 4 variants' batches at once: fewer of them fit (1)
+    assert packable_tasks(cfg, 80 << 30) in range(1, alone) and alone > 1

@@ -97,6 +97,7 @@ def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
         **memory_shape(model, cfg, torch.device("cuda")), vocab_size=cast(Any, model).config.vocab_size
     )
     per_device = -(-cfg.train.global_batch_size // cfg.resources.devices_per_task)
+    per_device *= max(1, int(cfg.resources.get("fuse_variants", 1)))  # a fused task: every variant's batch at once
     need = mem.predict(per_device * cfg.data.max_len, per_device, cfg.data.max_len)
     return max(1, min(limit, int(cfg.router.memory_headroom * gpu_bytes // max(1, need))))
 

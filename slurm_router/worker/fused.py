@@ -243,19 +243,16 @@ class FusedWorker(Worker):
         from slurm_router.worker.checkpoint import save_checkpoint
 
         t0 = time.time()
-        rngs: list[Any] = [None] * self.world
-        dist.all_gather_object(rngs, train_state.rng_state(self.device))
-        if self.rank != 0:
+        state = train_state.capture_around(
+            lambda: {"variants": {v.spec.name: variant_state(v) for v in self.variants}},
+            self.router,
+            next_step,
+            self.world,
+            self.device,
+            self.ckpt_identity,
+        )
+        if state is None:  # not rank 0
             return
-        state = {
-            "format": train_state.FORMAT,
-            **self.ckpt_identity,
-            "step": next_step,
-            "world": self.world,
-            "router": self.router.state_dict(),
-            "rng": rngs,
-            "variants": {v.spec.name: variant_state(v) for v in self.variants},
-        }
         meta = save_checkpoint(self.paths.checkpoints, next_step, state, self.cfg.train.keep_checkpoints)
         for v in self.alive:
             cast(ev.EventWriter, v.events).write(
@@ -274,15 +271,14 @@ class FusedWorker(Worker):
 
         t0 = time.time()
         state = load_checkpoint(cast(str, self.resume), self.device)
-        for key, want in {"format": train_state.FORMAT, **self.ckpt_identity}.items():
-            if state.get(key) != want:
-                raise ValueError(f"checkpoint is for {key}={state.get(key)!r}, this task has {key}={want!r}")
-        for v in self.variants:
-            restore_variant(v, state["variants"][v.spec.name], self.device)
-        self.router.load_state_dict(state["router"])
-        rngs = state["rng"]
-        train_state.set_rng_state(rngs[self.rank] if len(rngs) == self.world else rngs[0], self.device)
-        self.first_step = int(state["step"])
+
+        def load(state: dict) -> None:
+            for v in self.variants:
+                restore_variant(v, state["variants"][v.spec.name], self.device)
+
+        self.first_step = train_state.restore_around(
+            state, load, self.router, self.rank, self.device, self.ckpt_identity
+        )
         for v in self.alive:
             cast(ev.EventWriter, v.events).write(
                 ev.CheckpointLoadedRow(step=self.first_step, path=cast(str, self.resume), t_load_s=time.time() - t0)

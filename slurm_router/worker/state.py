@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import signal
 from dataclasses import dataclass
-from typing import cast
+from typing import Callable, cast
 
 import numpy as np
 import torch
@@ -98,9 +98,6 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(_bytes_tensor(state["cuda"]), device)
 
 
-rng_state, set_rng_state = _rng_state, _set_rng_state  # a fused task's checkpoint (worker/fused.py) saves them too
-
-
 def _tuplify(x):
     return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
 
@@ -108,6 +105,46 @@ def _tuplify(x):
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Only what training changes: the LoRA adapters (frozen base weights come from the base cache again)."""
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def capture_around(
+    payload: Callable[[], dict], router, next_step: int, world: int, device: torch.device, identity: dict
+) -> dict | None:
+    """Collective (every rank calls it): the checkpoint dict on rank 0, None elsewhere. What every checkpoint
+    holds (format, the task's identity, the step, the router, every rank's RNG state, gathered: they are per
+    rank) around the worker's own `payload` (called on rank 0: weights and optimizer are identical on every
+    replica). The single worker's payload is below (capture); a fused task's holds one entry per variant."""
+    rngs = [None] * world
+    dist.all_gather_object(rngs, _rng_state(device))
+    if dist.get_rank() != 0:
+        return None
+    return {
+        "format": FORMAT,
+        **identity,
+        "step": next_step,
+        "world": world,
+        **payload(),
+        "router": router.state_dict(),
+        "rng": rngs,
+    }
+
+
+def restore_around(
+    state: dict, load_payload: Callable[[dict], None], router, rank: int, device: torch.device, identity: dict
+) -> int:
+    """Check a checkpoint is this task's, load the worker's payload (load_payload(state)), the router and this
+    rank's RNG stream; returns the next step."""
+    if state.get("format") != FORMAT:
+        raise ValueError(f"checkpoint format {state.get('format')!r}, this version reads {FORMAT}")
+    for key, want in identity.items():
+        if state.get(key) != want:
+            raise ValueError(f"checkpoint is for {key}={state.get(key)!r}, this task has {key}={want!r}")
+    load_payload(state)
+    router.load_state_dict(state["router"])
+    rngs = state["rng"]
+    # Same world size: every rank continues its own RNG stream; otherwise all start from rank 0's.
+    _set_rng_state(rngs[rank] if len(rngs) == dist.get_world_size() else rngs[0], device)
+    return int(state["step"])
 
 
 def capture(
@@ -120,44 +157,32 @@ def capture(
     device: torch.device,
     identity: dict,
 ) -> dict | None:
-    """Collective (every rank calls it): the checkpoint dict on rank 0, None elsewhere. Weights, optimizer
-    and router are identical on every replica; RNG states are per rank, so they are gathered."""
-    rngs = [None] * world
-    dist.all_gather_object(rngs, _rng_state(device))
-    if dist.get_rank() != 0:
-        return None
-    return {
-        "format": FORMAT,
-        **identity,
-        "step": next_step,
-        "world": world,
-        "model": trainable_state(model),
-        "optimizer": optimizer.state_dict(),
-        "router": router.state_dict(),
-        "rng": rngs,
-        "train_losses": list(train_losses),
-    }
+    """The single worker's checkpoint (collective): its trainable weights, optimizer and losses so far."""
+
+    def payload() -> dict:
+        return {
+            "model": trainable_state(model),
+            "optimizer": optimizer.state_dict(),
+            "train_losses": list(train_losses),
+        }
+
+    return capture_around(payload, router, next_step, world, device, identity)
 
 
 def restore(
     state: dict, model, optimizer, router, rank: int, device: torch.device, identity: dict
 ) -> tuple[int, list[float]]:
     """Load a checkpoint into this rank's replica; returns (next step, losses so far)."""
-    if state.get("format") != FORMAT:
-        raise ValueError(f"checkpoint format {state.get('format')!r}, this version reads {FORMAT}")
-    for key, want in identity.items():
-        if state.get(key) != want:
-            raise ValueError(f"checkpoint is for {key}={state.get(key)!r}, this task has {key}={want!r}")
-    params = dict(model.named_parameters())
-    missing = [n for n, p in params.items() if p.requires_grad and n not in state["model"]]
-    if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} trainable tensors (e.g. {missing[0]})")
-    with torch.no_grad():
-        for name, value in state["model"].items():
-            params[name].copy_(value.to(device))
-    optimizer.load_state_dict(state["optimizer"])
-    router.load_state_dict(state["router"])
-    rngs = state["rng"]
-    # Same world size: every rank continues its own RNG stream; otherwise all start from rank 0's.
-    _set_rng_state(rngs[rank] if len(rngs) == dist.get_world_size() else rngs[0], device)
-    return int(state["step"]), list(state["train_losses"])
+
+    def load(state: dict) -> None:
+        params = dict(model.named_parameters())
+        missing = [n for n, p in params.items() if p.requires_grad and n not in state["model"]]
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} trainable tensors (e.g. {missing[0]})")
+        with torch.no_grad():
+            for name, value in state["model"].items():
+                params[name].copy_(value.to(device))
+        optimizer.load_state_dict(state["optimizer"])
+
+    step = restore_around(state, load, router, rank, device, identity)
+    return step, list(state["train_losses"])
