@@ -89,7 +89,7 @@ def run(overrides: list[str], multirun: bool = False) -> int:
     from slurm_router.launch.base import launch
     from slurm_router.launch.plan import make_plan
 
-    stages = make_plan(cfg, variants, run_id, str(run_dir))
+    stages = make_plan(cfg, variants, run_id, str(run_dir), lambda n: launcher.auto_fuse_variants(cfg, n))
     if cfg.dry_run or cfg.launcher.get("dry_run"):  # the plan, the Slurm scripts, their submit commands
         from slurm_router.launch.preview import write_preview
 

@@ -13,7 +13,7 @@ from conftest import run_cli, run_dir_of, step_losses
 from omegaconf import OmegaConf
 from tiny_checkpoints import make_checkpoint
 
-from slurm_router.config.checks import gpt2_lora_layers
+from slurm_router.config.lora_targets import gpt2_lora_layers
 from slurm_router.config.schema import ModelConfig
 from slurm_router.config.variants import validate
 from slurm_router.errors import UserError

@@ -324,8 +324,9 @@ def test_srun_workers_is_refused_in_one_line(tmp_path, launcher):
 @pytest.mark.parametrize(
     "value, says",
     [
-        ("auto", "give K, the most variants fused into one task (e.g. resources.fuse_variants=4; 1: off)"),
-        ("1.5", "give K, the most variants fused into one task"),
+        ("1.5", "give K, the most variants fused into one task (e.g. resources.fuse_variants=4; 1: off), or auto"),
+        ("true", "give K, the most variants fused into one task"),
+        ("Auto", "resources.fuse_variants='Auto': give K"),
         ("0", "resources.fuse_variants=0 is out of range: it must be >= 1"),
     ],
 )
@@ -396,3 +397,82 @@ def test_fused_tasks_pack_into_array_tasks(tmp_path):
     run_dir = run_dir_of(proc)
     files = pack_task_files(str(run_dir), "variants", 0, 2)
     assert [Path(f).parent.name for f in files] == ["r8-s0", "r8-s1"]  # the leaders; each trains its members
+
+
+# ---- resources.fuse_variants=auto (launcher=local: launch/local.py auto_fuse_variants) --------------------------
+@pytest.mark.parametrize("slots, k, groups", [(2, 2, ["r4 + r8", "r16 + r32"]), (1, 4, ["r4 + r8 + r16 + r32"])])
+def test_auto_spreads_the_tasks_over_the_slots_the_machine_runs_at_once(tmp_path, slots, k, groups):
+    """auto: as many fused tasks as the local launcher runs at once (none idle, none waiting for a slot), each of
+    ceil(tasks / slots) variants; said in one line before the groups."""
+    proc = run_cli(
+        *FAST,
+        "-m",
+        "model.lora.r=4,8,16,32",
+        "resources.fuse_variants=auto",
+        f"launcher.cpu_slots={slots}",
+        "dry_run=true",
+        f"run_root={tmp_path / 'runs'}",
+        cwd=tmp_path,
+        timeout=300,
+        env={"CUDA_VISIBLE_DEVICES": ""},  # the CPU slots, whatever this machine has
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"resources.fuse_variants=auto: K={k} for 4 variant task(s) over {slots} CPU task slot(s)" in proc.stdout
+    for group in groups:
+        assert f"    fused: {group} (one task, one base in memory)" in proc.stdout, proc.stdout
+
+
+def test_auto_fuses_no_more_variants_than_the_memory_model_fits(monkeypatch):
+    """A fused task holds every variant's batch at once: K drops until its predicted peak fits the device's share."""
+    import slurm_router.launch.local as local
+
+    cfg = compose_grid([*FAST, "resources.fuse_variants=auto"], False)
+    monkeypatch.setattr(local, "device_pool", lambda cfg: (["cpu0"], False))  # one slot: K = every task
+    peak = local.task_peak_bytes(cfg, "cpu")
+    assert peak(4) > peak(2) > peak(1) > 0
+    assert local.auto_fuse_variants(cfg, 8)[0] == 8  # this machine's memory holds 8 small variants' batches
+    room = int(peak(3) / cfg.router.memory_headroom) + 1  # bytes where 3 fit and 4 do not
+    pages = room // 4096 + 1
+    monkeypatch.setattr(local.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": pages}[name])
+    k, why = local.auto_fuse_variants(cfg, 8)
+    assert k == 3 and why.startswith("resources.fuse_variants=auto: K=3 for 8 variant task(s)"), why
+
+
+def test_auto_runs_through_the_real_command_and_every_variant_ends(tmp_path):
+    proc = run_cli(
+        *FAST,
+        "-m",
+        "model.lora.r=4,8,16",
+        "resources.fuse_variants=auto",
+        "launcher.cpu_slots=2",
+        f"run_root={tmp_path / 'runs'}",
+        cwd=tmp_path,
+        timeout=300,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resources.fuse_variants=auto: K=2 for 3 variant task(s)" in proc.stdout
+    run_dir = run_dir_of(proc)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["stages"][0]["tasks"] == ["r4", "r16"]  # r4 + r8 fused, r16 alone
+    for name in ("r4", "r8", "r16"):
+        result = json.loads((run_dir / "tasks" / name / "result.json").read_text())
+        assert result["steps"] == 2 and result["val_loss"] > 0, result
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "sbatch"])
+def test_auto_is_refused_where_the_devices_are_unknown_at_submit_time(tmp_path, launcher):
+    proc = run_cli(*FAST, "resources.fuse_variants=auto", f"launcher={launcher}", "dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "resources.fuse_variants=auto works with launcher=local only" in proc.stderr
+    assert "set resources.fuse_variants=K" in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_auto_with_memory_sized_gpu_packing_is_refused(monkeypatch):
+    import slurm_router.launch.local as local
+    from slurm_router.errors import UserError
+
+    monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
+    cfg = compose_grid([*FAST, "resources.fuse_variants=auto", "resources.tasks_per_gpu=0"], False)
+    with pytest.raises(UserError, match="both size by predicted memory"):
+        local.check_devices(cfg)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from slurm_router.config.unread import refuse_unread
 from slurm_router.config.variants import validate
 from slurm_router.errors import UserError
+from slurm_router.launch.base import Launcher
 from slurm_router.launch.plan import check_fits_base
 from slurm_router.launch.registry import launcher_class
 from slurm_router.rundir.manifest import new_run_dir
@@ -30,7 +31,7 @@ from slurm_router.tracking.trackers import check_tracker
 @dataclass
 class CheckedRun:
     variants: dict[str, DictConfig]  # each variant's merged config ({"main": cfg} without variants)
-    launcher: type  # the launcher class of launcher.kind
+    launcher: type[Launcher]  # the launcher class of launcher.kind
     corpus: Any  # the data, built once (train.data.Corpus)
     run_id: str
     run_dir: Path  # not created yet

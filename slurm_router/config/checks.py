@@ -14,52 +14,19 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from slurm_router.config.schema import BYTE_VOCAB_SIZE, CHOICES, LAUNCHER_SCHEMAS, RANGES, launcher_schema, valid_keys
+from slurm_router.config.lora_targets import check_target_modules, gpt2_lora_layers, target_module_names
+from slurm_router.config.schema import (
+    BYTE_VOCAB_SIZE,
+    CHOICES,
+    FUSE_AUTO,
+    LAUNCHER_SCHEMAS,
+    RANGES,
+    fuse_width_problem,
+    launcher_schema,
+    valid_keys,
+)
 from slurm_router.errors import UserError
 from slurm_router.router.types import RouterSettings, not_a_choice, out_of_range
-
-# Layers of transformers' GPT-2 that peft LoRA can adapt (embeddings, Conv1D projections, the LM head), by their
-# dotted names: model=gpt2_* is checked without building it (no torch here); tests/test_hf_models.py checks
-# them against the real model. model=hf builds its architecture on the meta device (model.check_architecture).
-GPT2_LORA_BLOCK = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-TARGET_MODULES_HINT = "auto (peft's default layers for the architecture), all-linear, or a list of layer names"
-
-
-def gpt2_lora_layers(n_layer: int) -> list[str]:
-    return [
-        "transformer.wte",
-        "transformer.wpe",
-        *(f"transformer.h.{i}.{b}" for i in range(n_layer) for b in GPT2_LORA_BLOCK),
-        "lm_head",
-    ]
-
-
-def target_module_names(value: Any, where: str = "") -> list[str] | None:
-    """model.lora.target_modules as a list of layer names (one name alone is a list of one); None for auto and
-    all-linear, which peft resolves. UserError if it is none of these."""
-    if value in ("auto", "all-linear"):
-        return None
-    is_list = isinstance(value, (list, tuple)) or OmegaConf.is_list(value)
-    names = ([value] if value else []) if isinstance(value, str) else list(value) if is_list else None
-    if names is None or not all(isinstance(n, str) and n for n in names):
-        raise UserError(f"{where}model.lora.target_modules={value!r} is not valid: use {TARGET_MODULES_HINT}")
-    if not names:
-        raise UserError(
-            f"{where}model.lora.target_modules is empty: name the layers to adapt, or use {TARGET_MODULES_HINT}"
-        )
-    return names
-
-
-def check_target_modules(names: list[str], layers: list[str], model: str, where: str = "") -> None:
-    """Each name is a layer LoRA can adapt (peft's rule: a layer's dotted name is it or ends with '.' + it);
-    else UserError listing the layers `model` has."""
-    for name in names:
-        if not any(layer == name or layer.endswith("." + name) for layer in layers):
-            have = ", ".join(dict.fromkeys(layer.rsplit(".", 1)[-1] for layer in layers))
-            raise UserError(
-                f"{where}model.lora.target_modules: {name!r} is not a layer of {model} that LoRA can "
-                f"adapt: its layers are {have} (or use auto or all-linear)"
-            )
 
 
 def nearest_existing(path: Path) -> Path:
@@ -133,8 +100,6 @@ def explain(error: Exception, where: str = "") -> UserError:
         )
     if isinstance(error, ValidationError) and key and re.search(r"'dict'|'\{\}'", msg):
         return _not_a_group(key, msg, where)
-    if key == "resources.fuse_variants" and "converted to Integer" in msg:  # auto: the user gives K
-        return UserError(f"{where}{key}: {msg}: give K, the most variants fused into one task (e.g. {key}=4; 1: off)")
     if isinstance(error, ValidationError) and key:
         return UserError(f"{where}{key}: {msg}{_example(key, msg)}")
     return UserError(f"{where}{msg}")
@@ -207,9 +172,11 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         problem = not_a_choice(key, value, allowed)
         if problem:
             raise UserError(f"{where}{problem}")
+    if problem := fuse_width_problem(_get(cfg, "resources.fuse_variants")):
+        raise UserError(f"{where}{problem}")
     for key, limits in RANGES.items():
         value = _get(cfg, key)
-        problem = None if value is None else out_of_range(key, value, *limits)
+        problem = None if value is None or value == FUSE_AUTO else out_of_range(key, value, *limits)
         if problem:
             raise UserError(f"{where}{problem}")
     try:  # the router's own settings: their one check is RouterSettings'

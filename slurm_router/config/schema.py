@@ -20,6 +20,25 @@ from slurm_router.router.types import RouterSettings
 BYTE_VOCAB_SIZE = 257
 
 
+FUSE_AUTO = "auto"  # resources.fuse_variants=auto
+
+
+def fusing(cfg) -> bool:
+    """resources.fuse_variants asks for fused tasks: auto, or K >= 2 (checked: an int or auto)."""
+    width = cfg.resources.get("fuse_variants", 1)
+    return width == FUSE_AUTO or int(width) >= 2
+
+
+def fuse_width_problem(width: Any) -> str | None:
+    """Why resources.fuse_variants=width is neither K (an int; its range is RANGES') nor auto, or None."""
+    if width == FUSE_AUTO or (isinstance(width, int) and not isinstance(width, bool)):
+        return None
+    return (
+        f"resources.fuse_variants={width!r}: give K, the most variants fused into one task (e.g. "
+        "resources.fuse_variants=4; 1: off), or auto (launcher=local: K chosen from its slots and memory)"
+    )
+
+
 @dataclass
 class LoraConfig:
     enabled: bool = True
@@ -232,8 +251,10 @@ class ResourcesConfig:
     # one srun task per device, --nodes=N --ntasks-per-node=D/N); 1: every device of a task on one node.
     nodes_per_task: int = 1
     # Fused variants: up to K compatible LoRA tasks of the variants stage train in one task over one shared base
-    # (launch/fuse.py groups them, worker/fused.py trains them); 1 = every task alone. Set once, at the top level.
-    fuse_variants: int = 1
+    # (launch/fuse.py groups them, worker/fused.py trains them); 1 = every task alone; auto (launcher=local) = the
+    # tasks spread over the slots the machine runs at once, as far as the memory model fits a fused task
+    # (launch/local.py auto_fuse_variants). Set once, at the top level.
+    fuse_variants: Any = 1  # K (1-64) | auto
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurm_router.config.schema import fusing
 from slurm_router.errors import UserError
 
 
@@ -107,9 +108,9 @@ RULES = (
     ),
     Rule(
         ("train.fused_layout",),
-        lambda c: int(c.resources.fuse_variants) >= 2,
+        fusing,
         lambda c: "with resources.fuse_variants=1 (no fused tasks)",
-        "set resources.fuse_variants=K (K >= 2), or drop it",
+        "set resources.fuse_variants=K (K >= 2) or auto, or drop it",
     ),
     Rule(
         ("launcher.cpus_per_device",),

@@ -78,6 +78,14 @@ class Launcher(ABC):
     def check(cls, cfg) -> None:
         """Every check this launcher needs, before any file is written. Raises UserError (one line)."""
 
+    @classmethod
+    def auto_fuse_variants(cls, cfg, n_tasks: int) -> tuple[int, str]:
+        """resources.fuse_variants=auto: (K, one line saying why) for a variants stage of n_tasks tasks. Only a
+        launcher that knows the devices its tasks get can choose (check() refuses auto elsewhere)."""
+        raise UserError(
+            f"resources.fuse_variants=auto does not work with {cls.__name__}: set resources.fuse_variants=K"
+        )
+
     def check_resume(self) -> None:
         """resume= with this launcher: what must hold before the run's unfinished tasks start again."""
 

@@ -22,10 +22,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
-from slurm_router.config.schema import LocalLauncherConfig
+from slurm_router.config.schema import FUSE_AUTO, LocalLauncherConfig
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
 from slurm_router.launch.plan import prune_layout_note, queue_order, trained_variants
@@ -82,9 +82,11 @@ def gpu_total_bytes(gpu_id: str) -> int:
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(int(gpu_id))).total)
 
 
-def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
-    """How many tasks' predicted peaks fit in one GPU's budget (the router's memory model, seeded from the
-    model's sizes, which are counted on the meta device: nothing is allocated)."""
+def task_peak_bytes(cfg, device_type: str) -> Callable[[int], int]:
+    """fused -> a task's predicted peak per device with `fused` variants' batches at once (1: a task alone): the
+    router's memory model, seeded from the model's sizes counted on the meta device (nothing is allocated), as
+    the worker seeds it (worker/setup.py): on a GPU bf16 activations under autocast; on a CPU the tensors only
+    (a worker's RSS adds the interpreter and torch)."""
     import torch
 
     from slurm_router.router import MemoryModel
@@ -92,14 +94,45 @@ def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
 
     with torch.device("meta"):
         model = build_model(cfg.model, cfg.model.vocab_size, cfg.seed, lora=True)
-    # the worker's own seed on a GPU (worker.py): the weights' real bytes, bf16 activations under autocast
     mem = MemoryModel.from_model_bytes(
-        **memory_shape(model, cfg, torch.device("cuda")), vocab_size=cast(Any, model).config.vocab_size
+        **memory_shape(model, cfg, torch.device(device_type)), vocab_size=cast(Any, model).config.vocab_size
     )
-    per_device = -(-cfg.train.global_batch_size // cfg.resources.devices_per_task)
-    per_device *= max(1, int(cfg.resources.get("fuse_variants", 1)))  # a fused task: every variant's batch at once
-    need = mem.predict(per_device * cfg.data.max_len, per_device, cfg.data.max_len)
+    per_task = -(-cfg.train.global_batch_size // cfg.resources.devices_per_task)
+
+    def peak(fused: int) -> int:
+        per_device = per_task * fused
+        return int(mem.predict(per_device * cfg.data.max_len, per_device, cfg.data.max_len))
+
+    return peak
+
+
+def packable_tasks(cfg, gpu_bytes: int, limit: int = 8) -> int:
+    """How many tasks' predicted peaks fit in one GPU's budget (a fused task: every variant's batch at once)."""
+    need = task_peak_bytes(cfg, "cuda")(max(1, int(cfg.resources.get("fuse_variants", 1))))
     return max(1, min(limit, int(cfg.router.memory_headroom * gpu_bytes // max(1, need))))
+
+
+def auto_fuse_variants(cfg, n_tasks: int, limit: int = 64) -> tuple[int, str]:
+    """resources.fuse_variants=auto: K = the variant tasks spread over the tasks this machine runs at once
+    (ceil(n / slots): no slot idle for want of a group, no more groups than slots), lowered while a fused task's
+    predicted peak (every variant's batch at once) exceeds the memory model's share of its device: a GPU's
+    memory over resources.tasks_per_gpu, or this machine's memory over its CPU slots. Returns (K, why)."""
+    pool, on_gpu = device_pool(cfg)
+    slots = max(1, len(pool) // max(1, cfg.resources.devices_per_task))
+    k = max(1, min(limit, -(-n_tasks // slots)))
+    if on_gpu:
+        budget = gpu_total_bytes(pool[0]) // max(1, cfg.resources.tasks_per_gpu)
+        where = f"{slots} task slot(s) on {len(set(pool))} GPU(s)"
+    else:
+        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // slots
+        where = f"{slots} CPU task slot(s) (launcher.cpu_slots)"
+    peak, allowed = task_peak_bytes(cfg, "cuda" if on_gpu else "cpu"), cfg.router.memory_headroom * budget
+    while k > 1 and peak(k) > allowed:
+        k -= 1
+    return k, (
+        f"resources.fuse_variants=auto: K={k} for {n_tasks} variant task(s) over {where}; a fused task of {k} "
+        f"predicted at {peak(k) / 2**30:.2f} GiB per device of {allowed / 2**30:.1f} GiB"
+    )
 
 
 def _take(free: list[str], n: int) -> list[str] | None:
@@ -129,6 +162,10 @@ class LocalLauncher(Launcher):
     @classmethod
     def check(cls, cfg) -> None:
         check_devices(cfg)
+
+    @classmethod
+    def auto_fuse_variants(cls, cfg, n_tasks: int) -> tuple[int, str]:
+        return auto_fuse_variants(cfg, n_tasks)
 
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
         if self._pool is None:  # GPUs are probed once per run, when the first stage starts
@@ -207,6 +244,11 @@ def check_devices(cfg) -> None:
         [cfg.resources.devices_per_task]
         + [int(v.get("resources", {}).get("devices_per_task", 0) or 0) for v in cfg.variants.values() if v]
     )
+    if gpus and cfg.resources.tasks_per_gpu == 0 and cfg.resources.get("fuse_variants") == FUSE_AUTO:
+        raise UserError(
+            "resources.fuse_variants=auto and resources.tasks_per_gpu=0 both size by predicted memory, each from "
+            "the other: set one of them (e.g. resources.tasks_per_gpu=1)"
+        )
     if gpus and need > len(gpus):
         raise UserError(
             f"resources.devices_per_task={need} but this machine has {len(gpus)} GPU(s): "

@@ -22,6 +22,7 @@ from typing import Callable, cast
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.artifacts import base_cache
+from slurm_router.config.schema import FUSE_AUTO
 from slurm_router.config.variants import training_seeds
 from slurm_router.errors import UserError
 from slurm_router.launch.fuse import fuse_tasks
@@ -46,7 +47,15 @@ def check_fits_base(cfg: DictConfig, variants: dict[str, DictConfig]) -> None:
                 )
 
 
-def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run_dir: str) -> list[Stage]:
+def make_plan(
+    cfg: DictConfig,
+    variants: dict[str, DictConfig],
+    run_id: str,
+    run_dir: str,
+    auto_fuse: Callable[[int], tuple[int, str]] | None = None,
+) -> list[Stage]:
+    """The run's stages. auto_fuse: n variant tasks -> (K, why) for resources.fuse_variants=auto (the launcher's
+    Launcher.auto_fuse_variants: only it knows the devices its tasks get)."""
     stages: list[Stage] = []
     base_weights = None
     if base_cache.needs_base_stage(cfg):
@@ -98,10 +107,18 @@ def make_plan(cfg: DictConfig, variants: dict[str, DictConfig], run_id: str, run
                 )
             )
     fused: list[TaskSpec] = []
-    if cfg.resources.fuse_variants > 1:  # compatible tasks trained as one, over one base (launch/fuse.py)
-        fusion = fuse_tasks(queue_order(tasks), int(cfg.resources.fuse_variants))
+    width = cfg.resources.fuse_variants
+    if width == FUSE_AUTO:
+        if auto_fuse is None:
+            raise UserError(
+                "resources.fuse_variants=auto: this launcher cannot choose K; set resources.fuse_variants=K"
+            )
+        width, why = auto_fuse(len(tasks))
+        print(why, flush=True)
+    if int(width) > 1:  # compatible tasks trained as one, over one base (launch/fuse.py)
+        fusion = fuse_tasks(queue_order(tasks), int(width))
         tasks, fused = fusion.runs, fusion.fused
-        for line in [*fusion.notes, fusion.summary(int(cfg.resources.fuse_variants))]:
+        for line in [*fusion.notes, fusion.summary(int(width))]:
             print(line, flush=True)
     stages.append(Stage("variants", tasks, depends_on=[s.name for s in stages], fused=fused))
     return stages

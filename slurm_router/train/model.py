@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import torch
 
-from slurm_router.config.checks import check_target_modules, target_module_names
+from slurm_router.config.lora_targets import check_target_modules, target_module_names
 from slurm_router.errors import UserError
 from slurm_router.train.tokenizer import ByteTokenizer
 

@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 
-from slurm_router.config.schema import launcher_setting
+from slurm_router.config.schema import FUSE_AUTO, fusing, launcher_setting
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs
 from slurm_router.launch.task_status import TaskStatus
@@ -95,8 +95,13 @@ def check_packing(cfg) -> None:
         )
     # resources.fuse_variants with tasks_per_gpu=N packs N fused tasks (their leaders) into an array task: the pack
     # runs each leader's task.json as any task's (allocation/pack.py)
-    fuse = int(cfg.resources.get("fuse_variants", 1))
-    if fuse > 1 and cfg.launcher.srun_workers:
+    fuse = cfg.resources.get("fuse_variants", 1)
+    if fuse == FUSE_AUTO:
+        raise UserError(
+            "resources.fuse_variants=auto works with launcher=local only: the devices a Slurm task gets and their "
+            "memory are unknown at submit time; set resources.fuse_variants=K"
+        )
+    if fusing(cfg) and cfg.launcher.srun_workers:
         raise UserError(
             f"resources.fuse_variants={fuse} and launcher.srun_workers=true do not combine: a fused task's job "
             "process starts its workers itself; set launcher.srun_workers=false (or resources.fuse_variants=1)"
