@@ -46,15 +46,17 @@ COMMON = [
 ]
 
 
-def run(shape: str, k: int, steps: int, fuse: int, layout: str, tmp: Path, gpu: bool = False) -> Path:
-    """On a GPU the separate tasks share it as processes (resources.tasks_per_gpu=K, the local launcher's packing)."""
+def run(shape: str, k: int, steps: int, fuse: int | str, layout: str, tmp: Path, gpu: bool = False) -> Path:
+    """On a GPU the separate tasks share it as processes (resources.tasks_per_gpu=K, the local launcher's packing).
+    fuse="auto": the command chooses K (resources.fuse_variants=auto: the tasks spread over the slots it runs at
+    once; one GPU is one slot)."""
     tmp.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    share = f"resources.tasks_per_gpu={k}" if gpu else f"launcher.cpu_slots={cores}"
+    share = f"resources.tasks_per_gpu={1 if fuse == 'auto' else k}" if gpu else f"launcher.cpu_slots={cores}"
     vocab = [] if gpu else CPU_VOCAB.get(shape, [])
     args = [*COMMON, *SHAPES[shape], *vocab, f"train.steps={steps}", share, f"run_root={tmp}"]
-    if fuse > 1:
-        args += [f"resources.fuse_variants={fuse}", f"train.fused_layout={layout}"]
+    if fuse != 1:
+        args += [f"resources.fuse_variants={fuse}"] + ([f"train.fused_layout={layout}"] if layout else [])
     out = subprocess.run(
         [sys.executable, "-m", "slurm_router", "-m", *GRIDS[k], *args], capture_output=True, text=True, cwd=tmp
     )
@@ -101,7 +103,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             got = {
                 name: measure(run(shape, k, steps, fuse, layout, Path(tmp) / name, args.gpu), warmup)
-                for name, fuse, layout in (("separate", 1, ""), ("per_variant", k, "per_variant"), ("row", k, "row"))
+                for name, fuse, layout in (
+                    ("separate", 1, ""),
+                    ("per_variant", k, "per_variant"),
+                    ("row", k, "row"),
+                    ("auto", "auto", ""),
+                )
             }
         rows.append({"model": shape, "variants": k, "steps": steps, "warmup": warmup, **got})
         print(json.dumps(rows[-1]), flush=True)
@@ -117,20 +124,24 @@ def main() -> None:
         "variant, stdlib corpus, packed rows, variants differing in LoRA rank and lr. Tokens/s: every variant's real "
         "tokens after the warm-up steps over the union wall window of those steps (step rows' clock); memory: each "
         "worker's peak RSS, the separate tasks' summed. Fused layouts (train.fused_layout): per variant (one row per "
-        "variant through the shared model) and one row (every variant's samples in one row)."
+        "variant through the shared model) and one row (every variant's samples in one row). Auto: "
+        "resources.fuse_variants=auto, the K the command chooses (the tasks spread over the slots it runs at once; "
+        "the groups it made in brackets), in its default layout."
         + ("" if args.gpu else " gpt2_small: GPT-2 small's 12 blocks of 768 with the byte-level vocabulary (257)."),
         "",
         "| model | variants | separate tokens/s | fused, one row | fused, per variant | separate RSS MiB | "
-        "fused, one row | fused, per variant |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "fused, one row | fused, per variant | fused, auto (groups) | auto RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        sep, row, per = r["separate"], r["row"], r["per_variant"]
+        sep, row, per, auto = r["separate"], r["row"], r["per_variant"], r["auto"]
         t, m = sep["tokens_per_s"], sep["rss_mib"]
         lines.append(
             f"| {r['model']} | {r['variants']} | {t:,.0f} | {row['tokens_per_s']:,.0f} ({row['tokens_per_s'] / t:.2f}x) | "
             f"{per['tokens_per_s']:,.0f} ({per['tokens_per_s'] / t:.2f}x) | {m:,.0f} | "
-            f"{row['rss_mib']:,.0f} ({row['rss_mib'] / m:.2f}x) | {per['rss_mib']:,.0f} ({per['rss_mib'] / m:.2f}x) |"
+            f"{row['rss_mib']:,.0f} ({row['rss_mib'] / m:.2f}x) | {per['rss_mib']:,.0f} ({per['rss_mib'] / m:.2f}x) | "
+            f"{auto['tokens_per_s']:,.0f} ({auto['tokens_per_s'] / t:.2f}x; {auto['tasks']}) | "
+            f"{auto['rss_mib']:,.0f} ({auto['rss_mib'] / m:.2f}x) |"
         )
     lines += [
         "",
