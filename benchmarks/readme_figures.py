@@ -325,11 +325,17 @@ def _fused_ratio(model: str, k: str, column: int) -> str:
     names (tokens/s and RSS each have a one-row and a per-variant column), so cells are read by position."""
     line = next(l for l in text("fused-job-cpu.md").splitlines() if l.startswith(f"| {model} | {k} |"))
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    return cells[column].split("(")[1].rstrip(")x")
+    return cells[column].split("(")[1].split(";")[0].rstrip(")x")  # '37,598 (1.78x; 2)': auto's groups after ';'
 
 
 for _model, _k in (("default", "2"), ("default", "4"), ("default", "8"), ("gpt2_small", "4")):
-    for _name, _column in (("one_row_speed", 3), ("per_variant_speed", 4), ("per_variant_memory", 7)):
+    for _name, _column in (
+        ("one_row_speed", 3),
+        ("per_variant_speed", 4),
+        ("per_variant_memory", 7),
+        ("auto_speed", 8),
+        ("auto_memory", 9),
+    ):
         OTHERS[f"fused-job-cpu.md:{_model}_{_k}_{_name}"] = functools.partial(_fused_ratio, _model, _k, _column)
 
 FIGURES: dict[str, Callable[[], str]] = {
