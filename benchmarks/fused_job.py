@@ -107,7 +107,9 @@ def main() -> None:
                     ("separate", 1, ""),
                     ("per_variant", k, "per_variant"),
                     ("row", k, "row"),
-                    ("auto", "auto", ""),
+                    # one GPU is one slot: auto fuses every variant (as far as memory allows) in the GPU's row
+                    # layout, the row column again; the lease's minutes go to the other three
+                    *([] if args.gpu else [("auto", "auto", "")]),
                 )
             }
         rows.append({"model": shape, "variants": k, "steps": steps, "warmup": warmup, **got})
@@ -134,7 +136,8 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        sep, row, per, auto = r["separate"], r["row"], r["per_variant"], r["auto"]
+        sep, row, per = r["separate"], r["row"], r["per_variant"]
+        auto = r.get("auto") or {"tokens_per_s": float("nan"), "rss_mib": float("nan"), "tasks": "not run"}
         t, m = sep["tokens_per_s"], sep["rss_mib"]
         lines.append(
             f"| {r['model']} | {r['variants']} | {t:,.0f} | {row['tokens_per_s']:,.0f} ({row['tokens_per_s'] / t:.2f}x) | "
