@@ -164,9 +164,7 @@ class WorkerSetup:
         self.telemetry = Telemetry(self.device)
         self.settings = dataclasses.replace(RouterSettings.from_config(cfg.router), packed=self.packed)
         shape = memory_shape(self.model, cfg, self.device)
-        self.model_vocab = int(
-            cast(Any, self.model).config.vocab_size
-        )  # the logits' width: the model's, not the tokenizer's
+        self.model_vocab = int(cast(Any, self.model).config.vocab_size)  # the logits' width (not the tokenizer's)
         mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.model_vocab)
         self.mem_sim, total = None, self.telemetry.total_bytes()
         if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
