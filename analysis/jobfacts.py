@@ -11,8 +11,8 @@ import re
 import shutil
 
 from slurm_router.analysis.load import Task, of_kind
-from slurm_router.launch.slurm.parse import SACCT_FIELDS, merge_status, parse_duration, parse_sacct
-from slurm_router.launch.slurm.status import in_slurm, job_ids, run_command
+from slurm_router.launch.slurm.parse import merge_status, parse_duration
+from slurm_router.launch.slurm.status import in_slurm, job_ids, query_slurm, run_command
 from slurm_router.launch.task_status import LOCAL_STATES, normalize_state
 from slurm_router.rundir.events import StartRow
 from slurm_router.rundir.progress import setup_failure
@@ -119,10 +119,9 @@ def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str
     ids = job_ids(manifest)
     if not ids or not in_slurm(manifest) or (runner is run_command and not shutil.which("sacct")):
         return facts
-    fmt = "--format=" + ",".join(SACCT_FIELDS)
-    states = merge_status(
-        manifest, {}, parse_sacct(runner(["sacct", "-X", "-D", "-n", "--parsable2", "-j", ",".join(ids), fmt]))
-    )
+    # squeue too: a report job that starts as soon as the stage it waits on has ended (afterany) may ask before
+    # slurmdbd has recorded that end, or a cancelled stage at all; squeue holds them for MinJobAge
+    states = merge_status(manifest, *query_slurm(",".join(ids), runner))
     resources = parse_sacct_resources(
         runner(["sacct", "-n", "--parsable2", "-j", ",".join(ids), "--format=" + ",".join(RESOURCE_FIELDS)])
     )

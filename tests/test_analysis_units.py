@@ -86,12 +86,14 @@ def test_job_facts_from_sacct_and_plain_advice():
 
     def runner(argv):
         calls.append(argv)
+        if argv[0] == "squeue":
+            return ""  # both ended longer ago than MinJobAge: sacct alone knows them
         return RESOURCES if any("Timelimit" in a for a in argv) else SACCT
 
     tasks = [Task("r8", manifest["tasks"]["r8"]), Task("r32", manifest["tasks"]["r32"])]
     facts = jobfacts.job_facts(manifest, tasks, runner)
     r8, r32 = facts["r8"], facts["r32"]
-    assert all(c[0] == "sacct" and "15" in c for c in calls)
+    assert {c[0] for c in calls} == {"squeue", "sacct"} and all("15" in c for c in calls)
     assert (r8["source"], r8["state"], r8["elapsed_s"], r8["time_limit_s"], r8["node"]) == (
         "sacct",
         "COMPLETED",
@@ -112,6 +114,40 @@ def test_job_facts_from_sacct_and_plain_advice():
     assert "used 7% of the 60 min time limit" in text
     assert "hit its time limit" in "\n".join(jobfacts.advice(r32, {}))
     assert jobfacts.advice({"device_type": "cpu"}, {"balance_ratio": 1.01, "devices": 2}) == []
+
+
+def test_a_report_job_that_starts_before_sacct_knows_the_stage_reads_squeue():
+    """The report job (afterany) may start within a second of Slurm cancelling a stage whose dependency failed,
+    before slurmdbd has recorded that stage at all (CI saw it: 'r8: no events yet (unknown)'). squeue holds the
+    cancelled array for MinJobAge: the report says it never ran, and why."""
+    manifest = {
+        "launcher": "sbatch",
+        "host": "login",
+        "tasks": {"base": {"state": "submitted"}, "r8": {"state": "submitted"}, "r32": {"state": "submitted"}},
+        "stages": [
+            {"name": "base", "tasks": ["base"], "depends_on": []},
+            {"name": "variants", "tasks": ["r8", "r32"], "depends_on": ["base"]},
+        ],
+        "jobs": [
+            {"stage": "base", "job_id": "220", "array": False, "tasks": [{"variant": "base"}]},
+            {
+                "stage": "variants",
+                "job_id": "221",
+                "array": True,
+                "tasks": [{"variant": v, "array_index": i} for i, v in enumerate(("r8", "r32"))],
+            },
+        ],
+    }
+    squeue = "221_[0-1]|CANCELLED|0:00|0||DependencyNeverSatisfied|0|\n220|FAILED|0:01|0|vm|NonZeroExitCode|256|\n"
+    facts = jobfacts.job_facts(
+        manifest,
+        [Task(n, manifest["tasks"][n]) for n in ("base", "r8", "r32")],
+        lambda argv: squeue if argv[0] == "squeue" else "",  # sacct: nothing recorded yet
+    )
+    assert (facts["base"]["state"], facts["base"]["exit_code"]) == ("FAILED", "1:0")
+    for name in ("r8", "r32"):
+        assert facts[name]["state"] == "CANCELLED", facts[name]
+        assert facts[name]["reason"] == "DependencyNeverSatisfied: stage base failed (base FAILED)", facts[name]
 
 
 def test_local_runs_need_no_sacct():

@@ -279,6 +279,21 @@ def failed_base_manifest(variants_job: str) -> dict:
     }
 
 
+def test_an_ended_job_has_its_exit_code_before_sacct_records_it():
+    """squeue's exit_code (a raw wait status, captured from Slurm 22.05: `exit 2` -> 512, `kill -9 $$` -> 9) is the
+    exit code while slurmdbd has not yet recorded the end (sacct still says RUNNING, or has no row): a status
+    --wait that returns then, or a report job that starts then, still says how the task ended."""
+    squeue = st.parse_squeue("220|FAILED|0:01|0|vm|NonZeroExitCode|512|\n224|FAILED|0:01|0|vm|None|9|\n")
+    assert (squeue["220"].exit_code, squeue["224"].exit_code) == ("2:0", "0:9")
+    assert st.parse_squeue("225|RUNNING|0:04|0|vm|None|0|\n")["225"].exit_code is None  # not ended: no exit code
+    lagging = st.parse_sacct("220|220|RUNNING|0:0|00:00:01|vm|2026-11-23T22:45:40|Unknown\n")
+    for sacct in (lagging, {}):
+        base, r8, r32 = st.merge_status(failed_base_manifest("221"), squeue, sacct)
+        assert (base.state, base.exit_code) == ("FAILED", "2:0")
+    recorded = st.parse_sacct(read("sacct_never_satisfied.txt"))  # once sacct has it, its own (exit 3)
+    assert st.merge_status(failed_base_manifest("221"), squeue, recorded)[0].exit_code == "3:0"
+
+
 def test_dependency_never_satisfied_is_terminal_and_names_the_failed_stage():
     """Captured from Slurm 22.05: base 220 failed (exit 3); 221 waited on it with --kill-on-invalid-dep=yes
     (Slurm cancelled it), 222 without (PENDING forever), 223 (the report) with afterany on 222."""

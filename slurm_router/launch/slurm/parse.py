@@ -24,6 +24,7 @@ from typing import Callable
 from slurm_router.launch.task_status import (
     FAILED_STATES,
     NEVER_SATISFIED,
+    TERMINAL_STATES,
     SlurmRow,
     TaskStatus,
     local_status,
@@ -32,7 +33,9 @@ from slurm_router.launch.task_status import (
 )
 from slurm_router.rundir.progress import Progress
 
-SQUEUE_FIELDS = ("JobArrayID", "State", "TimeUsed", "RestartCnt", "NodeList", "Reason")
+# exit_code is last: squeue's raw wait status (512 = exit 2, 9 = signal 9), which an ended job has before slurmdbd
+# records it for sacct (seconds later on a busy controller; a status --wait or a report job may ask in between)
+SQUEUE_FIELDS = ("JobArrayID", "State", "TimeUsed", "RestartCnt", "NodeList", "Reason", "exit_code")
 # 22.05's sacct has no Restarts field: requeues are counted from the REQUEUED rows that -D shows.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End")
 
@@ -73,17 +76,29 @@ def _task_keys(job_id_field: str) -> list[str]:
     return [job_id_field]
 
 
+def squeue_exit_code(raw: str, state: str) -> str | None:
+    """squeue's exit_code (a raw wait status) as sacct writes ExitCode ('2:0', '0:9'), for an ended job only."""
+    raw = raw.strip()
+    if state not in TERMINAL_STATES or not raw.isdigit():
+        return None
+    status = int(raw)
+    return f"{(status >> 8) & 0xFF}:{status & 0x7F}"
+
+
 def parse_squeue(text: str) -> dict[str, SlurmRow]:
-    """Rows of `squeue -h -t all -O JobArrayID:|,State:|,TimeUsed:|,RestartCnt:|,NodeList:|,Reason:|`."""
+    """Rows of `squeue -h -t all -O JobArrayID:|,State:|,TimeUsed:|,RestartCnt:|,NodeList:|,Reason:|,exit_code:|`
+    (a row without the last column, as an older query wrote it, has no exit code)."""
     rows: dict[str, SlurmRow] = {}
     for line in text.splitlines():
         cols = line.split("|")
-        if len(cols) < len(SQUEUE_FIELDS):
+        if len(cols) < len(SQUEUE_FIELDS) - 1:
             continue
-        job, state, used, restarts, node, reason = cols[: len(SQUEUE_FIELDS)]
+        job, state, used, restarts, node, reason = cols[:6]
+        state = normalize_state(state)
         for key in _task_keys(job.strip()):
             rows[key] = SlurmRow(
-                state=normalize_state(state),
+                state=state,
+                exit_code=squeue_exit_code(cols[6] if len(cols) > 6 else "", state),
                 elapsed_s=parse_duration(used),
                 requeues=int(restarts) if restarts.strip().isdigit() else 0,
                 node=node.strip() or None,
@@ -159,7 +174,8 @@ def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, S
                     state=state,
                     elapsed_s=best.elapsed_s if best else None,
                     requeues=max(live.requeues if live else 0, hist.requeues if hist else 0),
-                    exit_code=hist.exit_code if hist and hist.state == state else None,
+                    # sacct's once it has recorded the end; before that, squeue's (an ended job's, squeue_exit_code)
+                    exit_code=hist.exit_code if hist and hist.state == state else live.exit_code if live else None,
                     node=(live.node if live else None) or (hist.node if hist else None),
                     reason=live.reason if live else None,
                     log_path=task.get("log_path"),
