@@ -312,3 +312,25 @@ def tmpfs(tmp_path):
     yield mount
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def failed_base_manifest(variants_job: str) -> dict:
+    """A two-stage run whose base (job 220) failed; the variants (2 tasks) wait on it with afterok."""
+    return {
+        "launcher": "sbatch",
+        "tasks": {},
+        "report_job_id": "223",
+        "stages": [
+            {"name": "base", "tasks": ["base"], "depends_on": []},
+            {"name": "variants", "tasks": ["r8", "r32"], "depends_on": ["base"]},
+        ],
+        "jobs": [
+            {"stage": "base", "job_id": "220", "array": False, "tasks": [{"variant": "base"}]},
+            {
+                "stage": "variants",
+                "job_id": variants_job,
+                "array": True,
+                "tasks": [{"variant": v, "array_index": i} for i, v in enumerate(("r8", "r32"))],
+            },
+        ],
+    }

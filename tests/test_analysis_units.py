@@ -4,6 +4,7 @@ sacct), advice rules, markdown rendering. No run needed."""
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import failed_base_manifest
 
 from slurm_router.analysis import abtest, jobfacts
 from slurm_router.analysis.load import Task
@@ -120,28 +121,11 @@ def test_a_report_job_that_starts_before_sacct_knows_the_stage_reads_squeue():
     """The report job (afterany) may start within a second of Slurm cancelling a stage whose dependency failed,
     before slurmdbd has recorded that stage at all (CI saw it: 'r8: no events yet (unknown)'). squeue holds the
     cancelled array for MinJobAge: the report says it never ran, and why."""
-    manifest = {
-        "launcher": "sbatch",
-        "host": "login",
-        "tasks": {"base": {"state": "submitted"}, "r8": {"state": "submitted"}, "r32": {"state": "submitted"}},
-        "stages": [
-            {"name": "base", "tasks": ["base"], "depends_on": []},
-            {"name": "variants", "tasks": ["r8", "r32"], "depends_on": ["base"]},
-        ],
-        "jobs": [
-            {"stage": "base", "job_id": "220", "array": False, "tasks": [{"variant": "base"}]},
-            {
-                "stage": "variants",
-                "job_id": "221",
-                "array": True,
-                "tasks": [{"variant": v, "array_index": i} for i, v in enumerate(("r8", "r32"))],
-            },
-        ],
-    }
+    manifest = {**failed_base_manifest("221"), "host": "login"}
     squeue = "221_[0-1]|CANCELLED|0:00|0||DependencyNeverSatisfied|0|\n220|FAILED|0:01|0|vm|NonZeroExitCode|256|\n"
     facts = jobfacts.job_facts(
         manifest,
-        [Task(n, manifest["tasks"][n]) for n in ("base", "r8", "r32")],
+        [Task(n, {"state": "submitted"}) for n in ("base", "r8", "r32")],
         lambda argv: squeue if argv[0] == "squeue" else "",  # sacct: nothing recorded yet
     )
     assert (facts["base"]["state"], facts["base"]["exit_code"]) == ("FAILED", "1:0")

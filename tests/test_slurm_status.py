@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import failed_base_manifest
 
 from slurm_router.cli import status as cli_status
 from slurm_router.launch.slurm import status as st
@@ -255,28 +256,6 @@ def test_wait_gives_up_on_a_task_slurm_has_forgotten():
     )
     assert [t.state for t in tasks] == ["COMPLETED", "UNKNOWN"]
     assert "no record" in tasks[1].reason
-
-
-def failed_base_manifest(variants_job: str) -> dict:
-    """A two-stage run whose base (job 220) failed; the variants (2 tasks) wait on it with afterok."""
-    return {
-        "launcher": "sbatch",
-        "tasks": {},
-        "report_job_id": "223",
-        "stages": [
-            {"name": "base", "tasks": ["base"], "depends_on": []},
-            {"name": "variants", "tasks": ["r8", "r32"], "depends_on": ["base"]},
-        ],
-        "jobs": [
-            {"stage": "base", "job_id": "220", "array": False, "tasks": [{"variant": "base"}]},
-            {
-                "stage": "variants",
-                "job_id": variants_job,
-                "array": True,
-                "tasks": [{"variant": v, "array_index": i} for i, v in enumerate(("r8", "r32"))],
-            },
-        ],
-    }
 
 
 def test_an_ended_job_has_its_exit_code_before_sacct_records_it():
