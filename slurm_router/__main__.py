@@ -94,10 +94,7 @@ def run(overrides: list[str], multirun: bool = False) -> int:
         from slurm_router.launch.preview import write_preview
 
         return write_preview(cfg, variants, stages, run_id, run_dir)
-    manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
-    from slurm_router.rundir.lock import own_run
-
-    own_run(manifest)  # the one writer of this run dir from here (rundir/lock.py)
+    manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)  # and its lock (rundir/lock.py)
     return launch(launcher(cfg, manifest), stages)
 
 

@@ -211,6 +211,44 @@ def test_ctrl_c_inside_an_exec_of_a_string_still_exits_130(tmp_path):
     assert err.strip().splitlines()[-1] == "interrupted: nothing was written" and "Traceback" not in err, err
 
 
+CTRL_C_AS_THE_MANIFEST_APPEARS = textwrap.dedent("""
+    import os
+    import signal
+    import sys
+    import slurm_router.__main__ as command
+    import slurm_router.rundir.manifest as manifest
+
+    made = manifest.create_run_dir
+
+    def create_run_dir(*args, **kwargs):  # the signal lands the moment the run dir is whole
+        run = made(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIG{sig})
+        return run
+
+    manifest.create_run_dir = create_run_dir
+    sys.exit(command.main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_a_stop_the_moment_the_manifest_exists_marks_the_run_interrupted(sig, tmp_path):
+    """The run's lock is taken as its directory is made, so there is no moment in which the manifest says
+    `running` while the command thinks nothing was written (what a CI run once caught at a 1 s SIGTERM):
+    exit 130, the run interrupted, the resume= hint."""
+    pkg = tmp_path / "stop_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(CTRL_C_AS_THE_MANIFEST_APPEARS.replace("{sig}", sig))
+    root = tmp_path / "runs"
+    proc = start_cli(*FAST, f"run_root={root}", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, module="stop_probe")
+    out, err = _finish(proc, timeout=300)
+    run_dir = _run_dir(root)
+    assert proc.returncode == 130 and "Traceback" not in out + err and run_dir is not None, (proc.returncode, out, err)
+    assert "nothing was written" not in err, err
+    assert read_json(run_dir / "manifest.json")["state"] == "interrupted"
+    assert f"resume={run_dir}" in out and out.strip().splitlines()[-1] == f"run_dir: {run_dir}", out
+
+
 def _stop_after(tmp_path: Path, sig: signal.Signals, pause: str, ready) -> tuple[subprocess.Popen, Path, str, str]:
     proc = start_cli(*FAST, f"run_root={tmp_path}", cwd=tmp_path, env={PAUSE: pause})
     try:

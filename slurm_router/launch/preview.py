@@ -211,7 +211,7 @@ def write_preview(cfg: DictConfig, variants: dict, stages: list[Stage], run_id: 
     """dry_run=true: the run dir with the plan and preview.txt (and the Slurm scripts); nothing submitted."""
     from slurm_router.rundir.manifest import create_run_dir
 
-    manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind)
+    manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind, lock=False)
     lines = [f"dry_run=true: a preview of run {run_id}; nothing was trained or submitted", *plan_lines(cfg, stages)]
     if cfg.launcher.kind != "local":
         commands = slurm_scripts(cfg, manifest, stages)

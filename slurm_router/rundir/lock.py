@@ -1,7 +1,8 @@
 """One writer of a run directory (docs/ARCHITECTURE.md): RUN_DIR/run.lock, an exclusive flock, and in the file
 who holds it (host, pid, the pid's start time, since when, the command).
 
-    lock = own_run(manifest)      # the launcher, right after it made the run dir; resume= before it plans
+    lock = acquire(run_dir)       # create_run_dir, right after it made the directory
+    lock = own_run(manifest)      # resume=, before it plans
     Popen(..., pass_fds=(lock.fd,), env={LOCK_FD_ENV: str(lock.fd)})   # a local job process shares it
 
 Who holds it: the process that runs or resumes the run (for a Slurm run: while it submits, or waits with
@@ -229,6 +230,13 @@ def held(run_dir: str | os.PathLike) -> RunLock | None:
 
 def held_dirs() -> list[Path]:
     return list(_HELD)
+
+
+def let_go(run_dir: str | os.PathLike) -> None:
+    """Drop this process's lock on RUN_DIR without a record: the directory is being removed (never made whole)."""
+    lock = _HELD.pop(Path(run_dir).resolve(), None)
+    if lock is not None:
+        os.close(lock.fd)
 
 
 def release_all() -> None:

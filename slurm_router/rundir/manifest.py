@@ -23,7 +23,7 @@ from slurm_router.errors import UserError
 from slurm_router.fileio import WriteError, atomic_write_text
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import TaskState
-from slurm_router.rundir.lock import short_lock
+from slurm_router.rundir.lock import acquire, let_go, short_lock
 from slurm_router.rundir.spec import Stage
 
 
@@ -178,23 +178,31 @@ class Manifest:
         self.update(lambda data: data.update(fields))
 
 
-def create_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str) -> Manifest:
-    """Write config.yaml, every task.json and the manifest. Called only after every check has passed. A write
-    that fails (disk full, permission) removes what it made and raises one line (UserError)."""
+def create_run_dir(
+    cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str, lock: bool = True
+) -> Manifest:
+    """Write config.yaml, every task.json and the manifest, holding the run's lock (rundir/lock.py) from the
+    moment the directory exists: a Ctrl-C that finds the manifest finds this process its writer, and marks the
+    run interrupted (lock=False: a dry_run preview, which nothing runs). Called only after every check passed. A write that fails (disk full, permission), or a
+    Ctrl-C before the manifest is whole, removes what it made (and lets the lock go) and raises one line."""
     try:
         run_dir.mkdir(parents=True)
     except OSError as e:
         raise WriteError.of(run_dir, e) from None
     try:
-        return _fill_run_dir(cfg, run_id, run_dir, stages, launcher)
+        owner = acquire(run_dir).info if lock else None
+        return _fill_run_dir(cfg, run_id, run_dir, stages, launcher, owner)
     except BaseException as e:  # a Ctrl-C too: never a half-made run directory
+        let_go(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
         if isinstance(e, OSError):
             raise WriteError.of(e.filename or run_dir, e) from None
         raise
 
 
-def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str) -> Manifest:
+def _fill_run_dir(
+    cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str, owner: dict | None
+) -> Manifest:
     layout = RunLayout(run_dir)
     layout.logs.mkdir()
     atomic_write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
@@ -235,6 +243,7 @@ def _fill_run_dir(cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stag
         ],
         "tasks": tasks,
         "jobs": [],
+        **({"owner": owner} if owner else {}),  # who holds run.lock: what status checks for life
     }
     manifest = Manifest(layout.manifest, data)
     manifest.save()
