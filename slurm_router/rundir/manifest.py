@@ -183,8 +183,9 @@ def create_run_dir(
 ) -> Manifest:
     """Write config.yaml, every task.json and the manifest, holding the run's lock (rundir/lock.py) from the
     moment the directory exists: a Ctrl-C that finds the manifest finds this process its writer, and marks the
-    run interrupted (lock=False: a dry_run preview, which nothing runs). Called only after every check passed. A write that fails (disk full, permission), or a
-    Ctrl-C before the manifest is whole, removes what it made (and lets the lock go) and raises one line."""
+    run interrupted (lock=False: a dry_run preview, which nothing runs). Called only after every check passed.
+    A write that fails (disk full, permission), or a Ctrl-C before the manifest is whole, removes what it made
+    (and lets the lock go) and raises one line."""
     try:
         run_dir.mkdir(parents=True)
     except OSError as e:
