@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     taken: set[str] = set()
     for run_dir in args.run_dirs:
         report_dir = out if single else out / _unique(run_dir.name, taken)
+        if note := _unfinished(run_dir):
+            print(note)
         try:
             summary, tasks = report_run(run_dir, report_dir, args.peak_tflops)
         except (ReportError, WriteError) as e:  # no manifest; the report's folder refuses the write
@@ -76,10 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         from slurm_router.analysis.render import fmt
 
         table = write_comparison(runs, out)
-        shown = table[["run", "variant", "val_loss", "tokens_per_s", "speedup", "balance_ratio"]].copy()
+        columns = ["run", "variant", "trained_in", "val_loss", "tokens_per_s", "task_tokens_per_s", "speedup"]
+        shown = table[[*columns, "balance_ratio"]].copy()
         for col, spec, suffix in (
             ("val_loss", ".4f", ""),
             ("tokens_per_s", ",.0f", ""),
+            ("task_tokens_per_s", ",.0f", ""),
             ("speedup", ".2f", "x"),
             ("balance_ratio", ".3f", ""),
         ):
@@ -88,6 +92,32 @@ def main(argv: list[str] | None = None) -> int:
         print(shown.to_string(index=False))
         print(f"comparison: {out / 'comparison.md'}")
     return 0
+
+
+def _unfinished(run_dir: Path) -> str | None:
+    """One line when the run has not trained what its report would show: a dry_run=true preview, or a run still
+    going (its local launcher alive, or submitted to Slurm with tasks that have no result yet). The report is
+    still written, from what there is."""
+    from slurm_router.errors import UserError
+    from slurm_router.rundir.lock import owner_alive
+    from slurm_router.rundir.manifest import Manifest
+
+    try:
+        data = Manifest.load(run_dir).data
+    except UserError:
+        return None  # report_run says what is wrong with it
+    state, layout = data.get("state"), RunLayout(run_dir)
+    if state == "previewed":  # launch/preview.py
+        return f"note: {run_dir} is a dry_run=true preview: nothing was trained, so its report has no results"
+    left = [name for name in data["tasks"] if not layout.task(name).result.is_file()]
+    if not left:
+        return None
+    so_far = f"{len(left)} of {len(data['tasks'])} task(s) have no result yet: this report shows what was logged so far"
+    if state == "running" and owner_alive(data.get("owner")):
+        return f"note: {run_dir} is still running; {so_far}"
+    if state == "submitted":
+        return f"note: {run_dir} was submitted to Slurm and {so_far} (status {run_dir} says which still run)"
+    return None
 
 
 def _new_folder() -> Path:

@@ -1,5 +1,6 @@
 """The verdict: per pair of variants, the difference in held-out loss with its uncertainty, over training seeds
-and eval batches together (stats.py holds the statistics; this module picks the data out of a run's tasks).
+and eval batches together (verdict/ holds the statistics and the sentences; this module picks the data out of a
+run's tasks).
 
 Every eval event carries, per eval batch, the summed token loss and the token count, and every task of a run
 evaluates the SAME batches (seeded by the run's `seed`), so batch i of any two tasks is a pair. A variant run
@@ -15,10 +16,6 @@ variant, and names its adapter (tasks/<task>/adapter/, slurm_router/artifacts/ad
 `python -m slurm_router.export RUN_DIR --merge OUT`: with several seeds, the adapter of its seed with the
 lowest held-out loss (the verdict is about the variant; the best replicate is the one to use), and the
 report lists every replicate's adapter.
-
-paired_bootstrap() is the verdict before seeds (one training run per variant; resampling eval batches), kept as
-the baseline of benchmarks/verdict_calibration.py, which shows how often it claims a difference between
-identical variants once training noise exists.
 """
 
 from __future__ import annotations
@@ -29,62 +26,48 @@ from typing import Any, cast
 
 import numpy as np
 
-from slurm_router.analysis import stats
 from slurm_router.analysis.load import Task
+from slurm_router.config.metrics import LOSS
 from slurm_router.rundir.layout import FULL_MODEL
-
-N_BOOT = 2000
-SEED = 0  # fixed: the same run gives the same report, every time it is regenerated
-LEVEL = 0.95
-# Below this a difference is float reduction order (routing changes it, never the math), not an effect.
-NEGLIGIBLE = 1e-4  # nats per token
+from slurm_router.verdict import sentences, stats
+from slurm_router.verdict.sentences import one_seed
 
 
-def eval_batches(task: Task, step: int | None = None) -> dict | None:
-    """{loss_sums, tokens, step} of the task's last eval (or of `step`), or None if it has none."""
+def eval_batches(task: Task, step: int | None = None, metric: str = LOSS) -> dict | None:
+    """{loss_sums, tokens, step} of the task's last eval (or of `step`), or None if it has none; of held-out loss,
+    or of the task metric `metric` (eval.metrics: its per-example scores as stats.metric_side gives them)."""
     ev = task.evals
     if ev.empty or "batch_loss_sums" not in ev:
         return None
     ev = ev[ev["batch_loss_sums"].map(lambda v: isinstance(v, list) and len(v) > 0)]
+    if metric != LOSS:
+        if "metrics" not in ev:
+            return None
+        ev = ev[ev["metrics"].map(lambda m: isinstance(m, dict) and metric in m)]
     if step is not None:
         ev = ev[ev["step"] == step]
     if ev.empty:
         return None
     row = ev.iloc[-1]
+    if metric != LOSS:
+        return {**stats.metric_side(row["metrics"][metric]), "step": int(row["step"])}
     return {
         "loss_sums": np.asarray(row["batch_loss_sums"], float),
         "tokens": np.asarray(row["batch_tokens"], float),
         "step": int(row["step"]),
+        # per eval batch, the files of its samples (verdict/stats.by_cluster); runs before it have none
+        "sources": row["batch_sources"] if isinstance(row.get("batch_sources"), list) else None,
     }
 
 
-def paired_bootstrap(a: dict, b: dict, n_boot: int = N_BOOT, seed: int = SEED) -> dict:
-    """Held-out loss of A minus B (nats/token), its bootstrap standard error and 95% interval."""
-    n = len(a["loss_sums"])
-    if n != len(b["loss_sums"]):
-        raise ValueError(f"different eval batches ({n} vs {len(b['loss_sums'])}): the losses cannot be paired")
-    diff = a["loss_sums"].sum() / a["tokens"].sum() - b["loss_sums"].sum() / b["tokens"].sum()
-    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    boot = a["loss_sums"][idx].sum(1) / a["tokens"][idx].sum(1) - b["loss_sums"][idx].sum(1) / b["tokens"][idx].sum(1)
-    lo, hi = np.percentile(boot, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
-    return {
-        "diff": float(diff),
-        "se": float(boot.std(ddof=1)),
-        "ci_low": float(lo),
-        "ci_high": float(hi),
-        "n_batches": n,
-        "same_tokens": bool(np.array_equal(a["tokens"], b["tokens"])),
-    }
-
-
-def base_batches(tasks: list[Task]) -> tuple[dict | None, str]:
+def base_batches(tasks: list[Task], metric: str = LOSS) -> tuple[dict | None, str]:
     """The base model's eval batches: the base stage's last eval, else any variant's step-0 eval (a variant
     starts from the base weights, so its step-0 eval IS the base's, e.g. when the base stage was cached)."""
     for t in tasks:
-        if t.stage == "base" and (b := eval_batches(t)):
+        if t.stage == "base" and (b := eval_batches(t, metric=metric)):
             return b, f"{t.name} (last eval)"
     for t in tasks:
-        if t.stage != "base" and (b := eval_batches(t, step=0)):
+        if t.stage != "base" and (b := eval_batches(t, step=0, metric=metric)):
             return b, f"{t.name} (step-0 eval)"
     return None, "no eval events"
 
@@ -107,20 +90,21 @@ class Replicate:
         return None if b is None else float(b["loss_sums"].sum() / max(1.0, b["tokens"].sum()))
 
 
-def replicates(tasks: list[Task]) -> dict[str, list[Replicate]]:
+def replicates(tasks: list[Task], metric: str = LOSS) -> dict[str, list[Replicate]]:
     """Every variant (in the order its first task appears) -> its replicates, diverged and pruned ones left out
-    (the report lists them as such). A replicate whose only evaluation is its step-0 one is not trained yet."""
+    (the report lists them as such). A replicate whose only evaluation is its step-0 one is not trained yet.
+    A task metric's `val_loss` is its mean signed score (stats.metric_side: lower is better)."""
     out: dict[str, list[Replicate]] = {}
     for t in tasks:
         if t.stage == "base" or t.diverged or t.pruned:
             continue
-        b = eval_batches(t)
+        b = eval_batches(t, metric=metric)
         out.setdefault(t.variant, []).append(Replicate(t.name, t.seed, b if b and b["step"] > 0 else None))
     return out
 
 
 def pruned(tasks: list[Task]) -> dict[str, list[dict]]:
-    """Variant -> its replicates that prune=true stopped: [{task, seed, step, detail}] (slurm_router/worker/prune.py)."""
+    """Variant -> its replicates that prune=true stopped: [{task, seed, step, detail}] (verdict/pruning.py)."""
     out: dict[str, list[dict]] = {}
     for t in tasks:
         if t.stage != "base" and t.pruned:
@@ -179,18 +163,25 @@ def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = No
     return out
 
 
-def compare_all(tasks: list[Task], adapters: dict[str, str | None] | None = None) -> list[dict]:
+def compare_all(
+    tasks: list[Task], adapters: dict[str, str | None] | None = None, metric: str = LOSS, higher: bool = False
+) -> list[dict]:
     """Every pair of variants, then every variant against the base: one row each, with its sentence. Over seeds
     and eval batches (stats.compare); with more than one pair of variants the pairs' p-values get Holm's
-    correction (the comparisons with the base do not: each asks its own question, did this variant learn?)."""
-    groups = replicates(tasks)
+    correction (the comparisons with the base do not: each asks its own question, did this variant learn?).
+    metric: held-out loss, or a task metric (over seeds and examples; `higher`: higher is better)."""
+    groups = replicates(tasks, metric)
     names = list(groups)
-    base, _ = base_batches(tasks)
+    base, _ = base_batches(tasks, metric)
     pairs = [(names[i], names[j]) for i in range(len(names)) for j in range(i + 1, len(names))]
     pairs += [(n, "base") for n in names]
     rows = []
     for na, nb in pairs:
-        row = {"a": na, "b": nb}
+        row: dict[str, Any] = {
+            "a": na,
+            "b": nb,
+            **({"metric": metric, "higher_is_better": higher} if metric != LOSS else {}),
+        }
         side_a = trained(groups[na])
         side_b = ({"base": base} if base else {}) if nb == "base" else trained(groups[nb])
         missing = [n for n, side in ((na, side_a), (nb, side_b)) if not side]
@@ -225,96 +216,28 @@ def trained(reps: list[Replicate]) -> dict:
 
 
 def _decide(rows: list[dict], groups: dict[str, list[Replicate]], adapters: dict | None) -> None:
-    """Holm over the pairs of variants, then each row's decision and sentence."""
-    family = [r for r in rows if r["b"] != "base" and "p" in r]
-    if len(family) > 1:
-        for r, adjusted in zip(family, stats.holm([r["p"] for r in family])):
-            r.update(p_holm=adjusted, holm_m=len(family))
+    """Holm over the pairs of variants, each row's decision and sentence (verdict/sentences.py), then the
+    winner's adapter and the not-final note."""
+    sentences.decide_rows(rows)
     for r in rows:
         if "p" not in r:
             continue
-        r["significant"] = bool(r.get("p_holm", r["p"]) < 1 - LEVEL and abs(r["diff"]) >= NEGLIGIBLE)
-        r["sentence"] = sentence(r["a"], r["b"], r)
         if r["significant"] and r["b"] != "base":
             won = r["a"] if r["diff"] < 0 else r["b"]
-            r["sentence"] += f"; {_weights_text(*best_adapter(groups[won], adapters))}"
+            r["sentence"] += f"; {_weights_text(*best_adapter(groups[won], adapters, r.get('metric', LOSS)))}"
         if r.get("note"):
             r["sentence"] += f" {r['note']}"
 
 
-def sentence(name_a: str, name_b: str, r: dict) -> str:
-    """The row's plain sentence (A's loss minus B's is r['diff']; lower held-out loss is better)."""
-    nd = 3 if max(abs(r["ci_low"]), abs(r["ci_high"])) >= 0.01 else 4  # keep small effects readable
-    how = _how(name_a, name_b, r)
-    if abs(r["diff"]) < NEGLIGIBLE and r["se"] < NEGLIGIBLE:  # the same computation, up to reduction order
-        return (
-            f"{name_a} vs {name_b}: no difference detectable: {r['diff']:+.2g} nats per token, below "
-            f"{NEGLIGIBLE:g} (float rounding, not an effect; {how})"
-        )
-    p = _p(r["p"]) + (f", Holm-adjusted for {r['holm_m']} comparisons {_p(r['p_holm'])}" if "p_holm" in r else "")
-    if not r["significant"]:
-        covers = r["ci_low"] <= 0 <= r["ci_high"]
-        after = "" if covers else f" after Holm's correction for {r['holm_m']} comparisons"
-        return (
-            f"{name_a} vs {name_b}: no difference detectable{after}: {r['diff']:+.{nd}f} +/- {r['se']:.{nd}f} "
-            f"nats per token (95% CI {r['ci_low']:+.{nd}f} to {r['ci_high']:+.{nd}f}"
-            f"{' includes 0' if covers else ''}; {p}; {how})"
-        )
-    winner, loser = (name_a, name_b) if r["diff"] < 0 else (name_b, name_a)
-    lo, hi = sorted((abs(r["ci_low"]), abs(r["ci_high"])))
-    verb = "leads" if one_seed(r) else "beats"  # one seed: training noise is not in the interval
-    return (
-        f"{winner} {verb} {loser} by {abs(r['diff']):.{nd}f} +/- {r['se']:.{nd}f} nats per token "
-        f"(95% CI {lo:.{nd}f} to {hi:.{nd}f}, {p}; {how})"
-    )
-
-
-def _how(name_a: str, name_b: str, r: dict) -> str:
-    """What the interval rests on: seeds and eval batches, and what it leaves out."""
-    B = r["n_batches"]
-    rough = "; few eval batches: a rough interval" if B < 10 else ""
-    if r["method"] == "crossed":
-        seeds = r["n_seeds_paired"]
-        pairing = "paired by eval batch" if name_b == "base" else "paired by seed and eval batch"
-        return f"{seeds} seeds x {B} eval batches, {pairing}{rough}"
-    if r["method"] == "welch":
-        return (
-            f"{name_a} {r['n_seeds_a']} seeds, {name_b} {r['n_seeds_b']} seeds (not the same ones) x {B} eval "
-            f"batches, paired by eval batch{rough}"
-        )
-    one = [n for n, k in ((name_a, r["n_seeds_a"]), (name_b, r["n_seeds_b"])) if k == 1 and n != "base"]
-    whose = "of 1 seed" if len(one) != 1 or name_b == "base" else f"({one[0]} has 1 seed)"
-    return f"paired t-test over {B} eval batches {whose}{rough}: eval-sample noise only"
-
-
-ONE_SEED_CAVEAT = (
-    "One training seed: the intervals cover eval-sample noise only (which held-out samples were drawn), not "
-    "training noise (LoRA init, data order), so a variant that 'leads' may not win on another seed; seeds=3 "
-    "puts training noise in the interval."
-)
-
-
-def one_seed(r: dict) -> bool:
-    """A row whose interval has no training noise in it (a one-seed paired t-test over eval batches)."""
-    return r.get("method") == "batches"
-
-
-def one_seed_caveat(rows: list[dict]) -> str | None:
-    """The caveat, said once (the report's banner), when any comparison rests on one seed."""
-    return ONE_SEED_CAVEAT if any(one_seed(r) for r in rows if "diff" in r) else None
-
-
-def _p(p: float) -> str:
-    return "p < 1e-6" if p < 1e-6 else f"p = {p:.2g}"
-
-
-def best_adapter(reps: list[Replicate], adapters: dict | None) -> tuple[str | None, str]:
-    """(path, what it is) of a variant's adapter: with several seeds, the seed with the lowest held-out loss."""
+def best_adapter(reps: list[Replicate], adapters: dict | None, metric: str = LOSS) -> tuple[str | None, str]:
+    """(path, what it is) of a variant's adapter: with several seeds, the seed with the lowest held-out loss (or
+    the best score of the task metric `metric`)."""
     done = [r for r in reps if r.batches is not None]
     if not done:
         return None, ""
     best = min(done, key=lambda r: cast(float, r.val_loss))
-    why = f" (seed {best.seed}: the lowest held-out loss of its {len(done)} seeds)" if len(done) > 1 else ""
+    what = "lowest held-out loss" if metric == LOSS else f"best {metric}"
+    why = f" (seed {best.seed}: the {what} of its {len(done)} seeds)" if len(done) > 1 else ""
     return (adapters or {}).get(best.task), why
 
 
@@ -325,11 +248,14 @@ def _weights_text(path: str | None, why: str = "") -> str:
     return f"its {'model' if Path(path).name == FULL_MODEL else 'adapter'}{why}: {path}"
 
 
-def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] | None = None) -> dict | None:
+def winner(
+    tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] | None = None, metric: str = LOSS, higher=False
+) -> dict | None:
     """The variant with the lowest held-out loss (mean over its seeds; None when no variant has one): {variant,
-    val_loss, n_seeds, decided (it beats every other variant: significant, after Holm's correction), adapter
+    val_loss, n_seeds, decided (it beats every other variant: significant, after Holm's correction, with training
+    noise in each interval; a win that rests on one seed only leads), adapter
     (of its best seed), seed, task, sentence}."""
-    groups = replicates(tasks)
+    groups = replicates(tasks, metric)
     scored = [
         (float(np.mean([r.val_loss for r in reps if r.batches is not None])), name)
         for name, reps in groups.items()
@@ -351,12 +277,18 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
     ]
     # a variant every replicate of which was pruned lost to the best one at that evaluation (prune.py)
     lost = [n for n in pruned(tasks) if n not in groups]
-    decided = bool(others or lost) and len(beaten) == len(others)
-    adapter, why = best_adapter(groups[name], adapters)
-    loss = f"held-out loss {val_loss:.4f}" + (f", mean of {len(done)} seeds" if len(done) > 1 else "")
+    beats_all = bool(others or lost) and len(beaten) == len(others)
+    # a win on one seed measures eval-sample noise only: the variant leads, nothing is decided (DESIGN.md)
+    leads = beats_all and any(one_seed(r) for r in beaten)
+    decided = beats_all and not leads
+    adapter, why = best_adapter(groups[name], adapters, metric)
+    shown = (-val_loss if higher else val_loss) + 0.0  # a task metric's own score (metric_side negated it)
+    loss = f"{'held-out loss' if metric == LOSS else metric} {shown:.4f}" + (
+        f", mean of {len(done)} seeds" if len(done) > 1 else ""
+    )
     if not others and not lost:
         what = f"{name}: {loss} (the only variant with one)"
-    elif decided and any(one_seed(r) for r in beaten):  # significant on eval batches, training noise unknown
+    elif leads:  # significant on eval batches, training noise unknown
         ahead = others + [f"{n} (pruned)" for n in lost]
         what = f"leads: {name} ({loss}; ahead of {', '.join(ahead)} on 1 seed)"
     elif decided:
@@ -364,12 +296,14 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
         what = f"winner: {name} ({loss}; beats {', '.join(beats)})"
     else:
         what = (
-            f"lowest held-out loss: {name} ({loss}), not a detectable win over "
+            f"{'lowest held-out loss' if metric == LOSS else 'best ' + metric}: {name} ({loss}), not a detectable win over "
             f"{', '.join(n for n in others if not any(n in (r['a'], r['b']) for r in beaten))}"
         )
     return {
         "variant": name,
         "val_loss": val_loss,
+        "metric": metric,
+        "score": shown,
         "n_seeds": len(done),
         "decided": decided,
         "adapter": adapter,
@@ -377,3 +311,48 @@ def winner(tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] 
         "task": best.task,
         "sentence": f"{what}; {_weights_text(adapter, why)}",
     }
+
+
+def metric_directions(tasks: list[Task]) -> dict[str, bool]:
+    """The task metrics (eval.metrics) the run's eval rows hold: name -> higher_is_better, in first-seen order."""
+    out: dict[str, bool] = {}
+    for t in tasks:
+        if t.evals.empty or "metrics" not in t.evals:
+            continue
+        for m in t.evals["metrics"]:
+            for name, entry in (m if isinstance(m, dict) else {}).items():
+                out.setdefault(name, bool(entry.get("higher_is_better", True)))
+    return out
+
+
+def metric_table(tasks: list[Task]) -> dict[str, dict[str, dict]]:
+    """Per variant, per metric (held-out loss and each task metric): the mean over its trained seeds (and eval
+    batches or examples) and its 95% interval, training noise and example noise in it, examples that share a
+    source as one cluster (stats.mean_interval)."""
+    out: dict[str, dict[str, dict]] = {}
+    for metric, higher in {LOSS: False, **metric_directions(tasks)}.items():
+        for variant, reps in replicates(tasks, metric).items():
+            side = trained(reps)
+            if not side:
+                continue
+            try:
+                mean, lo, hi = stats.mean_interval(side)
+            except ValueError:  # one seed of one eval batch: no spread to measure
+                continue
+            if higher:  # back to the metric's own direction (metric_side negated it)
+                mean, lo, hi = -mean, -hi, -lo
+            n = len(next(iter(side.values()))["loss_sums"])
+            row = {"mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(side), "n": n, "higher_is_better": higher}
+            out.setdefault(variant, {})[metric] = row
+    return out
+
+
+def disagreement(loss_winner: dict | None, metric_winner: dict | None, metric: str) -> str | None:
+    """One line when held-out loss and the primary task metric name different winners, else None."""
+    if not loss_winner or not metric_winner or metric == LOSS or loss_winner["variant"] == metric_winner["variant"]:
+        return None
+    return (
+        f"held-out loss and {metric} name different winners: {loss_winner['variant']} has the lowest held-out loss "
+        f"({loss_winner['score']:.4f}), {metric_winner['variant']} the best {metric} ({metric_winner['score']:.4f}); "
+        f"the verdict, prune=true and export follow eval.primary={metric}"
+    )

@@ -12,11 +12,13 @@ from typing import Any
 
 import pandas as pd
 
-from slurm_router.analysis import abtest, plots, stats
+from slurm_router.analysis import abtest, plots
 from slurm_router.analysis.load import Task, atomic_write, make_dir
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import fmt, pct, to_html, to_markdown
 from slurm_router.rundir.layout import RunLayout
+from slurm_router.verdict import stats
+from slurm_router.verdict.sentences import sentence, significant
 
 NOT_A_DIFFERENCE = ("run_root", "base.cache_dir")  # where a run went, not what it did
 
@@ -62,8 +64,12 @@ def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dic
     rows, first = [], {}
     for label, (run_dir, summary, _) in zip(labels, runs):
         for name, v in summary["variants"].items():
+            # a fused variant shares its task's devices: the task's tokens/s (all its variants') is what its
+            # devices did, the figure a variant alone compares with (analysis/fused.py)
+            group = v.get("fused") or {}
             tps = v.get("tokens_per_s")
-            first.setdefault(name, tps)
+            task_tps = group.get("group_tokens_per_s") or tps
+            first.setdefault(name, task_tps)
             rows.append(
                 {
                     "run": label,
@@ -74,7 +80,9 @@ def comparison_rows(runs: list[tuple[Path, dict, list[Task]]]) -> tuple[list[dic
                     "steps": v.get("steps"),
                     "val_loss": v.get("val_loss"),
                     "tokens_per_s": tps,
-                    "speedup": tps / first[name] if tps and first[name] else None,
+                    "trained_in": ", ".join(group["variants"]) if group else "alone",
+                    "task_tokens_per_s": task_tps,
+                    "speedup": task_tps / first[name] if task_tps and first[name] else None,
                     "balance_ratio": v.get("balance_ratio"),
                     "cost_balance_ratio": v.get("cost_balance_ratio"),
                     "useful_token_fraction": v.get("useful_token_fraction"),
@@ -101,8 +109,8 @@ def across_runs(labels: list[str], runs: list[list[Task]]) -> list[str]:
             except ValueError as e:
                 sentences.append(f"{variant}: {label} vs {labels[0]}: no verdict ({e})")
                 continue
-            r["significant"] = bool(r["p"] < 1 - abtest.LEVEL and abs(r["diff"]) >= abtest.NEGLIGIBLE)
-            sentences.append(f"{variant}: " + abtest.sentence(label, labels[0], r))
+            r["significant"] = significant(r)
+            sentences.append(f"{variant}: " + sentence(label, labels[0], r))
     return sentences
 
 
@@ -123,7 +131,9 @@ def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd
                 "devices": r["devices"],
                 "steps": r["steps"],
                 "final held-out": fmt(r["val_loss"], ".4f"),
+                "trained in": r["trained_in"],
                 "tokens/s": fmt(r["tokens_per_s"], ",.0f"),
+                "task tokens/s": fmt(r["task_tokens_per_s"], ",.0f"),
                 "speed-up": fmt(r["speedup"], ".2f", "x"),
                 "balance ratio": fmt(r["balance_ratio"]),
                 "cost balance": fmt(r["cost_balance_ratio"]),
@@ -148,7 +158,12 @@ def write_comparison(runs: list[tuple[Path, dict, list[Task]]], out: Path) -> pd
         ("table", diff_table) if keys else ("p", "nothing: the runs' resolved configs are the same"),
         ("h", 2, "Side by side"),
         ("table", shown),
-        ("p", "Speed-up: tokens/s (after warm-up) against the same variant in the first run."),
+        (
+            "p",
+            "Speed-up: the task's tokens/s (after warm-up) against the same variant's task in the first run. A "
+            "variant fused with others (trained in: their names) shares one task: its own tokens/s counts its "
+            "tokens only, its task's counts the group's, what the devices did.",
+        ),
         ("h", 2, "Held-out loss across runs"),
         ("ul", sentences or ["no variant with per-batch eval sums in two runs"]),
     ]

@@ -57,6 +57,8 @@ def print_table(summary: dict) -> None:
         console.print(f"note: {summary['caveat']}", highlight=False)
     if summary.get("winner"):
         console.print(summary["winner"]["sentence"], highlight=False)
+    if summary.get("disagreement"):  # held-out loss and eval.primary name different winners
+        console.print(summary["disagreement"], highlight=False)
     for line in summary.get("diverged", []):
         console.print(line, highlight=False)
     for row in summary.get("ab", []):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from slurm_router.analysis import cost, fused
 from slurm_router.analysis.render import fmt, gib, pct
 from slurm_router.rundir.throughput import WARMUP_FRACTION
+from slurm_router.verdict import contest
 
 DEFINITIONS = [
     "Losses are token-weighted means in nats per token; 'final' is the last held-out evaluation, 'best' the lowest.",
@@ -62,21 +64,25 @@ def document(summary: dict, tables: dict) -> list[tuple]:
     b += [("banner", summary["partial"])] if summary.get("partial") else []
     b += _header(summary.get("header") or {})
     winner = [summary["winner"]["sentence"]] if summary.get("winner") else []
+    winner += [summary["disagreement"]] if summary.get("disagreement") else []  # loss and eval.primary differ
     verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]] + summary.get("pruned", [])
+    verdict += [line for line in [contest.looks_line(summary.get("prune_looks") or [])] if line]
     b += [("h", 2, "Verdict")] + ([("banner", summary["caveat"])] if summary.get("caveat") else [])
     b += [("ul", verdict or ["no variants to compare"])]
-    b += _seeds_section(summary)
+    b += _seeds_section(summary) + _metrics_section(summary)
     if summary["missing"]:
         b += [("h", 2, "What is missing"), ("ul", summary["missing"])]
-    b += _changed_section(summary) + _variants_section(summary, tasks)
+    b += _changed_section(summary) + _variants_section(summary, tasks) + fused.section(summary["variants"])
     if summary.get("links"):
         b += [
             ("h", 2, "Files"),
             ("links", [(n, list(ls.items())) for n, ls in summary["links"].items() if ls]),
             ("p", "Links are relative to this report's folder: open the report inside the run dir, or copy both."),
         ]
+    b += cost.section(summary)  # what the verdict cost: device-hours in all, to the decision, fixed design
     b += _balance_section(tasks, tables["devices"]) + _time_section(tasks)
-    b += [("h", 2, "Job facts"), ("table", pd.DataFrame([_facts_row(n, s["job"]) for n, s in tasks.items()]))]
+    facts = [_facts_row(fused.label(n, s), s["job"]) for n, s in tasks.items()]
+    b += [("h", 2, "Job facts"), ("table", pd.DataFrame(facts))]
     tips = [f"{n}: {a}" for n, s in tasks.items() for a in s.get("advice", [])]
     b += [("h", 3, "Advice"), ("ul", tips or ["nothing stands out"])]
     if summary.get("plots"):
@@ -134,6 +140,45 @@ def _changed_section(summary: dict) -> list[tuple]:
     ]
     what = "config keys whose values differ between the variants (each task's task.json holds its resolved config)"
     return [("h", 2, "What each variant changed"), ("table", pd.DataFrame(rows)), ("p", f"Columns: {what}.")]
+
+
+def _metrics_section(summary: dict) -> list[tuple]:
+    """Per variant and metric (held-out loss, each of eval.metrics): mean and 95% interval (shown with task metrics)."""
+    table = summary.get("metrics") or {}
+    names = list(dict.fromkeys(m for per in table.values() for m in per))
+    if names == ["loss"] or not names:
+        return []
+    rows = []
+    for variant, per in table.items():
+        row = {"variant": variant}
+        for m in names:
+            r = per.get(m)
+            row[m] = f"{r['mean']:.4f} ({r['ci_low']:.4f} to {r['ci_high']:.4f})" if r else "-"
+        rows.append(row)
+    primary = summary.get("primary") or "loss"
+    return [
+        ("h", 2, "Metrics"),
+        ("table", pd.DataFrame(rows)),
+        (
+            "p",
+            "Each variant's mean over its trained seeds and eval batches (loss: nats per token) or examples (task "
+            "metrics, docs/metrics.md), with the 95% interval of that mean (training noise and example noise; "
+            f"examples that share a source count as one). The verdict, prune=true and export follow {primary}.",
+        ),
+    ] + _disagree_block(summary.get("disagree_examples"))
+
+
+def _disagree_block(d: dict | None) -> list[tuple]:
+    """The examples on which the leader and the runner-up differ most (analysis/task_metrics.py), as a list."""
+    from slurm_router.analysis.task_metrics import disagreement_lines
+
+    lines = disagreement_lines(d)
+    if not d or not lines:
+        return []
+    what = (
+        f"Where {d['leader']} and {d['runner_up']} differ most ({d['metric']}; examples as your function numbers them):"
+    )
+    return [("p", what), ("ul", lines)]
 
 
 def _seeds_section(summary: dict) -> list[tuple]:
@@ -257,7 +302,7 @@ def _balance_section(tasks: dict[str, dict], dev: pd.DataFrame) -> list[tuple]:
             continue
         col = lambda name: d.get(name, pd.Series(index=d.index, dtype=float))  # noqa: E731
         b += [
-            ("h", 3, f"{n}: per device"),
+            ("h", 3, f"{fused.label(n, tasks[n])}: per device"),
             (
                 "table",
                 pd.DataFrame(
@@ -298,7 +343,7 @@ def _time_section(tasks: dict[str, dict]) -> list[tuple]:
         st, split = s.get("step_time_s") or {}, s.get("time_split") or {}
         rows.append(
             {
-                "task": n,
+                "task": fused.label(n, s),
                 **{f"step {k}": fmt(st.get(k), ".3f", " s") for k in ("p50", "p95", "max")},
                 **{k: pct(split.get(k)) for k in ("data", "compute", "sync", "other")},
                 "tokens/s": fmt(s.get("tokens_per_s"), ",.0f"),

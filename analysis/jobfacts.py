@@ -1,82 +1,19 @@
 """Job facts per task, in the manner of seff / jobstats: state, elapsed vs time limit, requeues, node,
 allocated vs used devices, CPUs and memory; then plain advice where the numbers make it clear.
 
-Slurm runs (the manifest records job ids, and sacct is on PATH): sacct, parsed with launch/slurm/parse.py.
-Local runs, or no sacct: the manifest (state, elapsed_s, devices) and the events (peaks, utilisation).
+Every run: the manifest (state, elapsed_s, devices) and the events (peaks, utilisation); then what the run's
+scheduler backend adds (a Slurm run's accounting: backends/slurm/jobfacts.py).
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-
 from slurm_router.analysis.load import Task, of_kind
-from slurm_router.launch.slurm.parse import merge_status, parse_duration
-from slurm_router.launch.slurm.status import in_slurm, job_ids, query_slurm, run_command
-from slurm_router.launch.task_status import LOCAL_STATES, normalize_state
+from slurm_router.errors import UserError
 from slurm_router.rundir.events import StartRow
 from slurm_router.rundir.progress import setup_failure
-
-RESOURCE_FIELDS = ("JobID", "Timelimit", "AllocTRES", "NCPUS", "TotalCPU", "MaxRSS", "ReqMem")
-UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
-
-
-def parse_size(text: str) -> float | None:
-    """Slurm sizes ('1000M', '16G', '123456K', '4Gn', '0') -> bytes; '' -> None."""
-    m = re.fullmatch(r"([\d.]+)([KMGTP]?)[nc]?", text.strip())
-    return float(m.group(1)) * UNITS.get(m.group(2), 1) if m else None
-
-
-def parse_cpu_time(text: str) -> float | None:
-    """TotalCPU ('00:06.580', '01:02:03', '1-02:03:04.5') -> seconds."""
-    whole, _, frac = text.strip().partition(".")
-    seconds = parse_duration(whole)
-    return None if seconds is None else seconds + (float(f"0.{frac}") if frac.isdigit() else 0.0)
-
-
-def parse_tres(text: str) -> dict:
-    """AllocTRES 'billing=1,cpu=4,gres/gpu=2,mem=16G,node=1' -> {cpu: 4, gpu: 2, mem_bytes: ..., node: 1}."""
-    out: dict = {}
-    typed = 0
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if key == "cpu" or key == "node":
-            out[key] = int(value) if value.isdigit() else None
-        elif key == "mem":
-            out["mem_bytes"] = parse_size(value)
-        elif key == "gres/gpu" and value.isdigit():
-            out["gpu"] = int(value)
-        elif key.startswith("gres/gpu:") and value.isdigit():  # typed: gres/gpu:h100=2 (beside gres/gpu=2)
-            out["gpu_type"] = key.split(":", 1)[1]
-            typed += int(value)
-    if "gpu" not in out and typed:
-        out["gpu"] = typed
-    return out
-
-
-def parse_sacct_resources(text: str) -> dict[str, dict]:
-    """`sacct -n --parsable2 --format=JobID,Timelimit,AllocTRES,NCPUS,TotalCPU,MaxRSS,ReqMem` (with steps) ->
-    per task id: time limit, allocation, CPU time; MaxRSS is the largest over the task's steps (.batch, .0)."""
-    out: dict[str, dict] = {}
-    for line in text.splitlines():
-        cols = line.split("|")
-        if len(cols) < len(RESOURCE_FIELDS):
-            continue
-        job, limit, tres, ncpus, total_cpu, max_rss, req_mem = (c.strip() for c in cols[: len(RESOURCE_FIELDS)])
-        key, _, step = job.partition(".")
-        row = out.setdefault(key, {})
-        if not step:
-            row.update(
-                time_limit_s=parse_duration(limit),
-                alloc=parse_tres(tres),
-                req_mem_bytes=parse_size(req_mem),
-                ncpus=int(ncpus) if ncpus.isdigit() else None,
-                total_cpu_s=parse_cpu_time(total_cpu),
-            )
-        rss = parse_size(max_rss) if max_rss else None
-        if rss is not None:
-            row["max_rss_bytes"] = max(rss, row.get("max_rss_bytes") or 0)
-    return out
+from slurm_router.scheduler.base import Runner
+from slurm_router.scheduler.registry import run_backend
+from slurm_router.scheduler.task_status import LOCAL_STATES, normalize_state
 
 
 def _event_facts(task: Task) -> dict:
@@ -100,7 +37,9 @@ def _event_facts(task: Task) -> dict:
     return out
 
 
-def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str, dict]:
+def job_facts(manifest: dict, tasks: list[Task], runner: Runner | None = None) -> dict[str, dict]:
+    """Each task's facts from the run dir, then what the run's scheduler adds (scheduler/registry.py: its
+    backend's job_facts; `runner` stands in for its commands in tests)."""
     facts = {t.name: {"source": "local", **_event_facts(t)} for t in tasks}
     f: dict | None
     for t in tasks:
@@ -116,39 +55,11 @@ def job_facts(manifest: dict, tasks: list[Task], runner=run_command) -> dict[str
         f["setup_failed"] = setup_failure(manifest.get("run_dir"), meta.get("job_id"))  # launcher.setup stopped it
         if f["state"] == "CACHED":
             f["source"] = "cache (an earlier run's result)"
-    ids = job_ids(manifest)
-    if not ids or not in_slurm(manifest) or (runner is run_command and not shutil.which("sacct")):
+    try:
+        backend = run_backend(manifest)
+    except UserError:  # a launcher no backend has now: what the run dir knows
         return facts
-    # squeue too: a report job that starts as soon as the stage it waits on has ended (afterany) may ask before
-    # slurmdbd has recorded that end, or a cancelled stage at all; squeue holds them for MinJobAge
-    states = merge_status(manifest, *query_slurm(",".join(ids), runner))
-    resources = parse_sacct_resources(
-        runner(["sacct", "-n", "--parsable2", "-j", ",".join(ids), "--format=" + ",".join(RESOURCE_FIELDS)])
-    )
-    for st in states:
-        f = facts.get(st.variant)
-        if f is None or st.state == "CACHED":  # a cached task was never submitted: nothing in sacct
-            continue
-        f.update(
-            source="sacct",
-            job_id=st.job_id,
-            state=st.state,
-            elapsed_s=st.elapsed_s,
-            exit_code=st.exit_code,
-            reason=st.reason or None,
-            requeues=max(st.requeues, f.get("requeues") or 0),
-            node=st.node or f.get("node"),
-        )
-        res = resources.get(st.job_id, {})
-        alloc = res.get("alloc", {})
-        f["time_limit_s"] = res.get("time_limit_s")
-        f["cpus_allocated"] = alloc.get("cpu") or res.get("ncpus")
-        f["mem_allocated_bytes"] = alloc.get("mem_bytes") or res.get("req_mem_bytes")
-        f["mem_max_rss_bytes"] = res.get("max_rss_bytes")
-        if alloc.get("gpu"):
-            f["devices_allocated"] = alloc["gpu"]
-        if res.get("total_cpu_s") is not None and st.elapsed_s and f["cpus_allocated"]:
-            f["cpu_efficiency"] = res["total_cpu_s"] / (st.elapsed_s * f["cpus_allocated"])
+    backend.job_facts(manifest, facts, runner)
     return facts
 
 
@@ -182,6 +93,8 @@ def advice(f: dict, s: dict) -> list[str]:
         out.append(f"host memory peak {rss / mem:.0%} of the {mem / 2**30:.0f} GiB asked: ask for less")
     if f.get("requeues"):
         out.append(f"requeued {f['requeues']} time(s): steps redone after a requeue are counted once (last attempt)")
+    for lost in f.get("lost_nodes") or []:
+        out.append(f"lost node {lost}; the task was requeued")
     if (s.get("balance_ratio") or 1) > 1.15 and (s.get("devices") or 1) > 1:
         hint = "try router=balanced" if s.get("policy") != "balanced" else "check for a slow or shared device"
         out.append(f"devices wait for the slowest (balance ratio {s['balance_ratio']:.2f}): {hint}")

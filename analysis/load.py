@@ -100,7 +100,7 @@ class Task:
 
     @property
     def pruned(self) -> dict | None:
-        """{step, detail} when prune=true stopped this task at an evaluation (slurm_router/worker/prune.py), else None."""
+        """{step, detail} when prune=true stopped this task at an evaluation (verdict/pruning.py), else None."""
         if not self.end or self.end.get("exit_state") != "pruned":
             return None
         step = self.end.get("step")

@@ -9,7 +9,7 @@ writes md and html. A failed,
 running or requeued run still gets a report of what exists, and says what is missing (damaged event lines
 included: left out and named, never a reason to refuse). A diverged variant (its loss went non-finite) is
 listed as diverged at step N with its lr, and the verdict is among the others; so is a variant that prune=true
-stopped early (slurm_router/worker/prune.py): its line says at which evaluation and why. The verdict names the winner
+stopped early (verdict/pruning.py): its line says at which evaluation and why. The verdict names the winner
 and the path of its adapter (summary.json: `winner`; each variant's `adapter` and `adapter_best`).
 
 Seed replicates (`seeds=3`): summary.json's `variants` stays one entry per task (r8-s0, r8-s1, ...; the
@@ -28,12 +28,13 @@ from typing import Any
 
 import pandas as pd
 
-from slurm_router.analysis import abtest, jobfacts, metrics, plots
+from slurm_router.analysis import abtest, cost, fused, jobfacts, metrics, plots, task_metrics
 from slurm_router.analysis.document import document, task_table
 from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run, make_dir  # noqa: F401  (ReportError: API)
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import to_html, to_markdown
 from slurm_router.rundir.layout import ADAPTER_FILES, RunLayout
+from slurm_router.verdict import sentences
 
 
 def _wall_s(task: Task, facts: dict) -> float | None:
@@ -95,7 +96,7 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     if state == "CACHED" or task.diverged or task.pruned:  # listed with the verdict, not as missing
         return []
     never = (facts.get("reason") or "").partition("DependencyNeverSatisfied: ")[2]
-    if never and not task.has_events:  # cancelled by Slurm: the stage it waited on failed (launch/slurm/parse.py)
+    if never and not task.has_events:  # cancelled by Slurm: the stage it waited on failed (backends/slurm/parse.py)
         return [f"{task.name}: never ran: {never}"]
     log = f"; see {task.meta['log_path']}" if task.meta.get("log_path") else ""
     if facts.get("setup_failed") and state in ("FAILED", "PENDING"):  # PENDING: the manifest's, without sacct
@@ -236,7 +237,7 @@ def partial_line(run_dir: Path, manifest: dict, tasks: list[Task], facts: dict) 
     )
 
 
-def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run_command):
+def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, tasks = load_run(run_dir)
     facts = jobfacts.job_facts(manifest, tasks, runner)
@@ -250,6 +251,11 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
         "variants": {},
     }
     per_task = {t.name: summarize_task(t, facts[t.name], peak_tflops) for t in tasks}
+    for t in tasks:  # a fused group computes its variants' tokens together: the micro rows are in its leader's events
+        leader = per_task.get(t.meta.get("fused_into") or "")
+        if leader is not None and per_task[t.name].get("useful_token_fraction") is None:
+            per_task[t.name]["useful_token_fraction"] = leader.get("useful_token_fraction")
+    fused.apply(per_task, tasks)  # which variants shared a task; each one's share of it (device-hours counted once)
     for t in tasks:
         if t.stage != "base":
             summary["variants"][t.name] = {**per_task[t.name], **saved_weights(run_dir, t.name)}
@@ -265,10 +271,19 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
         summary["base"]["val_loss"] = starts[0]
     summary["diverged"] = [diverged_line(t.name, t.diverged) for t in tasks if t.diverged]
     summary["pruned"] = [t.pruned["detail"] for t in tasks if t.stage != "base" and t.pruned]
+    summary["prune_looks"] = prune_looks(run_dir)  # the run's looks (verdict/contest.py), one line per look
     adapters = {n: v["adapter"] for n, v in summary["variants"].items()}
     summary["by_variant"] = abtest.variant_table(tasks, adapters)
-    summary["ab"] = abtest.compare_all(tasks, adapters)
-    summary["winner"] = abtest.winner(tasks, summary["ab"], adapters)
+    primary = next((str(_task_config(run_dir, t.name).get("eval", {}).get("primary", "loss")) for t in tasks), "loss")
+    # eval.primary decides (config/metrics.py); held-out loss: lower is better
+    higher = primary != "loss" and abtest.metric_directions(tasks).get(primary, True)
+    summary["primary"], summary["metrics"] = primary, abtest.metric_table(tasks)
+    summary["ab"] = abtest.compare_all(tasks, adapters, primary, higher)
+    summary["winner"] = abtest.winner(tasks, summary["ab"], adapters, primary, higher)
+    if primary != "loss":  # held-out loss's own winner, said in one line when it is another variant
+        by_loss = abtest.winner(tasks, abtest.compare_all(tasks, adapters), adapters)
+        summary["disagreement"] = abtest.disagreement(by_loss, summary["winner"], primary)
+        summary["disagree_examples"] = task_metrics.disagreements(tasks, primary, summary["winner"])
     for row in summary["ab"]:
         vs_base = {k: row.get(k) for k in ("diff", "se", "ci_low", "ci_high", "p", "sentence")}
         for table in (summary["by_variant"], summary["variants"]):  # a variant; its task when it has one seed
@@ -278,11 +293,14 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=jobfacts.run
     summary["partial"] = partial_line(run_dir, manifest, tasks, facts)
     summary["header"] = run_header(manifest, per_task, tasks)
     summary["changed"] = variants_changed(run_dir, tasks)
-    summary["caveat"] = abtest.one_seed_caveat(summary["ab"])
+    summary["caveat"] = sentences.one_seed_caveat(summary["ab"])
+    summary["cost"] = cost.account(tasks, per_task, summary["winner"])  # device-hours: in all, to the decision
+    members = fused.members(tasks)
     tables = {
         "steps_detail": pd.concat([metrics.per_step_table(t) for t in tasks] or [pd.DataFrame()]),
-        "devices": pd.concat(
-            [metrics.device_table(t).assign(task=t.name) for t in tasks if len(t.steps)] or [pd.DataFrame()]
+        "devices": pd.concat(  # a fused member's devices are its leader's: shown once, under the leader
+            [metrics.device_table(t).assign(task=t.name) for t in tasks if len(t.steps) and t.name not in members]
+            or [pd.DataFrame()]
         ),
     }
     return summary, tasks, tables
@@ -300,6 +318,8 @@ def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None
     make_dir(out)
     summary["links"] = task_links(run_dir, out, tasks)
     summary["plots"] = plots.all_plots(tasks, summary["base"]["val_loss"], out, summary)
+    curves = task_metrics.curves(tasks)  # eval.metrics over steps (docs/metrics.md)
+    summary["plots"] += [p for p in [task_metrics.plot_curves(curves, out)] if p]
     summary = finite(summary)
     steps = tables["steps_detail"]
     compat = (
@@ -315,6 +335,7 @@ def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None
         "devices.csv": tables["devices"],
         "variants.csv": task_table(summary),
         "ab.csv": pd.DataFrame(summary["ab"]),
+        "metrics.csv": curves,
         "evals.csv": pd.concat(
             [t.evals.assign(task=t.name)[["task", "step", "val_loss"]] for t in tasks if len(t.evals)]
             or [pd.DataFrame(columns=["task", "step", "val_loss"])]
@@ -332,3 +353,15 @@ def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None
 def write_report_job(run_dir: str) -> dict:
     """The last job of a Slurm run: the report, once every stage has ended (afterany)."""
     return write_report(Path(run_dir))
+
+
+def prune_looks(run_dir: Path) -> list[dict]:
+    """RUN_DIR/decisions.jsonl: prune=true's looks, each {look, step, threshold, looks, rows, pruned}."""
+    from slurm_router.worker.prune import read_looks  # the reader the tasks use (a torn line is left out)
+
+    try:
+        looks = read_looks(run_dir)
+    except OSError:  # unreadable: the report goes on without the looks
+        return []
+    keys = ("look", "step", "threshold", "looks", "rows", "pruned")
+    return [{k: row[k] for k in keys if k in row} for row in looks]

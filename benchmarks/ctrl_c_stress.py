@@ -5,8 +5,8 @@ job exit 75, a signal checkpoint or none, resume= bitwise equal to an uninterrup
     python benchmarks/ctrl_c_stress.py --repeats 20 [--points mid_step,during_checkpoint]
 
 Writes benchmarks/results/ctrl_c_stress.md (pass counts per point, the first line of every failure), after
-every run (a stopped run leaves the counts so far). The races this found, and their fixes: docs/ARCHITECTURE.md,
-"Ctrl-C races".
+every run (a stopped run leaves the counts so far). The races this found, and their fixes, are in the git history
+(`git log -S "Ctrl-C races" -- docs/ARCHITECTURE.md`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from provenance import header  # noqa: E402
+from provenance import check, header, write  # noqa: E402
 from test_requeue_local import CTRL_C_POINTS, Reference, ctrl_c_at  # noqa: E402
 
 
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--points", default=",".join(CTRL_C_POINTS), help="comma-separated: " + ", ".join(CTRL_C_POINTS))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ctrl_c_stress.md"))
     args = p.parse_args(argv)
+    check(Path(args.out))
     points = [x for x in args.points.split(",") if x]
     command = f"python benchmarks/ctrl_c_stress.py --repeats {args.repeats}" + (
         f" --points {','.join(points)}" if points != list(CTRL_C_POINTS) else ""
@@ -89,8 +90,7 @@ def _write(out: str, head: list[str], load: tuple, results: dict, repeats: int, 
     for pt, rs in results.items():
         fails = sorted({r for r in rs if r is not None})
         lines.append(f"| {pt} | {sum(r is None for r in rs)} | {len(rs)} | {'; '.join(fails) or '-'} |")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text("\n".join(lines) + "\n")
+    write(Path(out), "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import REPO, header  # noqa: E402
+from provenance import REPO, check, header, write  # noqa: E402
 
 SHAPES = {"default": (2, 4, 128), "gpt2_small": (12, 12, 768)}  # n_layer, n_head, n_embd
 BATCH, MAX_LEN = 16, 256
@@ -159,6 +159,7 @@ def main() -> None:
     p.add_argument("--small-steps", type=int, default=3)
     p.add_argument("--out", default=str(REPO / "benchmarks/results/fused-cpu.md"))
     args = p.parse_args()
+    check(Path(args.out))
     cores = os.cpu_count() or 1
     rows = []
     cases = [("default", int(k), args.steps, args.warmup) for k in args.ks.split(",")]
@@ -196,8 +197,7 @@ def main() -> None:
             f"{per['tokens_per_s']:,.0f} ({per['tokens_per_s'] / t:.2f}x) | {m:,.0f} | "
             f"{fus['rss_mb']:,.0f} ({fus['rss_mb'] / m:.2f}x) | {per['rss_mb']:,.0f} ({per['rss_mb'] / m:.2f}x) |"
         )
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"rows": rows}, indent=1))
+    write(Path(args.out), "\n".join(lines), {"rows": rows})
     print("\n".join(lines))
 
 

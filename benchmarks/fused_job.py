@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import REPO, header  # noqa: E402
+from provenance import REPO, check, header, write  # noqa: E402
 
 GRIDS = {
     2: ["model.lora.r=8,16"],
@@ -95,6 +95,7 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true", help="on a GPU machine: the separate tasks share one GPU")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/fused-job-cpu.md"))
     args = p.parse_args()
+    check(Path(args.out))
     cases = [("default", int(k), args.steps, args.warmup) for k in args.ks.split(",") if k]
     if args.small_k:
         cases.append(("gpt2_small", args.small_k, args.small_steps, 1))
@@ -157,8 +158,7 @@ def main() -> None:
             f"- {r['model']}, {r['variants']} variants: per variant {r['per_variant']['rss_mib'] / one:.2f}x, "
             f"one row {r['row']['rss_mib'] / one:.2f}x"
         )
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"rows": rows}, indent=1))
+    write(Path(args.out), "\n".join(lines), {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 #
 #   bash benchmarks/gpu_checks.sh OUT                   # on the GPU machine (the device tool: OUT=$OUT)
 #   bash benchmarks/gpu_checks.sh OUT --stand-in-cpu    # here, without a GPU: the same steps, small shapes
+# Every result file goes to the work folder (each script's --out), never into benchmarks/results/: results
+# files are committed from a clean commit by hand (benchmarks/provenance.py refuses a dirty tree there).
 #
 # Checks: device (nvidia-smi, versions), poll_cost (telemetry read cost), lora_ab (the experiment end to end
 # with its report), cuda_tests (tests/test_cuda.py: Ctrl-C resume, a real CUDA OOM), throughput (job vs bare
@@ -143,8 +145,10 @@ step packed_rows 150 python3 benchmarks/packed_rows.py --repeats "$([ "$standin"
 
 
 # ---- (f) fused variants (issue 28): 8 GPT-2-small variants in one task against 8 processes sharing the GPU
+# (a stand-in's numbers are CPU numbers: never under a -cuda name)
 if [ "$standin" = 1 ]; then fused_args=(--ks 2 --steps 6 --warmup 2 --small-k 0); else fused_args=(--gpu --ks "" --small-k 8 --small-steps 20 --warmup 5); fi
-step fused 200 python3 benchmarks/fused_job.py "${fused_args[@]}" --out "$work/fused-job-cuda.md"
+step fused 200 python3 benchmarks/fused_job.py "${fused_args[@]}" \
+  --out "$work/fused-job-$([ "$standin" = 1 ] && echo cpu || echo cuda).md"
 
 # ---- (e) 4 variants packed on one GPU vs one after another
 step packing 120 python3 benchmarks/packing.py --shapes 8x512 --steps 60 --out "$work"

@@ -15,7 +15,6 @@ Writes benchmarks/results/memory_dtype.md and .json (a GPU run adds its measured
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
-from provenance import header  # noqa: E402
+from provenance import RESULTS, check, header, write  # noqa: E402
 
 # Llama-3.2-1B's shape (1.24B parameters, tied embeddings), from its config: no download
 LLAMA_1B = dict(
@@ -115,6 +114,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     args = ap.parse_args()
+    check(RESULTS / "memory_dtype.md")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     rows = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
@@ -170,22 +170,8 @@ def main() -> None:
         lines.append(
             "No GPU here: the measured columns (torch.cuda.max_memory_allocated) come from running this on one."
         )
-    out = REPO / "benchmarks" / "results" / "memory_dtype"
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "command": command,
-                "header": head,
-                "gpu": gpu,
-                "batch": args.batch,
-                "seq": args.seq,
-                "shape": LLAMA_1B,
-                "rows": rows,
-            },
-            indent=1,
-        )
-    )
+    data = {"gpu": gpu, "batch": args.batch, "seq": args.seq, "shape": LLAMA_1B, "rows": rows}
+    write(RESULTS / "memory_dtype.md", "\n".join(lines), data)
     print("\n".join(lines))
 
 

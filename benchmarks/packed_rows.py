@@ -12,7 +12,6 @@ Writes benchmarks/results/packed_rows-<device>.md and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobrun import run_job  # noqa: E402
-from provenance import REPO, header  # noqa: E402
+from provenance import RESULTS, check, header, write  # noqa: E402
 
 WARMUP = 5
 LONG_TAIL = [
@@ -42,9 +41,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--out", type=Path, help="also write the result files into this folder")
+    ap.add_argument("--out", type=Path, help="write the result files into this folder, not benchmarks/results/")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = (args.out or RESULTS) / f"packed_rows-{device}.md"
+    check(out)
     model = ["model=gpt2_small", "model.n_positions=1024"] if device == "cuda" else ["model.n_positions=1024"]
     common = [
         "base.enabled=false",
@@ -91,11 +92,7 @@ def main() -> None:
         f"Packed / padded: {med['packed'] / med['padded']:.2f}x tokens/s. Load average (1, 5, 15 min) at "
         f"the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs.",
     ]
-    for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
-        (folder / f"packed_rows-{device}.md").write_text("\n".join(lines) + "\n")
-        (folder / f"packed_rows-{device}.json").write_text(
-            json.dumps({"device": gpu or device, "runs": runs, "ratio": med["packed"] / med["padded"]}, indent=1)
-        )
+    write(out, "\n".join(lines), {"device": gpu or device, "runs": runs, "ratio": med["packed"] / med["padded"]})
     print("\n".join(lines))
 
 

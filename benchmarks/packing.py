@@ -1,8 +1,11 @@
 """Variant packing: 4 GPT-2-small LoRA variants on ONE GPU, packed (resources.tasks_per_gpu=4) against one
-after another (tasks_per_gpu=1). Aggregate tokens/s = all variants' trained tokens / wall time of the stage.
+after another (tasks_per_gpu=1), in steady state: each task's first --warmup steps (and its process start-up)
+are left out. One after another: the timed steps' tokens / their summed wall time (what one task sustains
+alone). Packed: the tokens of every task's steps that end while all four are past warm-up and still running,
+over that shared window; the window's share of the packed stage is printed beside it.
 
     python benchmarks/packing.py            # needs one NVIDIA GPU; writes benchmarks/results/packing.md
-    python benchmarks/packing.py --shapes 8x512,4x256 --steps 60 --out DIR    # more shapes; a copy into DIR
+    python benchmarks/packing.py --shapes 8x512,4x256 --steps 60 --out DIR    # more shapes; into DIR instead
 
 On a machine without a GPU it says so and writes nothing (packing is about idle GPU capacity).
 """
@@ -17,10 +20,25 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import REPO, header  # noqa: E402
+from provenance import RESULTS, check, header, write  # noqa: E402
 
 
-def run(tasks_per_gpu: int, tmp: Path, batch: int, seq: int, steps: int) -> dict:
+def steady(tasks: list[list[dict]], tasks_per_gpu: int, warmup: int) -> dict:
+    """Steady-state aggregate tokens/s from each task's step rows (a step ends at its row's "time")."""
+    timed = [rows[warmup:] for rows in tasks]
+    starts = [rows[warmup - 1]["time"] if warmup else rows[0]["time"] - rows[0]["t_step_s"] for rows in tasks]
+    if tasks_per_gpu == 1:
+        tokens = sum(r["n_tokens"] for rows in timed for r in rows)
+        return {"tokens_per_s": tokens / sum(rows[-1]["time"] - s for rows, s in zip(timed, starts)), "overlap": 1.0}
+    t0, t1 = max(starts), min(rows[-1]["time"] for rows in timed)
+    if t1 <= t0:
+        raise RuntimeError("the packed tasks never ran past warm-up together: raise --steps")
+    tokens = sum(r["n_tokens"] for rows in timed for r in rows if t0 < r["time"] <= t1)
+    stage = max(rows[-1]["time"] for rows in timed) - min(starts)
+    return {"tokens_per_s": tokens / (t1 - t0), "overlap": (t1 - t0) / stage}
+
+
+def run(tasks_per_gpu: int, tmp: Path, batch: int, seq: int, steps: int, warmup: int) -> dict:
     variants = [f"+variants.v{i}.train.lr={1e-4 * (i + 1)}" for i in range(4)]
     args = [
         sys.executable,
@@ -45,28 +63,23 @@ def run(tasks_per_gpu: int, tmp: Path, batch: int, seq: int, steps: int) -> dict
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-3000:])
     run_dir = Path(out.stdout.strip().splitlines()[-1].split("run_dir: ", 1)[1])
-    spans, tokens, ooms = [], 0, 0
-    for f in run_dir.glob("tasks/v*/events-rank0.jsonl"):
+    tasks = []
+    for f in sorted(run_dir.glob("tasks/v*/events-rank0.jsonl")):
         rows = [json.loads(line) for line in f.read_text().splitlines()]
-        steps_rows = [r for r in rows if r["event"] == "step"]
-        spans.append((steps_rows[0]["time"] - steps_rows[0]["t_step_s"], steps_rows[-1]["time"]))
-        tokens += sum(r["n_tokens"] for r in steps_rows)
-        ooms += sum(r.get("oom_retries", 0) for r in steps_rows)
-    wall = max(e for _, e in spans) - min(s for s, _ in spans)
-    return {
-        "tasks_per_gpu": tasks_per_gpu,
-        "aggregate_tokens_per_s": tokens / wall,
-        "wall_s": wall,
-        "oom_retries": ooms,
-    }
+        tasks.append(sorted((r for r in rows if r["event"] == "step"), key=lambda r: r["time"]))
+    ooms = sum(r.get("oom_retries", 0) for rows in tasks for r in rows)
+    return {"tasks_per_gpu": tasks_per_gpu, **steady(tasks, tasks_per_gpu, warmup), "oom_retries": ooms}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8x512", help="global batch x sequence length, comma-separated")
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--out", type=Path, help="also write the result file into this folder")
+    ap.add_argument("--warmup", type=int, default=10, help="each task's first steps, left out of tokens/s")
+    ap.add_argument("--out", type=Path, help="write the result files into this folder, not benchmarks/results/")
     args = ap.parse_args()
+    folder = args.out or RESULTS
+    check(folder / "packing.md")
     import torch
 
     if not torch.cuda.is_available():
@@ -77,28 +90,29 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         batch, seq = (int(v) for v in shape.split("x"))
-        serial, packed = run(1, tmp, batch, seq, args.steps), run(4, tmp, batch, seq, args.steps)
-        rows.append((batch, seq, serial, packed))
-    command = f"python benchmarks/packing.py --shapes {args.shapes} --steps {args.steps}"
+        serial = run(1, tmp, batch, seq, args.steps, args.warmup)
+        rows.append((batch, seq, serial, run(4, tmp, batch, seq, args.steps, args.warmup)))
+    command = f"python benchmarks/packing.py --shapes {args.shapes} --steps {args.steps} --warmup {args.warmup}"
     lines = [
         f"# Variant packing ({torch.cuda.get_device_name()})",
         "",
         *header(command),
         "",
         f"4 GPT-2-small LoRA r16 variants, {args.steps} steps each, one GPU: `resources.tasks_per_gpu=4` "
-        "(packed) against 1 (one after another). Aggregate tokens/s = every variant's trained tokens / wall "
-        "time from the first variant's first step to the last variant's last step.",
+        f"(packed) against 1 (one after another). Steady-state aggregate tokens/s: each task's first "
+        f"{args.warmup} steps and its start-up left out (the script's docstring says how); overlap = the share "
+        "of the packed stage during which all four tasks were past warm-up and running.",
         "",
-        "| batch | one after another tokens/s | packed x4 tokens/s | ratio | OOM retries (packed) |",
-        "|---|---:|---:|---:|---:|",
+        "| batch | one after another tokens/s | packed x4 tokens/s | ratio | overlap | OOM retries (packed) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for batch, seq, s, p in rows:
         lines.append(
-            f"| {batch} x {seq} | {s['aggregate_tokens_per_s']:,.0f} | {p['aggregate_tokens_per_s']:,.0f} | "
-            f"{p['aggregate_tokens_per_s'] / s['aggregate_tokens_per_s']:.2f} | {p['oom_retries']} |"
+            f"| {batch} x {seq} | {s['tokens_per_s']:,.0f} | {p['tokens_per_s']:,.0f} | "
+            f"{p['tokens_per_s'] / s['tokens_per_s']:.2f} | {p['overlap']:.0%} | {p['oom_retries']} |"
         )
-    for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
-        (folder / "packing.md").write_text("\n".join(lines) + "\n")
+    data = {"gpu": torch.cuda.get_device_name(), "warmup_steps": args.warmup, "rows": rows}
+    write(folder / "packing.md", "\n".join(lines), data)
     print("\n".join(lines))
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobrun import run_job  # noqa: E402
-from provenance import REPO, header  # noqa: E402
+from provenance import RESULTS, header, write  # noqa: E402
 
 WARMUP = 5
 THREADS = 2
@@ -319,10 +319,10 @@ def main() -> None:
         f"Load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
         f"on {os.cpu_count()} CPUs."
     )
-    out = REPO / "benchmarks" / "results" / "peers-cpu"
-    out.with_suffix(".md").write_text("\n".join(lines))
-    out.with_suffix(".json").write_text(
-        json.dumps({"rows": table, "raw": {f"{c}/{n}": v for (c, n), v in runs.items()}}, indent=1)
+    write(
+        RESULTS / "peers-cpu.md",
+        "\n".join(lines),
+        {"rows": table, "raw": {f"{c}/{n}": v for (c, n), v in runs.items()}},
     )
     print("\n".join(lines))
 

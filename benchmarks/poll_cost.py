@@ -1,5 +1,5 @@
 """What one telemetry read costs, per call, on this machine's device: why the router never polls the device
-per decision (docs/ARCHITECTURE.md) and reads the state workers report between steps instead.
+per decision (docs/throughput.md, "Measured on a GPU") and reads the state workers report between steps instead.
 
     python benchmarks/poll_cost.py            # GPU if present (torch.cuda and NVML), else the CPU's psutil reads
 
@@ -10,7 +10,6 @@ REPEATS calls (after WARMUP), and the spread (10th-90th percentile).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import REPO, header  # noqa: E402
+from provenance import RESULTS, check, header, write  # noqa: E402
 
 REPEATS, WARMUP = 2000, 50
 
@@ -63,9 +62,11 @@ def reads(device: str) -> dict[str, Callable[[], object]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="also write the result files into this folder")
+    ap.add_argument("--out", type=Path, help="write the result files into this folder, not benchmarks/results/")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = (args.out or RESULTS) / f"poll_cost-{device}.md"
+    check(out)
     rows = {name: per_call_us(read) for name, read in reads(device).items()}
     lines = [
         f"# Telemetry read cost ({device})",
@@ -78,9 +79,7 @@ def main() -> None:
         "|---|---:|---:|",
     ]
     lines += [f"| `{n}` | {r['median_us']:.2f} | {r['p10_us']:.2f}-{r['p90_us']:.2f} |" for n, r in rows.items()]
-    for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
-        (folder / f"poll_cost-{device}.md").write_text("\n".join(lines) + "\n")
-        (folder / f"poll_cost-{device}.json").write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    write(out, "\n".join(lines), {"device": device, "rows": rows})
     print("\n".join(lines))
 
 

@@ -1,6 +1,6 @@
-"""prune=true on real tasks (issue 31): how often and how early a planted loser is pruned, and how often an equal
-variant is, by the real protocol (real workers, the local queue, evals.jsonl read as tasks reach their
-evaluations), not by simulated tables (verdict_calibration.py).
+"""prune=true on real tasks: how often and how early a planted loser is pruned, and how often an equal variant is,
+by the real protocol (real workers, the local queue, the run's looks taken as tasks reach their evaluations and
+recorded once in decisions.jsonl), not by simulated tables (verdict_calibration.py, prune_protocol.py).
 
     python benchmarks/prune_real.py [--repeats 5] [--seeds 3] [--steps 8] [--out benchmarks/results/prune_real]
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import REPO, header  # noqa: E402
+from provenance import REPO, check, header, write  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "prune_real"
 VARIANTS = "+variants={a: {train: {lr: 5e-3}}, b: {train: {lr: 5e-3}}, loser: {train: {lr: 1e-6}}}"
@@ -66,7 +66,18 @@ def one_run(root: Path, repeat: int, n_seeds: int, steps: int) -> dict:
             "compared_step": r.get("compared_step") if pruned else None,
             "best": r.get("best") if pruned else None,
         }
-    return {"repeat": repeat, "seconds": seconds, "tasks": tasks, "layout_note": "can never be compared" in proc.stderr}
+    looks = (
+        [json.loads(line) for line in (run_dir / "decisions.jsonl").read_text().splitlines()]
+        if (run_dir / "decisions.jsonl").is_file()
+        else []
+    )
+    return {
+        "repeat": repeat,
+        "seconds": seconds,
+        "tasks": tasks,
+        "looks": [{"look": x["look"], "step": x["step"], "pruned": x["pruned"]} for x in looks],
+        "layout_note": "can never be compared" in proc.stderr,
+    }
 
 
 def rates(runs: list[dict], variants: tuple[str, ...]) -> dict:
@@ -92,6 +103,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="train.steps (evaluations every 2 steps before the last)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results path without suffix (.md and .json)")
     args = ap.parse_args()
+    check(args.out.with_suffix(".md"))
     command = "python benchmarks/prune_real.py" + "".join(
         f" --{k} {v}"
         for k, v, d in (("repeats", args.repeats, 5), ("seeds", args.seeds, 3), ("steps", args.steps, 8))
@@ -123,6 +135,10 @@ def main() -> None:
         "load_after": load_after,
     }
 
+    looks_taken = ", ".join(str(len(r["looks"])) for r in runs)
+    fixed = sum(len(r["tasks"]) for r in runs) * args.steps
+    trained = sum(t["pruned_at"] or args.steps for r in runs for t in r["tasks"].values())
+
     def share(n: int, d: int) -> str:
         return f"{n}/{d} ({100 * n / d:.0f}%)" if d else "0/0"
 
@@ -150,11 +166,11 @@ def main() -> None:
     lines += [
         "",
         f"Runs that printed the layout note (no comparison possible): {res['layout_notes']} of {args.repeats}. "
+        f"Looks a run took (decisions.jsonl): {looks_taken}. Training steps the tasks ran: {trained} of "
+        f"{fixed} the fixed design runs ({100 * trained / fixed:.0f}%). "
         f"Median wall time of a run: {statistics.median(r['seconds'] for r in runs):.0f} s.",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    write(args.out.with_suffix(".md"), "\n".join(lines), res)
     print("\n".join(lines))
 
 

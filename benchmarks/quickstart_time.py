@@ -11,7 +11,6 @@ Writes benchmarks/results/quickstart.md and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import REPO, header  # noqa: E402
+from provenance import REPO, check, header, write  # noqa: E402
 
 COMMAND = ["+experiment=lora_ab"]
 RESULTS = REPO / "benchmarks" / "results" / "quickstart"
@@ -41,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1, help="fresh + cached pairs (each fresh one with a new cache)")
     args = ap.parse_args()
+    check(RESULTS.with_suffix(".md"))
     command = "python benchmarks/quickstart_time.py" + (f" --repeats {args.repeats}" if args.repeats != 1 else "")
     head = header(command)  # the commit the runs start from
     load_before = os.getloadavg()
@@ -78,8 +78,7 @@ def main() -> None:
         f"| fresh | {res['fresh_median_s']:.0f} |",
         f"| base cached | {res['cached_median_s']:.0f} |",
     ]
-    RESULTS.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    RESULTS.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    write(RESULTS.with_suffix(".md"), "\n".join(lines), res)
     print("\n".join(lines))
 
 

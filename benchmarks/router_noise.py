@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provenance import header
+from provenance import check, header, write
 from router_common import REPO, machine_info, mean, median
 from workloads import lognormal_lengths, sample_batches
 
@@ -225,7 +225,7 @@ def _steps(xs) -> str:
 
 
 def to_markdown(res: dict) -> str:
-    m = res["machine"]
+    m = res["machine_info"]
     la0, la1 = res["load_before"], res["load_after"]
     lines = [
         "# Speed models side by side (router.speed_model)",
@@ -328,6 +328,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--no-real", action="store_true", help="the simulation only (seconds)")
     args = ap.parse_args()
+    if not args.no_real:
+        check(Path(args.out) / "router_noise.md")
     t0 = time.perf_counter()
     command = "python benchmarks/router_noise.py" + "".join(
         f" --{k.replace('_', '-')} {v}"
@@ -337,7 +339,7 @@ def main() -> None:
     res = {
         "command": command,
         "header": header(command),
-        "machine": machine_info(),
+        "machine_info": machine_info(),
         "load_before": load_average(),
         "steps": args.steps,
         "slow_steps": args.slow_steps,
@@ -370,10 +372,7 @@ def main() -> None:
     if args.no_real:  # a quick look: nothing written
         print(json.dumps(res["simulation"], indent=1))
         return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "router_noise.json").write_text(json.dumps(res, indent=1))
-    (out / "router_noise.md").write_text(to_markdown(res))
+    write(Path(args.out) / "router_noise.md", to_markdown(res), res)
     print(to_markdown(res))
 
 

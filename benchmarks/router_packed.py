@@ -23,7 +23,7 @@ from workloads import lognormal_lengths, sample_batches, stdlib_lengths
 
 from slurm_router.router import Router, RouterSettings
 
-# The true row: ~31k tokens/s (packed_rows-cpu.md's gpt2_tiny on 2 CPU threads), a micro-batch's fixed cost
+# The true row: ~31k tokens/s (benchmarks/packed_rows.py's gpt2_tiny on 2 CPU threads, as last measured), a micro-batch's fixed cost
 # worth 400 tokens (the probe: far above the default microbatch_overhead_tokens=16), and attention adding
 # len/2048 per token (assumed: +25% at 512 tokens).
 PER_TOKEN_S = 32e-6

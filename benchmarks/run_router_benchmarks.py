@@ -8,7 +8,6 @@ the memory benchmark trains real CPU micro-batches; the rest is the cost model),
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -23,7 +22,7 @@ import router_heterogeneity  # noqa: E402
 import router_memory  # noqa: E402
 import router_packed  # noqa: E402
 import router_simulation  # noqa: E402
-from provenance import header  # noqa: E402
+from provenance import check, header, write  # noqa: E402
 from router_common import machine_info  # noqa: E402
 
 
@@ -105,7 +104,7 @@ def mean_of(xs) -> float:
 def packed(out: Path, command: str) -> None:
     """router_packed.md and .json: the fitted row cost against the fixed default, simulated (deterministic)."""
     t0 = time.perf_counter()
-    res = {"command": command, "header": header(command), "machine": machine_info()}
+    res = {"command": command, "header": header(command), "machine_info": machine_info()}
     res["packed"] = router_packed.run()
     res["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in router_packed.targets(res["packed"])]
     res["wall_s"] = time.perf_counter() - t0
@@ -121,9 +120,7 @@ def packed(out: Path, command: str) -> None:
         *targets_table(res["targets"]),
     ]
     md += ["", router_packed.to_markdown(res["packed"])]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "router_packed.md").write_text("\n".join(md) + "\n")
-    (out / "router_packed.json").write_text(json.dumps(res, indent=1))
+    write(out / "router_packed.md", "\n".join(md), res)
     print("\n".join(md[: md.index("## Targets") + 4 + len(res["targets"])]))
     print(f"\nwrote {out / 'router_packed.md'} and {out / 'router_packed.json'} in {res['wall_s']:.0f} s")
 
@@ -140,12 +137,18 @@ def main() -> None:
     ap.add_argument("--packed-only", action="store_true", help="only the packed rows' cost (router_packed.md)")
     ap.add_argument("--out", default=str(HERE / "results"), help="output folder")
     args = ap.parse_args()
+    check(Path(args.out) / "router.md")
     if args.packed_only:
         packed(Path(args.out), "python benchmarks/run_router_benchmarks.py --packed-only")
         return
     t0 = time.perf_counter()
     command = "python benchmarks/run_router_benchmarks.py" + (" --fast" if args.fast else "")
-    res = {"command": command, "header": header(command), "machine": machine_info(), "load_before": os.getloadavg()}
+    res = {
+        "command": command,
+        "header": header(command),
+        "machine_info": machine_info(),
+        "load_before": os.getloadavg(),
+    }
     res["balance"] = router_balance.run(10 if args.fast else router_balance.N_BATCHES)
     res["heterogeneity"] = router_heterogeneity.run()
     res["decision_cost"] = router_decision_cost.run(fast=args.fast)
@@ -181,9 +184,7 @@ def main() -> None:
         router_memory.to_markdown(res["memory"]),
     ]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "router.md").write_text("\n".join(md) + "\n")
-    (out / "router.json").write_text(json.dumps(res, indent=1))
+    write(out / "router.md", "\n".join(md), res)
     print("\n".join(md[: md.index("## Targets") + 4 + len(res["targets"])]))
     print(f"\nwrote {out / 'router.md'} and {out / 'router.json'} in {res['wall_s']:.0f} s")
     packed(out, command)

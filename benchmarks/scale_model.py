@@ -1,5 +1,5 @@
 """The scale model's figures: what grows with the device count D, measured here where this machine can, the
-rest as arithmetic (docs/ARCHITECTURE.md, "At scale").
+rest as arithmetic (docs/design/scale.md, "At scale").
 
 Measured (this machine, CPU):
   - one balanced plan of 8 samples per device, and the robust speed model's update for D devices, D = 8..512
@@ -13,14 +13,13 @@ ring all-reduce times at NVLink and InfiniBand bandwidths.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
 import time
 from pathlib import Path
 
-from provenance import header
+from provenance import check, header, write
 from router_common import machine_info, median
 from workloads import lognormal_lengths, sample_batches
 
@@ -184,20 +183,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
+    check(Path(args.out) / "scale_model.md")
     command = "python benchmarks/scale_model.py"
     res = {
         "command": command,
         "header": header(command),
-        "machine": machine_info(),
+        "machine_info": machine_info(),
         "load": os.getloadavg(),
         "plan": plan_times(),
         "collectives": collectives(),
     }
     res["load_after"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scale_model.json").write_text(json.dumps(res, indent=1))
-    (out / "scale_model.md").write_text(to_markdown(res))
+    write(Path(args.out) / "scale_model.md", to_markdown(res), res)
     print(to_markdown(res))
 
 

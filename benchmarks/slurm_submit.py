@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from provenance import header  # noqa: E402
+from provenance import check, header, write  # noqa: E402
 
-from slurm_router.launch.slurm.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch  # noqa: E402
+from slurm_router.backends.slurm.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "slurm_submit.md"
 
@@ -140,6 +140,8 @@ def main() -> int:
     parser.add_argument("--partition", default="debug")
     parser.add_argument("--no-write", action="store_true", help="print only, do not write the results file")
     args = parser.parse_args()
+    if not args.no_write:
+        check(RESULTS)
     if shutil.which("sbatch") is None:
         print("error: sbatch not on PATH; run scripts/slurm_test_cluster.sh first", file=sys.stderr)
         return 2
@@ -200,8 +202,7 @@ def main() -> int:
     )
     print(text)
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(text)
+        write(RESULTS, text)
         print(f"wrote {RESULTS}")
     return 0
 

@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from provenance import header  # noqa: E402
+from provenance import check, header  # noqa: E402
+from provenance import write as write_results  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "sweep_plan.md"
 LRS = ("1e-4", "2e-4", "3e-4", "5e-4", "1e-3", "2e-3", "3e-3", "5e-3", "1e-2", "2e-2")
@@ -43,17 +44,17 @@ def phases(args: list[str], run_root: str, held: bool = False) -> dict[str, floa
     """The steps of __main__.run, each timed (the launcher's check, the model check and the corpus included).
     held: submitted for real, held back by --begin, then cancelled."""
     from slurm_router.cli.checks import check_models, tokenizer
-    from slurm_router.config.compose import compose_grid
+    from slurm_router.config.compose import compose
     from slurm_router.config.variants import validate
     from slurm_router.launch.base import launch
     from slurm_router.launch.plan import make_plan
-    from slurm_router.launch.registry import launcher_class
     from slurm_router.rundir.lock import own_run, release_all
     from slurm_router.rundir.manifest import create_run_dir, new_run_dir
+    from slurm_router.scheduler.registry import launcher_class
     from slurm_router.train.data import build_corpus
 
     t = {"start": time.perf_counter()}
-    cfg = compose_grid([*args, *COMMON, *(HELD if held else []), f"run_root={run_root}"], multirun=True)
+    cfg = compose([*args, *COMMON, *(HELD if held else []), f"run_root={run_root}"], multirun=True)
     t["compose + grid"] = time.perf_counter()
     variants = validate(cfg)
     run_id, run_dir = new_run_dir(cfg)
@@ -100,9 +101,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     opts = ap.parse_args()
+    check(RESULTS)
     t0 = time.perf_counter()
     import slurm_router.__main__  # noqa: F401
-    import slurm_router.launch.slurm.sbatch_launcher  # noqa: F401
+    import slurm_router.backends.slurm.sbatch_launcher  # noqa: F401
     import slurm_router.rundir.manifest  # noqa: F401
     import slurm_router.train.data  # noqa: F401
 
@@ -167,7 +169,7 @@ def write(rows: dict, imports_s: float, wall: dict, repeats: int) -> None:
         "as its task.json (one fsync each).",
         "",
     ]
-    RESULTS.write_text("\n".join(lines))
+    write_results(RESULTS, "\n".join(lines))
     print(RESULTS.read_text())
 
 

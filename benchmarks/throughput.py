@@ -31,7 +31,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from provenance import header  # noqa: E402
+from provenance import RESULTS, check, header, write  # noqa: E402
 
 from slurm_router.worker.profile import PROFILE_OUT_ENV, PROFILE_STEP_ENV, top_operators  # noqa: E402
 
@@ -175,10 +175,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, interleaved")
     ap.add_argument("--profile", action="store_true", help="also profile one step of the bare loop and the job")
-    ap.add_argument("--out", type=Path, help="also write the result files into this folder")
+    ap.add_argument("--out", type=Path, help="write the result files into this folder, not benchmarks/results/")
     ap.add_argument("--only", help="the configurations to run, by letter (e.g. a,b,c); default all")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    folder = args.out or RESULTS
+    check(folder / f"throughput-{device}.md")
     s = shapes(device)
     if args.quick:
         s.update(steps=8, warmup=2)
@@ -236,14 +238,10 @@ def main() -> None:
         lines.append(
             f"| {name} | {r['tokens_per_s']:,.0f} ({spread}) | {r['tokens_per_s'] / base:.2f} | {mfu} | {mem} |"
         )
-    for folder in [REPO / "benchmarks" / "results", *([args.out] if args.out else [])]:
-        out = folder / f"throughput-{device}"
-        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        out.with_suffix(".json").write_text(
-            json.dumps({"device": device, "gpu": gpu, "shapes": s, "rows": rows}, indent=1)
-        )
-        if profiles:
-            (folder / f"throughput-{device}-profile.txt").write_text("\n\n".join(profiles) + "\n")
+    data = {"device": device, "gpu": gpu, "shapes": s, "rows": rows}
+    write(folder / f"throughput-{device}.md", "\n".join(lines), data)
+    if profiles:
+        (folder / f"throughput-{device}-profile.txt").write_text("\n\n".join(profiles) + "\n")
     print("\n".join(lines))
     print("\n\n".join(profiles))
 

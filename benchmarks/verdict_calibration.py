@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
-from slurm_router.analysis import stats
-from slurm_router.analysis.abtest import paired_bootstrap
+from slurm_router.verdict import stats
+from slurm_router.verdict.sentences import paired_bootstrap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import REPO, header  # noqa: E402
+from provenance import REPO, check, header, write  # noqa: E402
 
 ALPHA = 0.05
 RESULTS = Path(__file__).resolve().parent / "results" / "verdict_calibration.md"
@@ -167,12 +167,12 @@ def prune_rates(
     noise: Noise = Noise(),
     single_seed_ok: bool = False,
 ) -> tuple[float, float]:
-    """prune=true (slurm_router/worker/prune.py) over `looks` evaluations of len(effects) variants (the first is the
+    """prune=true (slurm_router/verdict/pruning.py) over `looks` evaluations of len(effects) variants (the first is the
     best; effect > 0 is worse by that much): (the share of draws where a variant as good as the best is ever
     pruned, the share where each worse variant is pruned, averaged). Each look draws fresh tables: evaluations
     of one run are correlated over time, which only lowers the first rate (Bonferroni holds under any
     dependence). single_seed_ok: what the rule would do if it pruned on eval-sample noise alone."""
-    from slurm_router.worker import prune
+    from slurm_router.verdict import pruning
 
     rng = np.random.default_rng(seed)
     names = [f"v{i}" for i in range(len(effects))]
@@ -186,7 +186,7 @@ def prune_rates(
             gone |= {
                 n
                 for n in names
-                if n not in gone and prune.decide(groups, n, look + 1, looks, single_seed_ok=single_seed_ok)
+                if n not in gone and pruning.decide(groups, n, look + 1, looks, single_seed_ok=single_seed_ok)
             }
         false_prunes += bool(gone & set(equal))
         caught += len(gone & set(worse))
@@ -203,7 +203,7 @@ def prune_section(n: int) -> list[str]:
     """prune=true: how often an equally good variant is stopped, and how often a worse one is."""
     lines = [
         "",
-        "## prune=true: early stops (slurm_router/worker/prune.py)",
+        "## prune=true: early stops (slurm_router/verdict/pruning.py)",
         "",
         f"3 variants, 4 in-training evaluations (each a fresh draw), {n} simulated runs per cell, default "
         "noise. A/A: all three equally good, the share of runs where any variant is ever pruned (wanted: at "
@@ -363,6 +363,8 @@ def main() -> None:
         help="print only the prune=true section (a quick look; the results file is not written)",
     )
     args = parser.parse_args()
+    if not args.prune_only:
+        check(RESULTS)
     n = args.draws
     if args.prune_only:
         return print_prune_section(min(n, 1000))
@@ -439,7 +441,7 @@ def main() -> None:
     elif args.run:
         lines += real_run(args.run)
     lines += ["", f"Computed in {time.time() - t0:.0f} s; load average (1 min) {os.getloadavg()[0]:.2f} at the end."]
-    RESULTS.write_text("\n".join(lines) + "\n")
+    write(RESULTS, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -2,7 +2,7 @@
 # The tools that hold the code's shape (seconds each; installed by the test extra, pyproject.toml):
 #   ruff check       pyflakes, pycodestyle's errors, import order ([tool.ruff] in pyproject.toml)
 #   ruff format      the formatter's style (black's, 120 columns): --check fails on a file it would change
-#   lint-imports     the import contracts: rooms in layers, a pure router, the leaves, no cycles between
+#   lint-imports     the import contracts: rooms in layers, a pure router and verdict, the leaves, no cycles between
 #                    sibling packages ([tool.importlinter]; docs/ARCHITECTURE.md, "Rooms")
 #   mypy             types over slurm_router/ and analysis/ (through slurm_router/analysis), [tool.mypy]: mypy's
 #                    default strictness (annotated functions checked, untyped ones not), missing stubs ignored

@@ -23,6 +23,7 @@ CPUS="${SLURM_MN_CPUS:-4}"
 ACCOUNTING="${SLURM_MN_ACCOUNTING:-1}"
 CLUSTER=slurmmn
 PARTITION=mn
+URGENT=mnurgent   # a higher-priority partition whose jobs preempt those of $PARTITION
 CTL_PORT=6917
 SLURMD_PORT=6918
 SUBNET="${SLURM_MN_SUBNET:-10.231.0}"   # a /24 nothing else on the machine routes
@@ -244,7 +245,12 @@ InactiveLimit=0
 MailProg=/bin/true
 SlurmdTimeout=60
 $ACCT
-${NODE_LINES}PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# Preemption as a site configures it (tests/test_slurm_preempt.py): a job of partition $URGENT (PriorityTier=2)
+# preempts jobs of $PARTITION, which Slurm requeues (SIGTERM now, SIGKILL after GraceTime)
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+${NODE_LINES}PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+PartitionName=$URGENT Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
 write_if_changed "$ETC/gres.conf" 644 <<<"${GRES_LINES%$'\n'}"
 
@@ -277,9 +283,9 @@ nodes_ready() { [[ $(mn sinfo -h -p "$PARTITION" -o '%t %D' | awk '$1 ~ /^(idle|
 if ! wait_for 30 nodes_ready; then
     mn scontrol update nodename="$(node_of 1)-$NODES" state=resume 2>/dev/null || true
     for ((i = 1; i <= NODES; i++)); do mn scontrol update nodename="$(node_of "$i")" state=resume 2>/dev/null || true; done
-    wait_for 15 nodes_ready || die "nodes not ready: $(mn sinfo -h -N -o '%N=%t' | tr '\n' ' ') (see $LOG/slurmd-*.log)"
+    wait_for 15 nodes_ready || die "nodes not ready: $(mn sinfo -h -N -p "$PARTITION" -o '%N=%t' | tr '\n' ' ') (see $LOG/slurmd-*.log)"
 fi
-step "$NODES nodes up: $(mn sinfo -h -N -o '%N=%t' | tr '\n' ' ')(export SLURM_CONF=$CONF)"
+step "$NODES nodes up: $(mn sinfo -h -N -p "$PARTITION" -o '%N=%t' | tr '\n' ' ')(export SLURM_CONF=$CONF)"
 
 [[ $MODE == check ]] || exit 0
 

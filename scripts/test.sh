@@ -27,22 +27,27 @@ fi
 
 # torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build onto a CPU machine.
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.13.0"
-python3 -m pip install -q -e ".[test,tracking]"
+python3 -m pip install -q -e ".[test,tracking,docs,lm-eval]"   # docs: mkdocs (test_docs_build.py); lm-eval: test_metrics.py
 bash scripts/lint.sh            # ruff and the import contracts first: seconds, and a broken shape fails at once
 
+# Outside CI a tier that cannot be installed is skipped, and said so; in CI (CI=true) that stops the run.
+missing() {
+  if [ "${CI:-}" = true ]; then echo "test.sh: FAILED in CI (CI=true): $1; every tier must run there" >&2; exit 1; fi
+  echo "test.sh: $1: $2 will be skipped" >&2
+}
 if [ -n "$quick" ]; then
   :   # the quick tier's tests need neither Slurm nor a browser (tests/conftest.py QUICK_FILES, QUICK_RUN)
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/slurm_test_cluster.sh
   # a second, 2-node cluster beside it (slurmd in network namespaces) for tests/test_multinode.py
   bash scripts/slurm_multinode_cluster.sh --nodes 2 \
-    || echo "test.sh: multi-node cluster not available: the multi-node tests will be skipped" >&2
+    || missing "multi-node cluster not available" "the multi-node tests"
   # headless Chromium opens report.html in the report test (the cluster script ran apt-get update)
   install_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }
   command -v chromium >/dev/null || install_chromium || { apt-get update -qq && install_chromium; } \
-    || echo "test.sh: chromium not installed: the report screenshot test will be skipped" >&2
+    || missing "chromium not installed" "the report screenshot test"
 else
-  echo "test.sh: not root or no apt-get: the Slurm and screenshot tests will be skipped" >&2
+  missing "not root or no apt-get" "the Slurm and screenshot tests"
 fi
 
 # Most tests wait on Slurm or on worker processes: files run side by side (a file's tests stay together, in

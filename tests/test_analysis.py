@@ -282,7 +282,8 @@ def test_two_runs_side_by_side(run_dir, analysis_root, tmp_path, capsys):
     # the printed table has formatted numbers (no raw floats like 8505.535067)
     table_lines = printed[printed.index("run variant") :].splitlines()[1:5]
     assert table_lines and not re.search(r"\d\.\d{5,}", "\n".join(table_lines)), table_lines
-    assert all(re.search(r" \d\.\d{4} +[\d,]+ +\d\.\d\dx ", line) for line in table_lines), table_lines
+    # loss, the variant's tokens/s, its task's tokens/s (issue 41, 2: a fused group's), the speed-up
+    assert all(re.search(r" alone +\d\.\d{4} +[\d,]+ +[\d,]+ +\d\.\d\dx ", line) for line in table_lines), table_lines
     table = (out / "comparison.csv").read_text().splitlines()
     assert len(table) == 1 + 4 and table[0].startswith("run,run_dir,variant,policy")
     md = (out / "comparison.md").read_text()
@@ -348,7 +349,10 @@ def test_report_header_variant_changes_links_and_the_one_seed_banner(one_device_
     # the one-seed caveat once, as a banner; the headline leads, it does not win
     assert md.count("training noise (LoRA init, data order)") == 1 and md.count("> **Note:** One training seed") == 1
     assert page.count('<div class="banner">') == 1
-    assert s["winner"]["sentence"].startswith("leads: ") and "winner" not in md.split("## Verdict")[1].split("##")[0]
+    # (whether r32 leads depends on the held-out files' spread: they are clusters, test_verdict_stats has a clear one)
+    assert s["winner"]["sentence"].startswith(("leads: ", "lowest held-out loss: "))
+    assert "winner" not in md.split("## Verdict")[1].split("##")[0]
+    assert s["winner"]["decided"] is False, "a win on one seed is not decided (issue 36, 7)"
     # routing balance means nothing with one device per task, and says so
     balance = md[md.index("## Routing balance") :].split("\n## ")[0]
     assert balance.count("n/a (1 device per task)") == 3 * 3 and "1.000" not in balance.split("###")[0]

@@ -1,6 +1,7 @@
 """docs/ARCHITECTURE.md is the map, and the map is checked (issue 26, item 6): every module of the package and of the
-report is named on it, every section a code comment cites is one of its headings, every module path it names
-exists, and its import-contract summary is pyproject.toml's. Pure: reads files, imports and runs nothing."""
+report is named on it, every section a code comment cites (on the map, a design page under docs/design/ or any
+other docs page) is a heading of that page, every module path the map and the design pages name exists, and the
+map's import-contract summary is pyproject.toml's. Pure: reads files, imports and runs nothing."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "ARCHITECTURE.md"
+DESIGN = REPO / "docs" / "design"  # the design essays the map links to (issue 39, item 5)
 PACKAGE = REPO / "slurm_router"
 ANALYSIS = REPO / "analysis"  # slurm_router/analysis is a symlink to it
 # Where code comments cite the map's sections. Not tests/: this file's own docstrings would count.
@@ -22,8 +26,8 @@ CITING_SUFFIXES = {".py", ".sh", ".yaml", ".yml", ".md", ".toml", ".sbatch", ".t
 # top-level `status.py`, nor `analysis/__main__.py` the package's `__main__.py`).
 PY_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]*\w\.py)(?!\w)")
 DOTTED = re.compile(r"(?<![\w.])slurm_router(?:\.\w+)+")
-# `ARCHITECTURE.md, "Title"` and `ARCHITECTURE.md ("Title")`, once line breaks and comment markers are joined
-CITATION = re.compile(r"ARCHITECTURE\.md(?:\s*,\s*|\s*\(\s*)\"([^\"]+)\"")
+# `docs/PAGE.md, "Title"` and `docs/PAGE.md ("Title")`, once line breaks and comment markers are joined
+CITATION = re.compile(r"(docs/[\w./-]+\.md)(?:\s*,\s*|\s*\(\s*)\"([^\"]+)\"")
 
 
 def doc_text() -> str:
@@ -62,24 +66,28 @@ def headings(text: str) -> list[str]:
     return out
 
 
-def citations_in(text: str) -> list[str]:
-    """Titles cited in a file's text. A citation may wrap onto the next line of a docstring or of a # comment:
-    line breaks, with the next line's comment markers, become one space."""
+def citations_in(text: str) -> list[tuple[str, str]]:
+    """(page, title) of each section cited in a file's text. A citation may wrap onto the next line of a docstring
+    or of a # comment: line breaks, with the next line's comment markers, become one space."""
     joined = re.sub(r"[ \t]*\n[ \t]*(?:#+[ \t]*)?", " ", text)
-    return [re.sub(r"\s+", " ", title).strip() for title in CITATION.findall(joined)]
+    return [(page, re.sub(r"\s+", " ", title).strip()) for page, title in CITATION.findall(joined)]
 
 
-def cited_sections() -> dict[str, list[str]]:
-    """Section title -> the files that cite it."""
+def design_pages() -> list[Path]:
+    return sorted(DESIGN.glob("*.md"))
+
+
+def cited_sections() -> dict[tuple[str, str], list[str]]:
+    """(page, section title) -> the files that cite it."""
     files = [REPO / f for f in CITING_FILES if (REPO / f).is_file()]
     for d in CITING_DIRS:
         for root, dirs, names in os.walk(REPO / d):  # analysis is walked once, as the top-level folder
             dirs[:] = [x for x in dirs if x != "__pycache__" and not (Path(root) / x).is_symlink()]
             files += [Path(root) / n for n in names if Path(n).suffix in CITING_SUFFIXES]
-    cited: dict[str, list[str]] = {}
+    cited: dict[tuple[str, str], list[str]] = {}
     for f in files:
-        for title in citations_in(f.read_text(encoding="utf-8", errors="replace")):
-            cited.setdefault(title, []).append(f.relative_to(REPO).as_posix())
+        for page_title in citations_in(f.read_text(encoding="utf-8", errors="replace")):
+            cited.setdefault(page_title, []).append(f.relative_to(REPO).as_posix())
     return cited
 
 
@@ -116,7 +124,15 @@ def test_citations_are_read_across_lines_and_comment_markers():
         '# see docs/ARCHITECTURE.md, "Target\n#   masks": and docs/ARCHITECTURE.md ("The model")\n'
         '"""docs/ARCHITECTURE.md, "A task\'s lifecycle": `cached`)"""'
     )
-    assert citations_in(text) == ["How a job runs", "Target masks", "The model", "A task's lifecycle"]
+    assert citations_in(text) == [
+        ("docs/ARCHITECTURE.md", "How a job runs"),
+        ("docs/ARCHITECTURE.md", "Target masks"),
+        ("docs/ARCHITECTURE.md", "The model"),
+        ("docs/ARCHITECTURE.md", "A task's lifecycle"),
+    ]
+    assert citations_in('# see docs/design/router.md, "The router\'s\n# invariant"') == [
+        ("docs/design/router.md", "The router's invariant")
+    ]
 
 
 def test_headings_outside_code_blocks_only():
@@ -145,22 +161,33 @@ def test_every_module_is_on_the_map():
 
 def test_every_cited_section_exists():
     cited = cited_sections()
-    assert len(cited) >= 5, f"found too few citations of docs/ARCHITECTURE.md sections: {sorted(cited)}"
-    have = set(headings(doc_text()))
-    missing = {title: files for title, files in sorted(cited.items()) if title not in have}
-    assert not missing, (
-        f"sections cited in code comments that docs/ARCHITECTURE.md has no heading for (title: citing files): {missing}"
-    )
+    assert len(cited) >= 5, f"found too few citations of docs sections: {sorted(cited)}"
+    assert any(page == "docs/ARCHITECTURE.md" for page, _ in cited), "no code comment cites the map any more"
+    missing = {
+        f"{page}, {title!r}": files
+        for (page, title), files in sorted(cited.items())
+        if not (REPO / page).is_file() or title not in headings((REPO / page).read_text(encoding="utf-8"))
+    }
+    assert not missing, f"sections cited in code comments that their page has no heading for (citing files): {missing}"
 
 
-def test_every_module_path_on_the_map_exists():
-    stale = sorted(p for p in named_paths(doc_text()) if not exists(p))
+@pytest.mark.parametrize("page", ["ARCHITECTURE.md", *(f"design/{p.name}" for p in design_pages())])
+def test_every_module_path_on_the_map_exists(page):
+    """The map and its design pages name only paths and modules that exist."""
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    stale = sorted(p for p in named_paths(text) if not exists(p))
     assert not stale, (
-        "docs/ARCHITECTURE.md names these .py paths, which exist neither under slurm_router/ nor "
+        f"docs/{page} names these .py paths, which exist neither under slurm_router/ nor "
         f"under the repository's root: {stale}"
     )
-    stale_dotted = sorted(d for d in set(DOTTED.findall(doc_text())) if not module_exists(d))
-    assert not stale_dotted, f"docs/ARCHITECTURE.md names modules that do not exist: {stale_dotted}"
+    stale_dotted = sorted(d for d in set(DOTTED.findall(text)) if not module_exists(d))
+    assert not stale_dotted, f"docs/{page} names modules that do not exist: {stale_dotted}"
+
+
+def test_the_map_links_every_design_page():
+    text = doc_text()
+    unlinked = [p.name for p in design_pages() if f"(design/{p.name})" not in text]
+    assert len(design_pages()) >= 5 and not unlinked, f"design pages docs/ARCHITECTURE.md does not link: {unlinked}"
 
 
 def test_every_room_is_in_the_rooms_table():

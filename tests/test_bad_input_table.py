@@ -99,7 +99,25 @@ def _files(root: Path) -> dict[str, Path]:
     (root / "no_config_run").mkdir()
     (root / "no_config_run" / "manifest.json").write_text(json.dumps({"stages": [], "tasks": {}}))
     _format_files(root)
+    _config_dirs(root)
     return {p.name: p for p in root.iterdir()}
+
+
+def _config_dirs(root: Path) -> None:
+    """The user's own config folders (--config-dir, issue 41 item 1), each with one thing wrong."""
+    files = {
+        "cd_typo/experiment/mine.yaml": "# @package _global_\ntrain:\n  lrr: 1\n",
+        "cd_nopkg/experiment/mine.yaml": "experiment: mine\ntrain:\n  steps: 2\n",
+        "cd_shadow/experiment/lora_ab.yaml": "# @package _global_\ntrain:\n  steps: 2\n",
+        "cd_group/modle/big.yaml": "n_layer: 4\n",
+        "cd_yaml/experiment/broken.yaml": "# @package _global_\ntrain: [steps: 2\n",
+        "cd_root/config.yaml": "seed: 1\n",
+        "cd_root/experiment/mine.yaml": "# @package _global_\n",
+        "cd_hot/experiment/hot.yaml": "# @package _global_\ntrain:\n  lr: 50\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
 
 
 def _format_files(root: Path) -> None:
@@ -541,6 +559,19 @@ CASES = [
     (["-m", "train.lr=glob(*)"], "train.lr=glob(*): glob() picks options of a config group"),
     (["-m", "train.lr=1e-3,-1"], "variants.lr-1: train.lr=-1.0 is out of range: it must be > 0"),
     (["-m", "resume={broken_run}", "train.lr=1,2"], "takes no other arguments"),
+    # task metrics (issue 37): each function imported and asked for zero examples before anything is written
+    (["eval.metrics.acc=nosuch_module:fn"], "eval.metrics.acc=nosuch_module:fn: cannot import nosuch_module"),
+    (["eval.metrics.acc=toy_metric:nope"], "eval.metrics.acc=toy_metric:nope: toy_metric has no function 'nope'"),
+    (["eval.metrics.acc=toy_metric.next_letter"], "is not an import path: write it as package.module:function"),
+    (["eval.metrics.acc=toy_metric:wrong_length"], "toy_metric:wrong_length: returned 1 scores for 0 examples"),
+    (["eval.metrics.acc=toy_metric:nan_count"], "toy_metric:nan_count: n_examples=nan: it must be the number"),
+    (["eval.metrics.acc=toy_metric:changing"], "toy_metric:changing: n_examples changed from"),
+    (["eval.metrics.acc=toy_metric:plain_list"], "toy_metric:plain_list returned list, not"),
+    (["eval.metrics.acc=toy_metric:touches_model"], "with no examples return Scores([], n_examples=N) without"),
+    (["eval.primary=acc"], "eval.primary='acc' is not a metric of this run: choose one of loss"),
+    (["eval.metrics.loss=toy_metric:next_letter"], "eval.metrics.loss: a metric name is 1-32 letters"),
+    (["+variants.a.eval.primary=loss"], "variants.a.eval: eval is set once, at the top level"),
+    (["eval.metrics.mc={emptydir}/nope.yaml"], "eval.metrics.mc={emptydir}/nope.yaml: no such task file: give"),
     # experiment trackers (issue 15): an unknown one, or one whose package is not installed, named before any write
     (
         ["tracker=nope"],
@@ -561,6 +592,27 @@ CASES = [
         "tracker.wandb_mode='cloud' is not valid: choose one of offline, online",
     ),
     (["tracker=tensorboard", "tracker.dir={a.txt}"], "tracker.dir="),
+    # the user's own config folder (--config-dir DIR, -cd DIR, hydra.searchpath=[...]): issue 41 item 1
+    (["--config-dir", "{emptydir}/nope", "+experiment=mine"], "--config-dir {emptydir}/nope: no folder"),
+    (["-cd", "{emptydir}", "+experiment=mine"], "holds no config group folder with a .yaml file"),
+    (["-cd", "{a.txt}", "+experiment=mine"], "is a file, not a folder"),
+    (["--config-dir={cd_typo}", "+experiment=mine"], "{cd_typo}/experiment/mine.yaml: unknown key 'train.lrr': did"),
+    (["-cd", "{cd_nopkg}", "+experiment=mine"], "mine.yaml: an experiment file starts with the line '# @package"),
+    (["-cd", "{cd_shadow}", "+experiment=lora_ab"], "lora_ab.yaml: a built-in experiment is called 'lora_ab'"),
+    (["-cd", "{cd_group}", "model=big"], "{cd_group}/modle/ is not a config group: did you mean model/?"),
+    (["-cd", "{cd_yaml}", "+experiment=broken"], "{cd_yaml}/experiment/broken.yaml, line 3: not valid YAML"),
+    (["-cd", "{cd_root}", "+experiment=mine"], "{cd_root}/config.yaml: the root config is built in"),
+    (["-cd", "{cd_hot}", "+experiment=hot"], "{cd_hot}/experiment/hot.yaml: train.lr=50.0 is out of range"),
+    (["hydra.searchpath=[file://{emptydir}/nope]"], "hydra.searchpath entry file://{emptydir}/nope: no folder"),
+    (["hydra.searchpath=file://x"], "hydra.searchpath is a list of folders"),
+    (["+experiment=conf/experiment/mine.yaml"], "+experiment= takes a name, not a path: --config-dir conf +exp"),
+    (["--config-path", "conf"], "--config-path: the root config is built in: add your own folder with --config-dir"),
+    (["--config-dir"], "--config-dir needs a folder"),
+    (["-cd", "{cd_typo}", "resume={not_a_run}"], "resume=RUN_DIR continues with the run's own config.yaml: drop"),
+    # Hydra's own words no more (issue 41 item 6): '+' on a key the experiment sets, null for a key with a value
+    (["+experiment=lora_ab", "+variants.r8.model.lora.r=4"], "+variants.r8.model.lora.r=...: variants.r8.model.lora"),
+    (["train.eval_every=null"], "train.eval_every=null: train.eval_every takes a value, not null: give one, e.g. tr"),
+    (["launcher=slurm", "launcher.timeout_min=null"], "launcher.timeout_min=60 (its default)"),
 ]
 
 
@@ -696,9 +748,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys, args, ex
 def test_dict_overrides_reach_both_slurm_launchers():
     """`launcher.additional_parameters={nice: 10}` (the README's syntax) and `...additional_parameters.nice=10`
     reach submitit's parameters and the rendered sbatch script (tests/test_bad_input.py submits the latter)."""
-    from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
-    from slurm_router.launch.slurm.sbatch_render import sbatch_directives
-    from slurm_router.launch.slurm.submitit_launcher import submitit_params
+    from slurm_router.backends.slurm.sbatch_launcher import sbatch_spec
+    from slurm_router.backends.slurm.sbatch_render import sbatch_directives
+    from slurm_router.backends.slurm.submitit_launcher import submitit_params
 
     for value in ("launcher.additional_parameters={nice: 10}", "launcher.additional_parameters.nice=10"):
         cfg = compose(["launcher=slurm", value])
@@ -710,9 +762,9 @@ def test_dict_overrides_reach_both_slurm_launchers():
 def test_nodes_per_task_places_devices_over_nodes_for_both_slurm_launchers():
     """resources.nodes_per_task=2 with 4 devices: 2 nodes, 2 srun tasks (one GPU each) on each; 1 (the default):
     every srun task of the task on one node (tests/test_multinode.py runs it on the 2-node cluster)."""
-    from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
-    from slurm_router.launch.slurm.sbatch_render import sbatch_directives
-    from slurm_router.launch.slurm.submitit_launcher import submitit_params
+    from slurm_router.backends.slurm.sbatch_launcher import sbatch_spec
+    from slurm_router.backends.slurm.sbatch_render import sbatch_directives
+    from slurm_router.backends.slurm.submitit_launcher import submitit_params
 
     for nodes, per_node in ((2, 2), (1, 4)):
         args = ["launcher.srun_workers=true", "resources.devices_per_task=4", f"resources.nodes_per_task={nodes}"]

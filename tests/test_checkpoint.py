@@ -4,6 +4,7 @@ fallback to an older checkpoint, exact state round trips, the requeue rule (time
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -156,9 +157,9 @@ def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monke
     assert requeue.decide(spec, signal.SIGUSR2).requeue is False, "no Slurm job: nothing to requeue"
     monkeypatch.setenv("SLURM_JOB_ID", "123")
     assert requeue.decide(spec, signal.SIGTERM).reason == "interrupted"
-    monkeypatch.setattr(requeue, "time_left_s", lambda job: 3000.0)
+    monkeypatch.setattr(requeue, "time_left_s", lambda: 3000.0)
     assert all(requeue.decide(spec, signal.SIGUSR2).reason == "preempted" for _ in range(5))
-    monkeypatch.setattr(requeue, "time_left_s", lambda job: 100.0)  # within signal_delay_s + margin
+    monkeypatch.setattr(requeue, "time_left_s", lambda: 100.0)  # within signal_delay_s + margin
     decisions = [requeue.decide(spec, signal.SIGUSR2) for _ in range(3)]
     assert [d.requeue for d in decisions] == [True, True, False] and {d.reason for d in decisions} == {"timeout"}
     assert "launcher.max_requeues=2" in decisions[-1].detail
@@ -175,8 +176,8 @@ def test_attempts_count_and_slurm_restarts_are_logged_once(tmp_path, monkeypatch
     assert [attempts.next_attempt(spec.task_dir) for _ in range(3)] == [0, 1, 2]
     monkeypatch.setenv("SLURM_JOB_ID", "55")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    requeue.note_slurm_restart(spec)
-    requeue.note_slurm_restart(spec)
+    requeue.note_scheduler_restart(spec)
+    requeue.note_scheduler_restart(spec)
     rows = [json.loads(line) for line in (spec.task_dir / "events-rank0.jsonl").read_text().splitlines()]
     assert [(r["event"], r["reason"], r["restart"]) for r in rows] == [("requeue", "slurm", 1), ("requeue", "slurm", 2)]
 
@@ -195,7 +196,9 @@ def test_a_torn_last_event_line_is_dropped_before_appending(tmp_path):
 def test_requeue_names_the_array_task_not_the_array(monkeypatch):
     """Slurm may give one array task the array's own id: `scontrol requeue <that id>` would requeue every task
     of the array (found on the real cluster: a time-out of one variant killed its sibling mid-checkpoint)."""
-    from slurm_router.allocation.requeue import slurm_job_ref
+    from slurm_router.backends.slurm.job import SlurmJobEnvironment
+
+    slurm_job_ref = SlurmJobEnvironment().job_ref
 
     monkeypatch.setenv("SLURM_JOB_ID", "467")
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "467")
@@ -256,16 +259,20 @@ def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert requeue.after_stop(spec, signal.SIGINT, 4, "scontrol") is TaskOutcome.STOPPED  # a local Ctrl-C
+    assert requeue.after_stop(spec, signal.SIGINT, 4, "self") is TaskOutcome.STOPPED  # a local Ctrl-C
     monkeypatch.setenv("SLURM_JOB_ID", "123")
-    monkeypatch.setattr(requeue, "time_left_s", lambda job: 3000.0)  # a preemption
+    monkeypatch.setattr(requeue, "time_left_s", lambda: 3000.0)  # a preemption
     calls = []
-    monkeypatch.setattr(requeue.subprocess, "run", lambda *a, **k: calls.append(a[0]))
+    from slurm_router.backends.slurm import job as slurm_job
+
+    monkeypatch.setattr(
+        slurm_job, "run_slurm", lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0)
+    )
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "submitit") is TaskOutcome.REQUEUE and not calls
-    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "scontrol") is TaskOutcome.STOPPED
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "self") is TaskOutcome.STOPPED
     assert calls == [["scontrol", "requeue", "123"]]
-    monkeypatch.setattr(requeue, "time_left_s", lambda job: 10.0)  # the time limit, over budget
+    monkeypatch.setattr(requeue, "time_left_s", lambda: 10.0)  # the time limit, over budget
     spec.config["launcher"] = {"max_requeues": 0}
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.FAILED
     rows = [json.loads(line) for line in TaskPaths(spec.task_dir).events(0).read_text().splitlines()]

@@ -4,6 +4,7 @@ type-checking imports included; lint-imports checks the rooms' layers)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,3 +65,17 @@ def test_no_import_cycle_between_modules():
         if module not in index:
             visit(module)
     assert not cycles, f"modules that import each other (directly or through others): {cycles}"
+
+
+def test_the_verdict_loads_without_torch_pandas_or_the_rest_of_the_package():
+    """The statistics the worker prunes with and the report judges with are a pure room (docs/ARCHITECTURE.md,
+    "Rooms"): importing every verdict module in a fresh interpreter loads no torch, pandas or config library, and
+    nothing of the package outside verdict/."""
+    code = (
+        "import sys, slurm_router.verdict.stats, slurm_router.verdict.pruning, slurm_router.verdict.sentences\n"
+        "heavy = ('torch', 'transformers', 'peft', 'pandas', 'omegaconf', 'hydra', 'submitit')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy}"
+        " | {m for m in sys.modules if m.startswith('slurm_router.') and not m.startswith('slurm_router.verdict')}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", f"importing slurm_router.verdict loaded: {out.stdout.strip()}"

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from {DataConfig.__module__} import DataConfig
 from {build_corpus.__module__} import build_corpus, eval_batches
 from {ByteTokenizer.__module__} import ByteTokenizer
-c = build_corpus(OmegaConf.structured(DataConfig(max_documents=60)), ByteTokenizer())
+c = build_corpus(OmegaConf.structured(DataConfig(max_documents=200)), ByteTokenizer())
 digest = lambda split: hashlib.sha256(split.tokens.tobytes() + split.lengths.tobytes()).hexdigest()
 print(json.dumps({{"train": digest(c.train), "val": digest(c.val), "eval": eval_batches(c.val, 2, 3, 0)}}))
 """
@@ -49,15 +49,16 @@ def _digest(split) -> str:
 
 def test_stdlib_corpus_is_real_deterministic_and_split():
     """Samples are pieces of the standard library's source, byte for byte, each after the start token; train and
-    held-out come from different files; another process builds the same corpus."""
+    held-out come from different files (200 files: the hash holds out 11, enough to split by file); another
+    process builds the same corpus."""
     from slurm_router.train.data import stdlib_documents
 
     tok = ByteTokenizer()
-    a = build_corpus(_cfg(max_documents=60), tok)
+    a = build_corpus(_cfg(max_documents=200), tok)
     assert len(a.train) > 100 and len(a.val) > 0
     assert a.train.lengths.max() <= 256 and a.train.lengths.min() >= 2
     assert len(set(a.train.lengths.tolist())) > 50, "lengths should vary like real data"
-    docs = [text.encode("utf-8") for _, (_, text) in zip(range(60), stdlib_documents())]
+    docs = [text.encode("utf-8") for _, (_, text) in zip(range(200), stdlib_documents())]
     rng = np.random.default_rng(0)
     for split in (a.train, a.val):
         for i in rng.choice(len(split), size=min(40, len(split)), replace=False):
@@ -65,7 +66,7 @@ def test_stdlib_corpus_is_real_deterministic_and_split():
             assert sample[0] == tok.start_id and sample[1:].max() < 256, "a sample is the start token, then bytes"
             piece = bytes(sample[1:].astype(np.uint8))
             assert any(piece in d for d in docs), (
-                f"sample {i} is not a piece of the first 60 stdlib files: {piece[:80]}"
+                f"sample {i} is not a piece of the first 200 stdlib files: {piece[:80]}"
             )
 
     # the split is by file: the files the long (found in one file only) training and held-out pieces come from
@@ -96,6 +97,45 @@ def test_text_dir_and_jsonl(tmp_path):
     assert c.n_documents == 20 and len(c.val) >= 1
 
 
+@pytest.mark.parametrize("n_files", [3, 120])
+def test_text_dir_holds_out_whole_files_or_the_end_of_each_never_text_it_trains_on(tmp_path, n_files):
+    """Many files: held out by file, so no held-out file feeds training. A few (the hash holds out fewer than
+    eight): the last pieces of each file, one contiguous span, the rest trains. Either way no held-out text is
+    trained on, and each held-out sample names its file (one cluster in the verdict)."""
+    d = tmp_path / "t"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "ember"]
+    files = []
+    for f in range(n_files):
+        lines = [f"file {f} line {i}: " + " ".join(rng.choice(words, 6)) for i in range(300 if n_files < 10 else 12)]
+        files.append("\n".join(lines).encode())
+        (d / f"{f:03d}.txt").write_bytes(files[-1])
+    c = build_corpus(_cfg(kind="text_dir", path=str(d), max_len=64, val_fraction=0.2), ByteTokenizer())
+
+    def where(split) -> list[tuple[int, int]]:  # (file, byte offset) of each sample, in the file it names
+        out = []
+        for i in range(len(split)):
+            piece, k = bytes(split.sample(i)[1:].astype(np.uint8)), int(split.sources[i])
+            assert piece in files[k], f"sample {i} is not from the file it names ({k})"
+            out.append((k, files[k].find(piece) if len(piece) >= 40 else -1))  # a short one may be anywhere
+        return out
+
+    train, val = where(c.train), where(c.val)
+    assert val and train
+    trained = b"\0".join(bytes(c.train.sample(i)[1:].astype(np.uint8)) for i in range(len(c.train)))
+    for i in range(len(c.val)):
+        piece = bytes(c.val.sample(i)[1:].astype(np.uint8))
+        assert not any(piece[j : j + 48] in trained for j in range(0, len(piece) - 47, 8)), piece[:80]
+    if n_files > 10:
+        assert not {k for k, _ in train} & {k for k, _ in val}, "a held-out file also feeds training"
+        return
+    for k in {k for k, _ in val}:
+        last_trained = max((o for f, o in train if f == k), default=-1)
+        held = sorted(o for f, o in val if f == k and o >= 0)
+        assert held and held[0] > last_trained, f"file {k}: its held-out pieces are not one span at its end"
+
+
 def test_missing_and_empty(tmp_path):
     with pytest.raises(UserError, match="not a folder"):
         build_corpus(_cfg(kind="text_dir", path=str(tmp_path / "nope")), ByteTokenizer())
@@ -123,7 +163,7 @@ def test_sampler_is_seeded_and_covers_each_epoch():
 def test_eval_batches_fixed():
     """The held-out batches: n batches of distinct held-out samples, the same in every process (the base and each
     variant's task evaluate apart), chosen by the seed; a split smaller than n x size gives all of it, once."""
-    c = build_corpus(_cfg(max_documents=60), ByteTokenizer())
+    c = build_corpus(_cfg(max_documents=200), ByteTokenizer())
     batches = eval_batches(c.val, 2, 3, 0)
     assert [len(b) for b in batches] == [3, 3]
     ids = [i for b in batches for i in b]

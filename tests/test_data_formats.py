@@ -8,6 +8,8 @@ in the Llama-style and ChatML templates of tests/tiny_checkpoints.py. The loss i
 cross-entropy over those positions only, and a real run's n_target_tokens to be the completions' token count.
 """
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -152,6 +154,32 @@ def test_chat_without_an_assistant_turn_and_an_opening_assistant_turn(tmp_path, 
         build_corpus(_data(kind="jsonl", path=str(path), **CHAT), tok)
 
 
+@pytest.mark.integration
+def test_a_turn_the_template_drops_is_refused_naming_the_row_and_role(tmp_path, checkpoints):
+    """The Llama-2 template renders no tool turn: [user, tool, assistant] would train without the tool's output.
+    The command refuses the row in one line (exit 2) before a run directory is made; ChatML renders it."""
+    rows = chat_rows(8)
+    rows[4] = {
+        "messages": [
+            {"role": "user", "content": "What does the tool say?"},
+            {"role": "tool", "content": "TOOL_OUTPUT_42"},
+            {"role": "assistant", "content": "It says 42."},
+        ]
+    }
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    runs = tmp_path / "runs"
+    args = ["model=hf", "data=jsonl", f"data.path={path}", "data.messages_field=messages", "train.steps=1"]
+    proc = run_cli(*args, f"model.name_or_path={checkpoints['llama']}", f"run_root={runs}", cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"error: line 5 of {path}: message 2 (tool): the chat "), lines
+    assert "does not render the role 'tool'" in lines[0]
+    assert not runs.exists() or not any(runs.rglob("manifest.json"))
+    tok = _hf(checkpoints["qwen2"])  # ChatML renders every role: the same rows are a corpus
+    corpus = build_corpus(_data(kind="jsonl", path=str(path), max_len=512, **CHAT), tok)
+    assert any("TOOL_OUTPUT_42" in tok.tok.decode(t) for t, _ in _all_samples(corpus))
+
+
 # ---- the loss counts the targets only ----------------------------------------------------------------------
 def test_masked_loss_is_the_cross_entropy_over_the_completions_only(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -280,11 +308,12 @@ def test_truncation_keeps_the_start_and_counts_what_it_cut(tmp_path):
             dropped, truncated = dropped + (1 + n_prompt >= max_len), truncated + (1 + n_prompt < max_len)
     assert truncated and dropped, "the rows should exercise both"
     corpus = build_corpus(_data(kind="jsonl", path=str(path), max_len=max_len, **PC), ByteTokenizer())
-    assert (corpus.n_truncated, corpus.n_dropped) == (truncated, dropped)
+    assert (corpus.n_truncated, corpus.n_dropped) == (truncated + dropped, dropped)
     assert len(corpus.train) + len(corpus.val) == 60 - dropped
     assert corpus.train.lengths.max() == max_len and corpus.train.n_targets.min() >= 1
     assert (
-        corpus.counts_note() == f"; {truncated} truncated to data.max_len=64, {dropped} dropped (no target tokens left)"
+        corpus.counts_note()
+        == f"; {truncated + dropped} truncated to data.max_len=64, {dropped} of them dropped (no target tokens left)"
     )
     with pytest.raises(UserError, match=r"no training sample is left: data.max_len=8 cuts every target token"):
         build_corpus(_data(kind="jsonl", path=str(path), max_len=8, **PC), ByteTokenizer())
@@ -311,7 +340,30 @@ def test_the_data_line_reports_truncation(tmp_path, monkeypatch, capsys):
     assert code == 0, out[-2000:]
     line = next(line for line in out.splitlines() if line.startswith("experiment "))
     assert "(prompt/completion): " in line and "truncated to data.max_len=64, " in line
-    assert line.endswith("dropped (no target tokens left)")
+    assert line.endswith("of them dropped (no target tokens left)")
+
+
+def _data_line(tmp_path, *args: str) -> str:
+    proc = run_cli("data=jsonl", *args, "dry_run=true", f"run_root={tmp_path / 'runs'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return next(line for line in proc.stdout.splitlines() if line.startswith("experiment "))
+
+
+def test_the_data_line_counts_truncated_then_dropped_samples_and_empty_rows(tmp_path):
+    """Through the command: samples that were cut and then dropped were truncated too (never '0 truncated'), and
+    empty text rows are counted as left out, so the data line accounts for every row."""
+    rows = [{"prompt": "Say hi.", "completion": " hi"} for _ in range(30)]
+    rows += [{"prompt": "x" * 200, "completion": " lost"} for _ in range(3)]  # cut inside the prompt
+    path = write_jsonl(tmp_path / "pc.jsonl", rows)
+    line = _data_line(tmp_path, f"data.path={path}", *(f"data.{k}={v}" for k, v in PC.items()), "data.max_len=64")
+    assert line.endswith(" 3 truncated to data.max_len=64, 3 of them dropped (no target tokens left)"), line
+
+    texts = [{"text": f"row {i}: " + "some words " * (i % 5 + 1)} for i in range(69)]
+    texts += [{"text": ""}] * 6 + [{"text": " \n\n  "}] * 5  # 11 of 80 rows hold no text
+    path = write_jsonl(tmp_path / "text.jsonl", texts)
+    line = _data_line(tmp_path, f"data.path={path}", "data.val_fraction=0.1")
+    train, held_out = (int(n) for n in re.search(r": (\d+) train / (\d+) held-out samples", line).groups())
+    assert train + held_out == 69 and line.endswith("held-out samples; 11 empty (no text) left out"), line
 
 
 # ---- choosing a format ---------------------------------------------------------------------------------

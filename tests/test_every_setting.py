@@ -9,7 +9,7 @@ line naming it when the user sets it.
 - read under a condition (config/unread.py RULES: base.steps only with a base stage, ...): where the composed
   config leaves the condition off, the key must be refused; test_a_conditional_read_... shows each rule both ways.
 - refused: set to CHANGED[key] through the command's own checks, as `python -m slurm_router` runs them
-  (compose_grid, then check_new_run with the keys the overrides set), it gives a UserError whose one line starts
+  (compose, then check_new_run with the keys the overrides set), it gives a UserError whose one line starts
   with the key.
 
 A key added to a conf/*.yaml or the schema without code that reads it fails here: read it, refuse it, or drop it.
@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.cli.checks import check_new_run
 from slurm_router.config.checks import data_keys_read
-from slurm_router.config.compose import compose_grid
+from slurm_router.config.compose import compose
 from slurm_router.config.schema import FREE_FORM_KEYS, conf_dir
 from slurm_router.config.sweep import parse_overrides
 from slurm_router.config.unread import RULE_OF, RULES, set_keys
@@ -43,8 +43,8 @@ DATA = sorted(p.stem for p in Path(conf_dir(), "data").glob("*.yaml"))
 LAUNCHERS = sorted(p.stem for p in Path(conf_dir(), "launcher").glob("*.yaml"))
 
 # key -> (module under slurm_router/, the code that reads it), or {launcher kind: (module, code)}
-SLURM, SBATCH = "launch/slurm/submitit_launcher.py", "launch/slurm/sbatch_launcher.py"
-COMMON, CONTAINER = "launch/slurm/common.py", "launch/container.py"
+SLURM, SBATCH = "backends/slurm/submitit_launcher.py", "backends/slurm/sbatch_launcher.py"
+COMMON, CONTAINER = "backends/slurm/common.py", "launch/container.py"
 MODEL, PLAN, SETUP = "train/model.py", "launch/plan.py", "worker/setup.py"
 WORKER, MICRO = "worker/worker.py", "worker/microbatch.py"
 TRACKERS, ROUTER, PACKING = "tracking/trackers.py", "router/router.py", "router/packing.py"
@@ -53,7 +53,9 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "seed": (PLAN, "seed=cfg.seed"),
     "seeds": ("config/variants.py", "value = cfg.seeds"),
     "prune": (WORKER, 'self.cfg.get("prune")'),
-    "dry_run": ("__main__.py", "if cfg.dry_run"),
+    "eval.primary": ("config/metrics.py", "str(ev.primary)"),
+    "eval.metrics": ("config/metrics.py", "(ev.metrics or {})"),
+    "dry_run": ("cli/run.py", "if cfg.dry_run"),
     "run_root": ("rundir/manifest.py", "Path(cfg.run_root)"),
     "variants": ("config/variants.py", "cfg.variants.items()"),
     "model.kind": (MODEL, 'model_cfg.kind == "hf"'),
@@ -64,6 +66,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "model.n_positions": (MODEL, "n_positions=model_cfg.n_positions"),
     "model.vocab_size": (SETUP, "cfg.model.vocab_size,"),  # the model the task trains (and the previews size)
     "model.dtype": (MODEL, 'model_cfg.dtype == "bf16"'),
+    "model.base_dropout": (MODEL, 'getattr(model_cfg, "base_dropout", "zero") != base_dropout.KEEP'),
     "model.lora.enabled": (MODEL, "model_cfg.lora.enabled"),
     "model.lora.r": (MODEL, "r=lc.r"),
     "model.lora.alpha": (MODEL, "lora_alpha=lc.alpha"),
@@ -86,7 +89,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "router.device_slowdown": (SETUP, "cfg.router.device_slowdown"),
     "router.cpu_memory_cap_bytes": (SETUP, "cfg.router.cpu_memory_cap_bytes"),
     "launcher.kind": ("cli/checks.py", "launcher_class(cfg.launcher.kind)"),
-    "launcher.cpu_slots": ("launch/local.py", 'cfg.launcher.get("cpu_slots")'),
+    "launcher.cpu_slots": ("backends/local/launcher.py", 'cfg.launcher.get("cpu_slots")'),
     "launcher.partition": {"slurm": (SLURM, '"partition", "account"'), "sbatch": (SBATCH, "partition=lc.partition")},
     "launcher.account": {"slurm": (SLURM, '"partition", "account"'), "sbatch": (SBATCH, "account=lc.account")},
     "launcher.qos": {"slurm": (SLURM, '"account", "qos"'), "sbatch": (SBATCH, "qos=lc.qos")},
@@ -152,7 +155,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "base.cache_dir": ("artifacts/base_cache.py", "cfg.base.cache_dir or"),
     "resources.devices_per_task": (PLAN, "devices=vcfg.resources.devices_per_task"),
     "resources.tasks_per_gpu": {
-        "local": ("launch/local.py", "cfg.resources.tasks_per_gpu or"),
+        "local": ("backends/local/launcher.py", "cfg.resources.tasks_per_gpu or"),
         "slurm": (COMMON, "int(cfg.resources.tasks_per_gpu)"),
         "sbatch": (COMMON, "int(cfg.resources.tasks_per_gpu)"),
     },
@@ -180,6 +183,7 @@ CHANGED = {
     "model.n_positions": "256",
     "model.vocab_size": "300",
     "model.dtype": "bf16",
+    "model.base_dropout": "keep",
     "model.lora.r": "4",
     "model.lora.alpha": "8",
     "model.lora.dropout": "0.1",
@@ -221,6 +225,7 @@ SWITCHES = {
     "base.steps": ([], ["base.enabled=true"]),
     "base.enabled": (["model=hf", "model.name_or_path=/tmp"], []),
     "model.name_or_path": ([], ["model=hf"]),
+    "model.base_dropout": ([], ["model=hf", "model.name_or_path=/tmp"]),
     "model.n_layer": (["model=hf", "model.name_or_path=/tmp"], []),
     "model.dtype": (["model.lora.enabled=false"], []),
     "router.attention_weight": ([], ["router.cost=tokens_attention"]),
@@ -286,10 +291,10 @@ def code_of(module: str) -> str:
 
 
 def refusal(overrides: list[str], cfg: DictConfig | None = None) -> str | None:
-    """The one line the command's checks give for these overrides (python -m slurm_router's order: compose_grid,
+    """The one line the command's checks give for these overrides (python -m slurm_router's order: compose,
     then check_new_run with the keys they set), or None. cfg: the overrides' config, composed already."""
     try:
-        check_new_run(compose_grid(overrides) if cfg is None else cfg, set_keys(overrides))
+        check_new_run(compose(overrides) if cfg is None else cfg, set_keys(overrides))
     except UserError as e:
         return str(e)
     return None
@@ -317,7 +322,7 @@ def test_the_sources_and_launchers_are_those_of_conf():
 @pytest.mark.parametrize("data", DATA)
 def test_every_key_is_read_or_refused(data, launcher, small_data, tmp_path):
     base = [f"data={data}", f"launcher={launcher}", *small_data[data], "dry_run=true", f"run_root={tmp_path}"]
-    cfg = compose_grid(base)
+    cfg = compose(base)
     assert refusal(base) is None  # the pair's own config passes
     for key in leaves(cfg):
         if key.startswith("data."):

@@ -4,6 +4,7 @@ its adapter is peft's, equal to the separate run's; a diverged variant leaves th
 as if alone; a stopped group resumes bitwise. Real multi-process workers (gloo)."""
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -196,3 +197,64 @@ def test_a_pruned_variant_leaves_the_group_and_the_others_train_as_alone(tmp_pat
     survivor = [r["loss"] for r in event_rows(run_dir / "tasks" / "r32-s2") if r["event"] == "step"]
     reference = [r["loss"] for r in event_rows(alone / "tasks" / "r32") if r["event"] == "step"]
     assert len(survivor) == 6 and survivor == pytest.approx(reference, rel=RTOL)
+
+
+# ---- what a user reads of a fused group: its results, its report row, its failure -----------------------------
+def test_a_fused_group_shows_every_variant_in_its_log_and_report(tmp_path):
+    """The group's log (what `status --follow` streams) ends with one result line per variant, not per group; the
+    report's "useful" figure of a member is its group's (the micro rows are written once, in the leader's events)."""
+    run_dir = _run(tmp_path, FUSED)
+    log = (run_dir / "logs" / "r8.log").read_text().splitlines()
+    results = [json.loads(line) for line in log if line.startswith("{")]
+    assert sorted(Path(r["adapter"]).parent.name for r in results) == ["r32", "r8"], log[-5:]
+    variants = read_json(run_dir / "report" / "summary.json")["variants"]
+    useful = {name: variants[name]["useful_token_fraction"] for name in ("r8", "r32")}
+    assert useful["r8"] is not None and useful["r32"] == useful["r8"], useful
+
+
+def test_a_diverged_fused_variant_records_the_steps_it_would_alone(tmp_path):
+    """r8 at lr 10 diverges: fused with r32 it records the same steps (the diverging one included, its loss
+    non-finite) and the report counts as many as when it runs alone."""
+    fused = _run(tmp_path / "fused", FUSED, "variants.r8.train.lr=10")
+    alone = _run(tmp_path / "alone", "variants.r8.train.lr=10", "~variants.r32")
+    rows = {d: [r for r in event_rows(d / "tasks" / "r8") if r["event"] == "step"] for d in (fused, alone)}
+    assert [r["step"] for r in rows[fused]] == [r["step"] for r in rows[alone]] != [], rows[alone]
+    assert str(rows[fused][-1]["loss"]) == str(rows[alone][-1]["loss"]) == "nan"
+    steps = [read_json(d / "report" / "summary.json")["variants"]["r8"]["steps"] for d in (fused, alone)]
+    assert steps[0] == steps[1] == len(rows[alone]), steps
+
+
+def _signal_the_group(tmp_path, sig: int):
+    """A 60-step fused r8+r32 run whose group job process gets `sig` after its first step: (proc, out, err, run_dir)."""
+    args = [a for a in COMMON if not a.startswith("train.steps=")]
+    root = tmp_path / "runs"
+    proc = start_cli(*args, "train.steps=60", FUSED, f"run_root={root}", cwd=tmp_path)
+    try:
+        task = wait_until(lambda: next(root.glob("lora_ab/*/tasks/r8"), None), "the leader's task dir", 300)
+        wait_until(lambda: any(r["event"] == "step" for r in event_rows(task)), "a step", 300)
+        run_dir = task.parent.parent
+        os.kill(read_json(run_dir / "manifest.json")["tasks"]["r8"]["pid"], sig)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc, out, err, run_dir
+
+
+def test_a_killed_fused_group_names_every_variant_and_its_log(tmp_path):
+    """kill -9 of the group's job process: "failed tasks:" names both variants and the one log they share."""
+    proc, out, err, run_dir = _signal_the_group(tmp_path, signal.SIGKILL)
+    log = run_dir / "logs" / "r8.log"
+    assert proc.returncode == 1, out[-2000:] + err[-2000:]
+    assert f"failed tasks: r8, r32 (log: {log})" in err.splitlines(), err[-2000:]
+    last = log.read_text().strip().splitlines()[-1]
+    assert last.startswith("error: the job process of r8, r32 (pid ") and "killed by SIGKILL; " in last, last
+
+
+def test_a_fused_group_stopped_by_a_signal_names_every_variant(tmp_path):
+    """SIGTERM to the group's job process (a site's stop, not Ctrl-C at the launcher): it checkpoints, and
+    "interrupted tasks:" names both variants, so the user knows resume= continues both."""
+    proc, out, err, run_dir = _signal_the_group(tmp_path, signal.SIGTERM)
+    assert proc.returncode == 1, out[-2000:] + err[-2000:]  # not finished: resume= continues it
+    line = next((x for x in err.splitlines() if x.startswith("interrupted tasks")), err[-2000:])
+    assert line.startswith("interrupted tasks (stopped by a signal after a checkpoint): r8, r32; continue"), line

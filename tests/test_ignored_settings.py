@@ -178,7 +178,7 @@ def test_model_vocab_size_is_the_vocabulary_trained(tmp_path):
 
 
 def test_more_cpu_workers_than_cores_warn_with_the_numbers(monkeypatch, capsys):
-    from slurm_router.launch import local
+    from slurm_router.backends.local import launcher as local
 
     monkeypatch.setattr(local, "detect_gpus", lambda: [])
     monkeypatch.setattr(local.os, "cpu_count", lambda: 2)
@@ -212,7 +212,7 @@ def test_container_settings_without_an_image_are_refused(override, shown):
 
 
 def test_settings_one_kind_of_machine_reads_warn_on_the_other(monkeypatch, capsys):
-    from slurm_router.launch import local
+    from slurm_router.backends.local import launcher as local
 
     monkeypatch.setattr(local, "detect_gpus", lambda: ["0", "1"])
     local.check_devices(compose(["launcher.cpu_slots=4"]))

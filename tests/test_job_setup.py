@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, run_dir_of, wait_until
 
+from slurm_router.backends.slurm.sbatch_launcher import report_script, sbatch_spec
+from slurm_router.backends.slurm.sbatch_render import SbatchSpec, render_sbatch
+from slurm_router.backends.slurm.submitit_launcher import job_setup, submitit_params, submitit_python
 from slurm_router.config.compose import compose
-from slurm_router.launch.slurm.sbatch_launcher import report_script, sbatch_spec
-from slurm_router.launch.slurm.sbatch_render import SbatchSpec, render_sbatch
-from slurm_router.launch.slurm.submitit_launcher import job_setup, submitit_params, submitit_python
 
 SRUN = pytest.mark.skipif(shutil.which("srun") is None, reason="submitit's Slurm executor needs srun on the PATH")
 RECORDER = r"""#!{python}

@@ -85,8 +85,8 @@ def test_variant_packing_shares_a_gpu_but_spreads_first(tmp_path):
 def test_packing_count_follows_predicted_memory():
     from omegaconf import OmegaConf
 
+    from slurm_router.backends.local.launcher import packable_tasks
     from slurm_router.config.schema import Config
-    from slurm_router.launch.local import packable_tasks
 
     cfg = OmegaConf.structured(Config)
     small = packable_tasks(cfg, 80 << 30)  # a tiny GPT on an 80 GiB GPU: packs to the limit

@@ -14,13 +14,17 @@ launcher.srun_workers=true resources.devices_per_task=2 resources.nodes_per_task
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from conftest import run_cli, run_dir_of, wait_until
@@ -32,14 +36,17 @@ from slurm_router.allocation.supervisor import TaskFailed
 def cluster_test(fn):
     """A real run on the multi-node cluster (the mn_env fixture skips it unless the cluster is up)."""
     return pytest.mark.slurm(
-        pytest.mark.skipif(
-            shutil.which("sbatch") is None,
-            reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first",
-        )(fn)
+        pytest.mark.timeout(func_only=True)(  # the mn_env fixture's wait for the cluster is not the test's time
+            pytest.mark.skipif(
+                shutil.which("sbatch") is None,
+                reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first",
+            )(fn)
+        )
     )
 
 
 MN_CONF = Path("/etc/slurm-multinode/slurm.conf")
+MN_LOCK = Path(tempfile.gettempdir()) / "slurm_router-mn-cluster.lock"
 NODES = 2
 # Fast settings (tests/test_slurm_launch.py); 12 steps so that a signal lands mid-run.
 SMALL = [
@@ -60,9 +67,20 @@ TWO_NODES = [
 TIMEOUT_S = 240
 
 
-@pytest.fixture(scope="module")
-def mn_env() -> dict[str, str]:
-    """The environment that points Slurm's clients at the multi-node cluster; skips unless it is up."""
+@pytest.fixture
+def mn_env() -> Iterator[dict[str, str]]:
+    """The environment that points Slurm's clients at the multi-node cluster (skips unless it is up), held by this
+    test alone: tests that set a node down, stop the controller or preempt jobs (test_slurm_node_lost.py,
+    test_slurm_controller_restart.py, test_slurm_preempt.py) would disturb another test's jobs there, and pytest-xdist
+    runs test files side by side. An exclusive flock; its wait is not counted in the test's time limit (cluster_test:
+    func_only)."""
+    with MN_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield _mn_cluster_env()  # asked once the lock is held: never while another test holds a node down
+
+
+@functools.cache
+def _mn_cluster_env() -> dict[str, str]:
     if not MN_CONF.is_file():
         pytest.skip(f"no {MN_CONF}: run scripts/slurm_multinode_cluster.sh --nodes 2 (root) first")
     env = {"SLURM_CONF": str(MN_CONF)}
@@ -115,7 +133,7 @@ def _sacct_state(env: dict, job_id: str) -> str:
 
 def _still_in_slurm(env: dict, run_dir: Path) -> list:
     """The run's tasks that Slurm still holds (what resume= refuses on: slurm_status.live_tasks), on this cluster."""
-    from slurm_router.launch.slurm.status import live_tasks
+    from slurm_router.backends.slurm.status import live_tasks
 
     def runner(argv: list[str]) -> str:
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
@@ -330,6 +348,8 @@ def test_who_records_the_end_when_a_peer_is_lost(monkeypatch):
     """Rank 0 records a lost peer; when rank 0's node is the one lost, the lowest rank on another node does."""
     from slurm_router.allocation.srun_worker import _speaks_for_the_task
 
+    monkeypatch.setenv("SLURM_JOB_ID", "1")  # inside a Slurm job: its job environment gives the task count
+    monkeypatch.setenv("SLURM_JOB_ID", "123")  # a Slurm job (scheduler/registry.py job_environment) of 4 workers
     monkeypatch.setenv("SLURM_NTASKS", "4")
     assert _speaks_for_the_task(0, [2, 3])
     assert [r for r in range(1, 4) if _speaks_for_the_task(r, [0, 1])] == [2]

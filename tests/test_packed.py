@@ -22,7 +22,7 @@ from tiny_checkpoints import chat_rows, make_checkpoint, prompt_completion_rows,
 
 from slurm_router.config.schema import DataConfig, ModelConfig
 from slurm_router.router import MemoryModel, RouterSettings
-from slurm_router.router.packing import pack_rows, split_for_oom
+from slurm_router.router.packing import Batch, pack_rows, split_for_oom
 from slurm_router.train.data import build_corpus
 from slurm_router.train.loss import token_loss_sum
 from slurm_router.train.packed import enable, packed_tensors, why_not_packable
@@ -172,43 +172,27 @@ def test_pack_rows_uses_the_fewest_rows_the_cap_and_memory_allow():
     ids = [10 + i for i in range(len(lengths))]
     costs = [float(n) for n in lengths]
     settings = RouterSettings(packed=True)
-    one = pack_rows(range(len(lengths)), ids, lengths, costs, None, settings, _mem(), [])
+    batch = Batch(ids, lengths, costs, _mem())
+    one = pack_rows(range(len(lengths)), batch, None, settings, [])
     assert len(one) == 1 and one[0].n_tokens == one[0].n_padded_tokens == sum(lengths)
-    capped = pack_rows(
-        range(len(lengths)),
-        ids,
-        lengths,
-        costs,
-        None,
-        RouterSettings(packed=True, max_tokens_per_microbatch=400),
-        _mem(),
-        [],
-    )
+    capped = pack_rows(range(len(lengths)), batch, None, RouterSettings(packed=True, max_tokens_per_microbatch=400), [])
     assert all(mb.n_tokens <= 400 for mb in capped)
     assert len(capped) == -(-sum(lengths) // 400) == 3, "first-fit decreasing fills rows to the cap"
     assert sorted(i for mb in capped for i in mb.sample_ids) == ids
     assert all(mb.n_padded_tokens == mb.n_tokens for mb in capped)
     budget = _mem().predict(500, 3, 166)
-    by_memory = pack_rows(range(len(lengths)), ids, lengths, costs, budget, settings, _mem(), [])
+    by_memory = pack_rows(range(len(lengths)), batch, budget, settings, [])
     assert all(mb.predicted_mem_bytes <= budget for mb in by_memory) and len(by_memory) >= 3
     oversize: list[int] = []
-    pack_rows([0, 7], ids, lengths, costs, _mem().predict(100, 1, 100), settings, _mem(), oversize)
+    pack_rows([0, 7], batch, _mem().predict(100, 1, 100), settings, oversize)
     assert oversize == [0], "a sample that fits nowhere alone is reported, never dropped"
 
 
 def test_an_out_of_memory_row_halves_by_tokens_with_every_sample_once():
     lengths = {1: 400, 2: 300, 3: 100, 4: 90, 5: 10}
     settings = RouterSettings(packed=True)
-    row = pack_rows(
-        range(5),
-        list(lengths),
-        list(lengths.values()),
-        [float(v) for v in lengths.values()],
-        None,
-        settings,
-        _mem(),
-        [],
-    )[0]
+    batch = Batch(list(lengths), list(lengths.values()), [float(v) for v in lengths.values()], _mem())
+    row = pack_rows(range(5), batch, None, settings, [])[0]
     a, b = split_for_oom(row, lengths, settings, _mem())
     assert sorted(a.sample_ids + b.sample_ids) == sorted(lengths)
     assert a.n_padded_tokens == a.n_tokens and b.n_padded_tokens == b.n_tokens

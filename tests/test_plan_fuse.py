@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import event_rows, run_cli, run_dir_of
 
-from slurm_router.config.compose import compose_grid
+from slurm_router.config.compose import compose
 from slurm_router.config.variants import validate
 from slurm_router.launch.fuse import fuse_tasks, not_fusable
 from slurm_router.launch.plan import make_plan, prune_layout_note, queue_order, trained_variants
@@ -23,7 +23,7 @@ FAST = ["base.enabled=false", "train.steps=2", "data.max_documents=60"]
 
 
 def _plan(tmp_path: Path, *overrides: str, multirun: bool = True):
-    cfg = compose_grid([*FAST, *overrides], multirun)
+    cfg = compose([*FAST, *overrides], multirun)
     return cfg, make_plan(cfg, validate(cfg), "run", str(tmp_path / "run"))
 
 
@@ -129,7 +129,7 @@ def test_an_incompatible_task_alone_names_the_key_and_the_other_value(tmp_path, 
 
 
 def test_the_base_stage_is_never_fused(tmp_path):
-    cfg = compose_grid(
+    cfg = compose(
         ["+experiment=lora_ab", "resources.fuse_variants=4", f"base.cache_dir={tmp_path / 'cache'}", "base.steps=2"]
     )
     base, variants = make_plan(cfg, validate(cfg), "run", str(tmp_path / "run"))
@@ -278,7 +278,7 @@ def test_resume_reruns_a_group_while_any_variant_is_unfinished_and_never_a_membe
 
 
 def test_slurm_status_shows_each_member_with_its_leaders_job(tmp_path):
-    from slurm_router.launch.slurm.parse import merge_status, mirror_fused, parse_squeue
+    from slurm_router.backends.slurm.parse import merge_status, mirror_fused, parse_squeue
 
     manifest = _fused_run(tmp_path).data
     manifest["jobs"] = [
@@ -336,9 +336,10 @@ def test_a_bad_fuse_variants_is_one_line(tmp_path, value, says):
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_variant_cannot_set_its_own_fuse_variants(tmp_path):
+def test_a_sweep_cannot_set_fuse_variants_per_variant(tmp_path):
     proc = run_cli(*FAST, "-m", "resources.fuse_variants=1,2", "dry_run=true", cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2 and "it is set once, at the top level" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "resources.fuse_variants cannot be swept" in proc.stderr, proc.stderr
+    assert "variants." not in proc.stderr.replace("fuse_variants", "")  # no internal variant's name (issue 41)
     assert not (tmp_path / "runs").exists()
 
 
@@ -399,7 +400,7 @@ def test_fused_tasks_pack_into_array_tasks(tmp_path):
     assert [Path(f).parent.name for f in files] == ["r8-s0", "r8-s1"]  # the leaders; each trains its members
 
 
-# ---- resources.fuse_variants=auto (launcher=local: launch/local.py auto_fuse_variants) --------------------------
+# ---- resources.fuse_variants=auto (launcher=local: backends/local/launcher.py auto_fuse_variants) --------------------------
 @pytest.mark.parametrize("slots, k, groups", [(2, 2, ["r4 + r8", "r16 + r32"]), (1, 4, ["r4 + r8 + r16 + r32"])])
 def test_auto_spreads_the_tasks_over_the_slots_the_machine_runs_at_once(tmp_path, slots, k, groups):
     """auto: as many fused tasks as the local launcher runs at once (none idle, none waiting for a slot), each of
@@ -424,9 +425,9 @@ def test_auto_spreads_the_tasks_over_the_slots_the_machine_runs_at_once(tmp_path
 
 def test_auto_fuses_no_more_variants_than_the_memory_model_fits(monkeypatch):
     """A fused task holds every variant's batch at once: K drops until its predicted peak fits the device's share."""
-    import slurm_router.launch.local as local
+    import slurm_router.backends.local.launcher as local
 
-    cfg = compose_grid([*FAST, "resources.fuse_variants=auto"], False)
+    cfg = compose([*FAST, "resources.fuse_variants=auto"], False)
     monkeypatch.setattr(local, "device_pool", lambda cfg: (["cpu0"], False))  # one slot: K = every task
     peak = local.task_peak_bytes(cfg, "cpu")
     assert peak(4) > peak(2) > peak(1) > 0
@@ -469,10 +470,10 @@ def test_auto_is_refused_where_the_devices_are_unknown_at_submit_time(tmp_path, 
 
 
 def test_auto_with_memory_sized_gpu_packing_is_refused(monkeypatch):
-    import slurm_router.launch.local as local
+    import slurm_router.backends.local.launcher as local
     from slurm_router.errors import UserError
 
     monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
-    cfg = compose_grid([*FAST, "resources.fuse_variants=auto", "resources.tasks_per_gpu=0"], False)
+    cfg = compose([*FAST, "resources.fuse_variants=auto", "resources.tasks_per_gpu=0"], False)
     with pytest.raises(UserError, match="both size by predicted memory"):
         local.check_devices(cfg)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli, run_dir_of
+from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.integration
 
@@ -223,3 +224,37 @@ def test_a_killed_worker_stops_the_task_fast_and_resume_falls_back_past_a_damage
     # 2 devices vs 1: the same math up to float reduction order (the routing invariant's tolerance)
     for step, loss in losses.items():
         assert loss == pytest.approx(reference.losses()[step], rel=2e-5), step
+
+
+def test_resume_refuses_an_edited_config_yaml_and_changes_nothing(tmp_path):
+    """RUN_DIR/config.yaml edited after an interruption: resume= would run what task.json recorded and ignore the
+    edit, so it is refused in one line naming the key (exit 2), nothing of the run changed; undone, it resumes."""
+    proc = _start(tmp_path)
+    task_dir = _wait_for_step(tmp_path, 2)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_dir = task_dir.parents[1]
+    assert proc.returncode == 130 and json.loads((run_dir / "manifest.json").read_text())["state"] == "interrupted"
+    config = run_dir / "config.yaml"
+    original = config.read_text()
+    lr = OmegaConf.load(config).train.lr
+    config.write_text(original.replace(f"  lr: {lr}\n", f"  lr: {lr * 2}\n", 1))
+    assert OmegaConf.load(config).train.lr == lr * 2
+    before = {p: p.read_bytes() for p in sorted(task_dir.rglob("*")) if p.is_file()}
+
+    refused = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert lines[0].startswith(f"error: resume: {config} was edited: it gives task main train.lr={lr * 2}, but ")
+    assert f"the task runs with train.lr={lr} (tasks/main/task.json)" in lines[0]
+    assert {p: p.read_bytes() for p in sorted(task_dir.rglob("*")) if p.is_file()} == before
+    assert json.loads((run_dir / "manifest.json").read_text())["state"] == "interrupted"
+
+    config.write_text(original)
+    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert sorted(last_attempt_losses(task_dir)) == list(range(STEPS))

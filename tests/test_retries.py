@@ -22,6 +22,8 @@ import pytest
 from conftest import event_rows, run_cli, run_dir_of
 
 from slurm_router.allocation import retry
+from slurm_router.backends.slurm import job as slurm_job
+from slurm_router.backends.slurm.job import SlurmJobEnvironment
 from slurm_router.config.schema import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.rundir.spec import TaskSpec
 
@@ -49,17 +51,18 @@ def test_only_a_worker_killed_by_a_signal_is_not_its_own_error():
     ],
 )
 def test_nodes_to_exclude_leave_a_node_to_run_on(failed, nodes, exclude, kept):
-    assert retry.nodes_to_exclude(failed, nodes) == (exclude, kept)
+    usable = {node: slurm_job.usable(state) for node, state in nodes.items()}
+    assert retry.nodes_to_exclude(failed, usable) == (exclude, kept)
 
 
 def test_sinfo_and_sacct_outputs():
-    assert retry.parse_sinfo("vm|mix\nn2|down*\nvm|mix\n\n") == {"vm": "mix", "n2": "down*"}
-    assert retry.usable("idle") and retry.usable("mix") and retry.usable("alloc")
-    assert not retry.usable("down*") and not retry.usable("idle*") and not retry.usable("drain")
+    assert slurm_job.parse_sinfo("vm|mix\nn2|down*\nvm|mix\n\n") == {"vm": "mix", "n2": "down*"}
+    assert slurm_job.usable("idle") and slurm_job.usable("mix") and slurm_job.usable("alloc")
+    assert not slurm_job.usable("down*") and not slurm_job.usable("idle*") and not slurm_job.usable("drain")
     sacct = (
         "42|NODE_FAIL|n3|2024-01-01T10:00:00\n42|REQUEUED|n1|2024-01-01T11:00:00\n42|RUNNING|n2|2024-01-01T12:00:00\n"
     )
-    assert retry.parse_node_failures(sacct) == [("42@2024-01-01T10:00:00", "n3")]
+    assert slurm_job.parse_node_failures(sacct) == [("42@2024-01-01T10:00:00", "n3")]
 
 
 @pytest.fixture
@@ -101,7 +104,7 @@ def spec(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     requeued = []
     monkeypatch.setattr(
-        retry, "requeue_self", lambda spec, decision, step, scontrol=True: requeued.append((decision, step, scontrol))
+        retry, "requeue_self", lambda spec, decision, step, now=True: requeued.append((decision, step, now))
     )
     s.requeued = requeued
     return s
@@ -128,10 +131,13 @@ def _failures(spec) -> list[dict]:
 
 def test_a_signal_death_is_retried_within_the_budget_and_its_own_error_never(spec):
     slurm = FakeSlurm()
-    assert retry.after_failure(spec, "worker rank 0 (pid 9) raised ValueError: bad data", 4, slurm) is None
+    assert (
+        retry.after_failure(spec, "worker rank 0 (pid 9) raised ValueError: bad data", 4, SlurmJobEnvironment(slurm))
+        is None
+    )
     assert not (Path(spec.task_dir) / "attempts.json").exists() and spec.requeued == [] and slurm.calls == []
 
-    retried = retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, slurm)
+    retried = retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(slurm))
     said = str(retried)
     assert "retried after SIGKILL of worker rank 0 on node n1 (1/1)" in said and "excluding n1" in said
     assert retried.exit_code == 75
@@ -142,13 +148,16 @@ def test_a_signal_death_is_retried_within_the_budget_and_its_own_error_never(spe
     assert (first["node"], first["retried"], first["excluded"], first["job_id"]) == ("n1", True, ["n1"], "7_0")
 
     # the second one is over launcher.max_failures=1: the task fails as before, and says why
-    assert retry.after_failure(spec, "worker rank 0 (pid 11) killed by SIGKILL", 6, FakeSlurm()) is None
+    assert (
+        retry.after_failure(spec, "worker rank 0 (pid 11) killed by SIGKILL", 6, SlurmJobEnvironment(FakeSlurm()))
+        is None
+    )
     assert len(spec.requeued) == 1
     newest = _failures(spec)[-1]
     assert newest["retried"] is False and "launcher.max_failures=1 used up" in newest["detail"]
 
     retry.renew(Path(spec.task_dir))  # resume=: the budget starts over, the records stay
-    assert retry.after_failure(spec, "worker rank 0 (pid 12) killed by SIGBUS", 8, FakeSlurm())
+    assert retry.after_failure(spec, "worker rank 0 (pid 12) killed by SIGBUS", 8, SlurmJobEnvironment(FakeSlurm()))
     assert len(spec.requeued) == 2 and len(_failures(spec)) == 3
 
 
@@ -160,7 +169,7 @@ def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, 
 
     monkeypatch.setenv(REQUEUE_REQUEST_ENV, str(tmp_path / "requeue.json"))
     slurm = FakeSlurm()
-    retried = retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, slurm)
+    retried = retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(slurm))
     assert retried.exit_code == EXIT_REQUEUE and spec.requeued[0][2] is False and slurm.calls == []
     assert "retried after SIGKILL" in json.loads((tmp_path / "requeue.json").read_text())["why"]
     assert _failures(spec)[0]["excluded"] == []
@@ -170,28 +179,34 @@ def test_no_retry_outside_slurm_or_for_a_packed_task(spec, monkeypatch):
     from slurm_router.allocation.pack import PACKED_ENV
 
     monkeypatch.setenv(PACKED_ENV, "1")  # a pack's task: a requeue would restart the pack's other tasks
-    assert retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, FakeSlurm()) is None
+    assert (
+        retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(FakeSlurm()))
+        is None
+    )
     monkeypatch.delenv(PACKED_ENV)
     monkeypatch.delenv("SLURM_JOB_ID")
-    assert retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, FakeSlurm()) is None
+    assert (
+        retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(FakeSlurm()))
+        is None
+    )
     assert spec.requeued == []
 
 
 def test_node_fail_is_counted_once_at_the_next_start_and_refused_beyond_the_budget(spec, monkeypatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     one = FakeSlurm("8|NODE_FAIL|n3|2024-01-01T10:00:00\n8|RUNNING|n1|2024-01-01T10:05:00\n")
-    assert retry.count_node_failures(spec, one) is None
-    assert retry.count_node_failures(spec, one) is None  # the same attempt is not counted twice
+    assert retry.count_node_failures(spec, SlurmJobEnvironment(one)) is None
+    assert retry.count_node_failures(spec, SlurmJobEnvironment(one)) is None  # the same attempt is not counted twice
     (record,) = _failures(spec)
     assert record["detail"] == "retried after NODE_FAIL on node n3 (1/1)"
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     two = FakeSlurm(one.sacct + "8|NODE_FAIL|n1|2024-01-01T10:05:00\n")
-    refused = retry.count_node_failures(spec, two)
+    refused = retry.count_node_failures(spec, SlurmJobEnvironment(two))
     assert refused and "NODE_FAIL on node n1" in refused and "launcher.max_failures=1" in refused
     assert f"resume={spec.run_dir}" in refused and "\n" not in refused
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # a first start asks nothing of sacct
     quiet = FakeSlurm()
-    assert retry.count_node_failures(spec, quiet) is None and quiet.calls == []
+    assert retry.count_node_failures(spec, SlurmJobEnvironment(quiet)) is None and quiet.calls == []
 
 
 # ---------------------------------------------------------------- the real cluster
@@ -289,7 +304,7 @@ def test_a_requeued_array_task_gets_its_exclusion_from_slurm(monkeypatch):
     """The exclusion the retry sets after its requeue, against the real scontrol: an array task requeued while it
     ran is held again, and its ExcNodeList names the node (excluding the cluster's only node is what the retry
     never does; here the held task is cancelled at once)."""
-    node = retry.run_command(["sinfo", "-h", "-N", "-o", "%N"]).split()[0]
+    node = slurm_job.job_command(["sinfo", "-h", "-N", "-o", "%N"]).split()[0]
     job = (
         subprocess.run(
             ["sbatch", "--parsable", "--requeue", "--array=0", "-o", "/dev/null", "--wrap", "sleep 120"],
@@ -302,14 +317,14 @@ def test_a_requeued_array_task_gets_its_exclusion_from_slurm(monkeypatch):
     )
     try:
         _wait(
-            lambda: "RUNNING" in retry.run_command(["squeue", "-h", "-j", f"{job}_0", "-o", "%T"]),
+            lambda: "RUNNING" in slurm_job.job_command(["squeue", "-h", "-j", f"{job}_0", "-o", "%T"]),
             "the job to run",
             timeout=60,
         )
         monkeypatch.setenv("SLURM_ARRAY_JOB_ID", job)
         monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
         subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True)
-        assert retry.exclude_nodes([node], [], retry.run_command) == f"excluding {node}"
-        assert f"ExcNodeList={node}" in retry.run_command(["scontrol", "show", "job", f"{job}_0"])
+        assert retry.exclude_nodes([node], [], SlurmJobEnvironment()) == f"excluding {node}"
+        assert f"ExcNodeList={node}" in slurm_job.job_command(["scontrol", "show", "job", f"{job}_0"])
     finally:
         subprocess.run(["scancel", job], capture_output=True)

@@ -253,7 +253,7 @@ def test_same_plan_in_other_processes():
 
 def test_fast_microbatch_builder_matches_the_plain_one():
     """The plan's hot loop (build_microbatches) builds exactly what build_microbatch builds."""
-    from slurm_router.router.packing import build_microbatch, build_microbatches, sample_costs
+    from slurm_router.router.packing import Batch, build_microbatch, build_microbatches, sample_costs
 
     rng = random.Random(3)
     lengths = lognormal_lengths(200, seed=5)
@@ -267,8 +267,9 @@ def test_fast_microbatch_builder_matches_the_plain_one():
         i += k
     mm = MemoryModel(10**8, 10**5, 10.0)
     for model in (mm, None):
-        fast = build_microbatches(groups, ids, lengths, costs, model)
-        assert fast == tuple(build_microbatch(g, ids, lengths, costs, model) for g in groups)
+        batch = Batch(ids, lengths, costs, model)
+        fast = build_microbatches(groups, batch)
+        assert fast == tuple(build_microbatch(g, batch) for g in groups)
         assert all(
             type(mb).__name__ == "MicroBatch" and mb.max_len == max(lengths[p] for p in g)
             for mb, g in zip(fast, groups)

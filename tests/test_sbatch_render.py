@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_router.launch.slurm.sbatch_render import (
+from slurm_router.backends.slurm.sbatch_render import (
     SbatchSpec,
     render_sbatch,
     safe_job_name,
@@ -261,10 +261,10 @@ def test_the_command_renders_the_users_gres_once_and_cpus_for_every_worker(tmp_p
     ],
 )
 def test_cpus_per_task_follow_the_workers_of_a_task(args, cpus):
+    from slurm_router.backends.slurm.common import job_cpus
+    from slurm_router.backends.slurm.sbatch_launcher import sbatch_spec
+    from slurm_router.backends.slurm.submitit_launcher import submitit_params
     from slurm_router.config.compose import compose
-    from slurm_router.launch.slurm.common import job_cpus
-    from slurm_router.launch.slurm.sbatch_launcher import sbatch_spec
-    from slurm_router.launch.slurm.submitit_launcher import submitit_params
 
     for launcher in ("sbatch", "slurm"):
         cfg = compose([f"launcher={launcher}", *args])
@@ -278,8 +278,8 @@ def test_cpus_per_task_follow_the_workers_of_a_task(args, cpus):
 
 
 def test_submitit_leaves_the_gpu_request_to_the_users_gres():
+    from slurm_router.backends.slurm.submitit_launcher import submitit_params
     from slurm_router.config.compose import compose
-    from slurm_router.launch.slurm.submitit_launcher import submitit_params
 
     mine = submitit_params(compose(["launcher=slurm", "resources.devices_per_task=2"]), 2, "variants", None)
     assert mine["gpus_per_node"] == 2 and mine["cpus_per_task"] == 2

@@ -185,13 +185,14 @@ def test_ctrl_c_before_anything_is_written_is_one_line(tmp_path):
 CTRL_C_IN_A_DATACLASS = textwrap.dedent("""
     import sys
     import slurm_router.__main__ as command
+    import slurm_router.cli.run as workflow
     import slurm_router.rundir.lock  # noqa: F401  (what the interrupted path imports: none left to exec a string)
     import slurm_router.rundir.manifest  # noqa: F401
 
-    def compose_grid(overrides, multirun):  # a Ctrl-C while an import builds a dataclass's methods (exec of a string)
+    def compose(overrides, multirun):  # a Ctrl-C while an import builds a dataclass's methods (exec of a string)
         exec("raise KeyboardInterrupt")
 
-    command.compose_grid = compose_grid
+    workflow.compose = compose
     sys.exit(command.main(["train.steps=2"]))
 """)
 
@@ -337,17 +338,18 @@ def test_an_error_that_a_dropped_ctrl_c_caused_is_reported_as_the_interrupt(monk
     'defaults'` with exit 2. The command counted the stop, so the error after it reads as the interrupt: one
     line, exit 130, as a Ctrl-C at that moment always did."""
     import slurm_router.__main__ as cli
+    import slurm_router.cli.run as workflow
     from slurm_router.errors import UserError
 
     def compose_hit_by_a_signal(argv, multirun):
         _signal_dropped_in_a_callback(signal.SIGTERM)
         raise UserError("unknown key 'defaults'")
 
-    monkeypatch.setattr(cli, "run", compose_hit_by_a_signal)
+    monkeypatch.setattr(workflow, "run", compose_hit_by_a_signal)
     assert cli.main(["train.steps=2"]) == 130
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == "interrupted: nothing was written" and "unknown key" not in err, err
 
-    monkeypatch.setattr(cli, "run", lambda argv, multirun: (_ for _ in ()).throw(UserError("a real mistake")))
+    monkeypatch.setattr(workflow, "run", lambda argv, multirun: (_ for _ in ()).throw(UserError("a real mistake")))
     assert cli.main(["train.steps=2"]) == 2  # no stop this time: the error is the user's
     assert capsys.readouterr().err.strip() == "error: a real mistake"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, run_dir_of
 
-from slurm_router.launch.slurm.submitit_launcher import submitit_params
+from slurm_router.backends.slurm.submitit_launcher import submitit_params
 
 needs_slurm = pytest.mark.skipif(
     shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"

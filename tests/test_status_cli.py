@@ -22,8 +22,8 @@ from conftest import event_rows, run_cli, start_cli, wait_until
 
 from slurm_router.cli import run_list
 from slurm_router.cli import status as cli_status
-from slurm_router.launch.task_status import TaskStatus
 from slurm_router.rundir.progress import last_rows, pace, read_progress
+from slurm_router.scheduler.task_status import TaskStatus
 
 
 def _row(kind: str, **fields) -> str:

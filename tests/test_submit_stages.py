@@ -43,7 +43,7 @@ class FakeSlurm(Launcher):
 
     @classmethod
     def task_states(cls, manifest):  # what `status` would show: the states the manifest records
-        from slurm_router.launch.task_status import local_status
+        from slurm_router.scheduler.task_status import local_status
 
         return local_status(manifest)
 
@@ -161,10 +161,14 @@ def test_synchronous_launcher_records_final_states(tmp_path):
     assert data["state"] == "failed" and data["jobs"] == [] and run.job_ids == []
 
 
-def test_resume_submits_only_the_unfinished_tasks(tmp_path):
+def test_resume_submits_only_the_unfinished_tasks(tmp_path, monkeypatch):
     """The base completed and v1 completed in the first run: resume's stages hold v0 and v2 only."""
+    from slurm_router.launch import resume
     from slurm_router.launch.resume import plan_resume
 
+    # these specs carry no config (config={}), so no config.yaml matches them: the edited-config refusal is
+    # tested through the command (tests/test_requeue_local.py)
+    monkeypatch.setattr(resume, "check_config_unchanged", lambda manifest: None)
     cfg, manifest, stages = _run(tmp_path, cached_base=True)
     manifest.layout.config.write_text(OmegaConf.to_yaml(cfg))
     for name in ("base", "v1"):
@@ -183,17 +187,17 @@ def test_resume_submits_only_the_unfinished_tasks(tmp_path):
 
 def test_the_registry_is_the_one_place_kinds_are_named():
     from slurm_router.config.schema import CHOICES
-    from slurm_router.launch.registry import LAUNCHERS, launcher_class
+    from slurm_router.scheduler.registry import launcher_class, launcher_kinds
 
-    assert tuple(LAUNCHERS) == CHOICES["launcher.kind"] == ("local", "slurm", "sbatch")
-    assert all(cls.schema.kind == kind for kind, cls in LAUNCHERS.items())
+    assert tuple(launcher_kinds()) == CHOICES["launcher.kind"] == ("local", "slurm", "sbatch")
+    assert all(launcher_class(kind).schema.kind == kind for kind in launcher_kinds())
     with pytest.raises(Exception, match="no such launcher"):
         launcher_class("nope")
 
 
 def test_local_threads_follow_the_workers_that_run_side_by_side(tmp_path, monkeypatch):
     """One CPU task on an 8-slot pool gets every core; four tasks share them (slurm_router.worker.cpu)."""
-    from slurm_router.launch import local
+    from slurm_router.backends.local import launcher as local
 
     seen = []
     monkeypatch.setattr(local, "device_pool", lambda cfg: ([f"cpu{i}" for i in range(8)], False))
@@ -217,9 +221,9 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
     """launcher.wait=true: the run's tasks, then the report job; the report it wrote is printed, not written
     again (one writer of report/); if it failed, say so and write it here."""
     from slurm_router.analysis import console, report
-    from slurm_router.launch.slurm import status as slurm_status
-    from slurm_router.launch.slurm.submitit_launcher import SubmititLauncher
-    from slurm_router.launch.task_status import TaskStatus
+    from slurm_router.backends.slurm import status as slurm_status
+    from slurm_router.backends.slurm.submitit_launcher import SubmititLauncher
+    from slurm_router.scheduler.task_status import TaskStatus
 
     cfg, manifest, _ = _run(tmp_path)
     cfg.launcher.wait = True
@@ -227,7 +231,7 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
     monkeypatch.setattr(
         slurm_status,
         "wait_for_run",
-        lambda m, poll_s: (
+        lambda m, poll_s, on_poll=None: (
             order.append("tasks") or [TaskStatus(stage="variants", variant="v0", job_id="100_0", state="COMPLETED")]
         ),
     )

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli, run_dir_of, step_losses
 
 from slurm_router.__main__ import main
-from slurm_router.config.compose import compose_grid
+from slurm_router.config.compose import compose
 from slurm_router.config.schema import NAME_RE
 from slurm_router.config.sweep import fit_name, format_value, short_keys
 from slurm_router.config.variants import validate
@@ -22,11 +22,11 @@ from slurm_router.rundir.spec import TaskSpec
 
 def grid(*args: str) -> dict:
     """The variants `python -m slurm_router -m ARGS` would run: name -> its config."""
-    return validate(compose_grid(list(args), multirun=True))
+    return validate(compose(list(args), multirun=True))
 
 
 def plan(*args: str, tmp_path, multirun: bool = False):
-    cfg = compose_grid([*args, f"base.cache_dir={tmp_path / 'cache'}"], multirun)
+    cfg = compose([*args, f"base.cache_dir={tmp_path / 'cache'}"], multirun)
     return make_plan(cfg, validate(cfg), "run", str(tmp_path / "run"))
 
 
@@ -170,7 +170,7 @@ def test_old_task_files_load_with_the_configs_seed(tmp_path):
 def test_the_manifest_records_each_tasks_seed_and_variant(tmp_path):
     from slurm_router.rundir.manifest import create_run_dir
 
-    cfg = compose_grid(["+experiment=lora_ab", "seeds=2", f"base.cache_dir={tmp_path / 'cache'}"])
+    cfg = compose(["+experiment=lora_ab", "seeds=2", f"base.cache_dir={tmp_path / 'cache'}"])
     stages = make_plan(cfg, validate(cfg), "run", str(tmp_path / "run"))
     manifest = create_run_dir(cfg, "run", tmp_path / "run", stages, "local")
     tasks = manifest.data["tasks"]
@@ -181,7 +181,7 @@ def test_the_manifest_records_each_tasks_seed_and_variant(tmp_path):
         "r32-s1": ("r32", 1),
     }
     assert json.loads((tmp_path / "run" / "tasks" / "r32-s1" / "task.json").read_text())["seed"] == 1
-    from slurm_router.launch.task_status import local_status
+    from slurm_router.scheduler.task_status import local_status
 
     assert [t.variant for t in local_status(manifest.data)] == list(tasks)  # one status row per task
 
@@ -192,7 +192,7 @@ def test_the_training_seed_moves_the_lora_init_not_the_base():
     from slurm_router.train.data import GlobalBatchSampler
     from slurm_router.train.model import build_model
 
-    cfg = compose_grid(["model.lora.target_modules=[c_attn]"])
+    cfg = compose(["model.lora.target_modules=[c_attn]"])
     a, b = (build_model(cfg.model, 257, 0, lora_seed=s) for s in (0, 1))
     same = build_model(cfg.model, 257, 0)  # no lora_seed: seeded as before replicates
     for (name, pa), pb, ps in zip(a.named_parameters(), b.parameters(), same.parameters()):
@@ -306,8 +306,6 @@ def test_three_seeds_on_slurm_are_one_array_job_of_six_tasks(tmp_path):
 
 def test_a_variant_with_no_overrides_is_the_experiment_itself():
     """`variants={a: {}, b: null}` (an A/A pair): each is the experiment's config as it is, not a traceback."""
-    from slurm_router.config.compose import compose
-
     variants = validate(compose(["+experiment=lora_ab", "++variants={a: {}, b: null}"]))
     assert list(variants) == ["r8", "r32", "a", "b"]
     assert variants["a"].model.lora.r == variants["b"].model.lora.r == 8 and variants["a"].train.lr == 5e-3

@@ -14,9 +14,10 @@ from conftest import run_cli, run_dir_of
 from scipy import stats as sps
 from verdict_calibration import REGIMES, Noise, band, holm_fwer, old_rejects, rate, simulate
 
-from slurm_router.analysis import abtest, stats
+from slurm_router.analysis import abtest
 from slurm_router.analysis.load import Task, load_run
 from slurm_router.analysis.report import write_report
+from slurm_router.verdict import stats
 
 B = 32
 
@@ -73,6 +74,38 @@ def test_pairing_the_base_unshared_seeds_and_eval_batches_that_differ():
         stats.compare({0: a[0]}, other)
     with pytest.raises(ValueError, match="cannot be paired"):
         stats.compare({0: a[0]}, {0: rep([1.0], [1])})
+
+
+def test_pieces_of_one_file_are_one_cluster_and_widen_the_interval():
+    """8 held-out files of 4 pieces each, the pieces of a file spread over 32 eval units, and a file-level effect
+    (the variants differ more on some files than on others): treating the 32 pieces as independent understates
+    the noise; with their sources, the pieces of a file count once (8 units) and the interval is wider."""
+    rng = np.random.default_rng(2)
+    files = np.repeat(np.arange(8), 4)
+    rng.shuffle(files)
+    tokens = np.full(32, 100.0)
+    file_effect = rng.normal(0, 0.05, 8)
+
+    def side(shift):
+        return {
+            s: {
+                "loss_sums": (2.5 + shift + file_effect[files] * (shift > 0) + rng.normal(0, 0.01, 32)) * tokens,
+                "tokens": tokens,
+            }
+            for s in range(3)
+        }
+
+    a, b = side(0.02), side(0.0)
+    independent = stats.compare(a, b)
+    with_sources = {s: {**r, "sources": [[int(f)] for f in files]} for s, r in a.items()}
+    clustered = stats.compare(with_sources, b)
+    assert (independent.n_batches, clustered.n_batches) == (32, 8)
+    assert clustered.diff == pytest.approx(independent.diff)
+    width = lambda r: r.ci_high - r.ci_low
+    assert width(clustered) > 1.5 * width(independent), (width(clustered), width(independent))
+    # batches that share no source are independent already: the same interval
+    own = {s: {**r, "sources": [[k] for k in range(32)]} for s, r in a.items()}
+    assert stats.compare(own, b).as_dict() == independent.as_dict()
 
 
 def test_holm_adjusts_step_down():
@@ -233,6 +266,8 @@ def test_a_one_seed_verdict_says_what_its_interval_leaves_out(tmp_path):
     assert pair["sentence"].startswith("r32 leads r8 by 0.0"), "one seed: it leads, it does not beat"
     assert "paired t-test over 32 eval batches of 1 seed: eval-sample noise only" in pair["sentence"]
     assert s["winner"]["sentence"].startswith("leads: r32 (") and "ahead of r8 on 1 seed" in s["winner"]["sentence"]
+    loss = float(s["winner"]["sentence"].split("held-out loss ")[1].split(";")[0])
+    assert loss == pytest.approx(s["winner"]["val_loss"], abs=1e-4) and loss > 0, s["winner"]  # the loss, not negated
     # what the interval leaves out is said once, in the report's banner, not in every sentence
     assert "not training noise" in s["caveat"] and "seeds=3" in s["caveat"]
     assert "not training noise" not in pair["sentence"]
@@ -241,6 +276,34 @@ def test_a_one_seed_verdict_says_what_its_interval_leaves_out(tmp_path):
     md = (tmp_path / "run" / "report" / "report.md").read_text()
     assert "## Variants over seeds" not in md and pair["sentence"] in md
     assert s["plots"][:2] == ["loss.png", "forest.png"]
+
+
+def test_one_seed_a_over_a_tables_never_decide_a_winner():
+    """Simulated A/A tables of one seed: the paired t-test over eval batches calls many of them significant (the
+    sentence says 'leads'), but the winner is never `decided` on eval-sample noise alone (issue 36, 7)."""
+
+    def task(name, variant, table):
+        t = Task(name, {"stage": "variants", "variant": variant}, seed=0)
+        t.evals = pd.DataFrame(
+            [
+                {
+                    "step": 5,
+                    "val_loss": 3.0,
+                    "batch_loss_sums": list(table["loss_sums"]),
+                    "batch_tokens": list(table["tokens"]),
+                }
+            ]
+        )
+        return t
+
+    rng, leads, decided = np.random.default_rng(7), 0, 0
+    for _ in range(200):
+        a, b = simulate(rng, n_seeds=1, effects=(0.0, 0.0))
+        tasks = [task("a", "a", a[0]), task("b", "b", b[0])]
+        w = abtest.winner(tasks, abtest.compare_all(tasks))
+        leads += w["sentence"].startswith("leads: ")
+        decided += w["decided"]
+    assert leads > 0.3 * 200 and decided == 0, (leads, decided)
 
 
 def test_three_seeds_three_variants_verdict_and_report(tmp_path):
@@ -346,9 +409,30 @@ def test_a_real_a_over_a_run_says_no_difference(tmp_path, base_cache):
     assert pair["ci_low"] <= 0 <= pair["ci_high"] and pair["p"] >= 0.05
 
 
+@pytest.mark.integration
+def test_a_real_one_seed_win_leads_and_is_not_decided(tmp_path):
+    """One seed (the default) and a planted loser (r8 at lr 1e-6): r32 is ahead on every eval batch, the verdict
+    says it leads, and summary.json does not call it decided: training noise is not in a one-seed interval."""
+    proc = run_cli(
+        "+experiment=lora_ab",
+        "base.enabled=false",
+        "data=stdlib",
+        "train.steps=6",
+        "variants.r8.train.lr=1e-6",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = json.loads((run_dir_of(proc) / "report" / "summary.json").read_text())
+    (pair,) = [r for r in s["ab"] if r["b"] != "base"]
+    assert pair["significant"] and pair["sentence"].startswith("r32 leads r8 by"), pair["sentence"]
+    assert s["winner"]["variant"] == "r32" and s["winner"]["sentence"].startswith("leads: r32 (")
+    assert s["winner"]["decided"] is False
+
+
 def test_one_eval_batch_of_one_seed_gives_no_verdict_rather_than_an_exact_one():
     """No spread to measure the noise by: the pair says so instead of a zero-width interval and p < 1e-6."""
-    from slurm_router.analysis import stats
+    from slurm_router.verdict import stats
 
     a = {0: {"loss_sums": [40.0], "tokens": [10.0]}}
     b = {0: {"loss_sums": [41.0], "tokens": [10.0]}}

@@ -66,6 +66,7 @@ def test_a_plan_digest_tells_two_plans_of_one_batch_apart():
 
 def test_cpu_threads_come_from_the_launcher_else_the_workers_share(monkeypatch):
     monkeypatch.delenv(cpu.THREADS_ENV, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "1")  # inside a Slurm job: its job environment gives the CPUs per task
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "12")
     assert cpu.worker_threads(3) == 4 and cpu.worker_threads(1) == 12
     monkeypatch.setenv(cpu.THREADS_ENV, "5")

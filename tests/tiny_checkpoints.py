@@ -1,4 +1,4 @@
-"""Tiny Llama-, Qwen2- and GPT-2-architecture checkpoints for tests, made on the spot (nothing is downloaded).
+"""Tiny Llama-, Qwen2-, GPT-2-, Phi- and Gemma-2-architecture checkpoints for tests, made on the spot (nothing is downloaded).
 
 Each is a transformers config with random weights written with save_pretrained, and a byte-level BPE tokenizer
 trained on the fly by the `tokenizers` library on a few standard-library sources, with the special tokens its
@@ -7,7 +7,9 @@ architecture uses and a chat template set:
     make_checkpoint(tmp_path / "llama", "llama")     -> the folder, ready for model=hf model.name_or_path=...
 
 Llama: BOS <s> and EOS </s>, no pad token. Qwen2: no BOS, EOS <|im_end|>, pad <|endoftext|>. GPT-2: one
-<|endoftext|> for BOS and EOS, no pad, learned positions (n_positions).
+<|endoftext|> for BOS and EOS, no pad, learned positions (n_positions). Phi (as Phi-2): GPT-2's tokens, an
+LM head with a bias (drawn non-zero: a fresh one is zero), dropout 0.1. Gemma-2: <bos>, <eos>, <pad>, final logit
+soft-capping at 0.1 (Gemma-2 ships 30.0, about its logits' reach; a tiny model's logits are near 0.2), sliding-window attention.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ SPECIAL = {
     "llama": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
     "qwen2": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>"]},
     "gpt2": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    "phi": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+    "gemma2": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
 }
-TEMPLATE = {"llama": LLAMA_CHAT, "qwen2": CHATML, "gpt2": CHATML}
+TEMPLATE = {"llama": LLAMA_CHAT, "qwen2": CHATML, "gpt2": CHATML, "phi": CHATML, "gemma2": CHATML}
 
 
 def _corpus() -> list[str]:
@@ -66,7 +70,7 @@ def _tokenizer_json(arch: str, vocab_size: int) -> str:
 
 
 def _model_config(arch: str, vocab_size: int, specials: dict):
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+    from transformers import Gemma2Config, GPT2Config, LlamaConfig, PhiConfig, Qwen2Config
 
     if arch == "llama":
         return LlamaConfig(
@@ -92,6 +96,33 @@ def _model_config(arch: str, vocab_size: int, specials: dict):
             eos_token_id=specials["eos_token"],
             pad_token_id=specials.get("pad_token"),
         )
+    if arch == "phi":
+        return PhiConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            resid_pdrop=0.1,
+            bos_token_id=specials["bos_token"],
+            eos_token_id=specials["eos_token"],
+        )
+    if arch == "gemma2":
+        return Gemma2Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=512,
+            final_logit_softcapping=0.1,
+            bos_token_id=specials["bos_token"],
+            eos_token_id=specials["eos_token"],
+            pad_token_id=specials["pad_token"],
+        )
     return GPT2Config(
         vocab_size=vocab_size,
         n_positions=512,
@@ -109,7 +140,8 @@ def _model_config(arch: str, vocab_size: int, specials: dict):
 def make_checkpoint(
     folder: str | Path, arch: str = "llama", vocab_size: int = 512, seed: int = 0, chat_template: bool = True
 ) -> Path:
-    """A tiny causal LM of architecture `arch` (llama | qwen2 | gpt2) with its tokenizer, saved in `folder`."""
+    """A tiny causal LM of architecture `arch` (llama | qwen2 | gpt2 | phi | gemma2) with its tokenizer, saved in
+    `folder`."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -125,6 +157,8 @@ def make_checkpoint(
     ids = {k: fast.convert_tokens_to_ids(v) for k, v in specials.items() if isinstance(v, str)}
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(_model_config(arch, len(fast), ids))
+    if arch == "phi":  # a trained head's bias is not zero
+        torch.nn.init.normal_(model.lm_head.bias, std=1.0)
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder

@@ -53,6 +53,7 @@ from submitit.helpers import Checkpointable
 from slurm_router.allocation.supervisor import Supervised, TaskFailed, TaskStopped, TaskSupervisor
 from slurm_router.rundir.layout import RESULT_FILE, TaskPaths  # noqa: F401  (RESULT_FILE: imported from here)
 from slurm_router.rundir.lifecycle import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TaskOutcome
+from slurm_router.scheduler.registry import job_environment
 
 
 def _newest_checkpoint(spec, quiet: bool = False) -> str | None:
@@ -121,7 +122,7 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     """Train one task to the end, resuming from its newest valid checkpoint; returns its result (held-out
     loss, ...). Raises TaskStopped after a stop signal (checkpoint saved), TaskFailed if a worker died,
     CheckpointError if checkpoints exist and none is valid."""
-    from slurm_router.allocation.requeue import note_slurm_restart
+    from slurm_router.allocation.requeue import note_scheduler_restart
     from slurm_router.allocation.srun_worker import run_srun_worker, srun_rank
     from slurm_router.rundir.attempts import next_attempt
     from slurm_router.rundir.spec import TaskSpec
@@ -139,7 +140,7 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     if rank is not None:
         return run_srun_worker(spec, resume, supervisor)
     spec.attempt = next_attempt(spec.task_dir)
-    note_slurm_restart(spec)
+    note_scheduler_restart(spec)
     from slurm_router.allocation.retry import after_failure, count_node_failures
 
     refused = count_node_failures(spec)  # Slurm requeued it after NODE_FAIL: launcher.max_failures
@@ -238,7 +239,8 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
     if task_file is None:
         from slurm_router.allocation.pack import pack_task_files, run_pack
 
-        files = pack_task_files(args.run_dir, args.stage, int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")), args.pack)
+        index = job_environment().array_index()
+        files = pack_task_files(args.run_dir, args.stage, index, args.pack)
         if args.pack > 1:
             return run_pack(files, supervisor)
         task_file = files[0]
@@ -275,8 +277,20 @@ def _run(task_file: str, supervisor: TaskSupervisor) -> int:
         return EXIT_FAILED
     except TaskStopped as stopped:
         return _after_stop(task_file, stopped)
-    print(json.dumps(result))
+    for each in _results(task_file, result):
+        print(json.dumps(each))
     return EXIT_OK
+
+
+def _results(task_file: str, result: dict | None) -> list:
+    """The task's result; a fused task's, one per variant (each member's from its result.json), so a log
+    followed by `status --follow` shows every variant's end."""
+    from slurm_router.rundir.layout import RunLayout
+    from slurm_router.rundir.spec import TaskSpec
+
+    spec = TaskSpec.load(task_file)
+    paths = [RunLayout(spec.run_dir).task(m).result for m in spec.members]
+    return [result, *(json.loads(p.read_text()) for p in paths if p.is_file())]
 
 
 def _hold_run_dir(task_file: str) -> None:
@@ -284,7 +298,7 @@ def _hold_run_dir(task_file: str) -> None:
     job was started by hand (UserError naming the holder if the run is in use). Under Slurm, Slurm owns it."""
     from slurm_router.rundir.lock import LOCK_FD_ENV, acquire
 
-    if os.environ.get(LOCK_FD_ENV) or os.environ.get("SLURM_JOB_ID"):
+    if os.environ.get(LOCK_FD_ENV) or job_environment().job_id():
         return
     from slurm_router.rundir.spec import TaskSpec
 
@@ -321,7 +335,7 @@ def _after_stop(task_file: str, stopped: TaskStopped) -> int:
 
     if (srun_rank() or 0) != 0:
         return EXIT_OK  # srun_workers: rank 0 speaks for the task; exit 0 so srun does not kill it
-    requeue_by = "pack" if os.environ.get(PACKED_ENV) else "scontrol"
+    requeue_by = "pack" if os.environ.get(PACKED_ENV) else "self"
     return after_stop(TaskSpec.load(task_file), stopped.signum, stopped.step, requeue_by).exit_code
 
 

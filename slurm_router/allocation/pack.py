@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import cast
 
 from submitit.helpers import Checkpointable
 
@@ -104,11 +103,12 @@ def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) ->
     outcome = pack_outcome(codes)
     print(f"pack of {len(task_files)} task(s): exit codes {codes}: {outcome.value}", flush=True)
     if outcome is TaskOutcome.REQUEUE:
-        from slurm_router.allocation.requeue import request_requeue_outside, slurm_job_ref  # JOB_TASK: never the array
+        from slurm_router.allocation.requeue import request_requeue_outside
+        from slurm_router.scheduler.registry import job_environment
 
         if request_requeue_outside(f"pack of {len(task_files)} task(s)"):  # in a container: the script does
             return outcome.exit_code
-        subprocess.run(["scontrol", "requeue", cast(str, slurm_job_ref())], check=True, timeout=60)
+        job_environment().requeue()  # this array task (JOB_TASK), never the whole array
         return EXIT_STOPPED
     return outcome.exit_code
 

@@ -10,11 +10,11 @@ import json
 import os
 import re
 import socket
-import subprocess
 import time
 
 from slurm_router.allocation.supervisor import TaskFailed, TaskStopped, worker_entry
 from slurm_router.rundir.layout import TaskPaths
+from slurm_router.scheduler.registry import job_environment
 
 # gloo, when a peer dies: "Connection closed by peer [ADDR]:PORT" or "Read error [ADDR]:PORT: Connection reset by peer"
 PEER_LOST = re.compile(r"\[([0-9a-fA-F.:]+)\]:\d+(?=.*by peer)|by peer \[([0-9a-fA-F.:]+)\]:\d+")
@@ -24,18 +24,14 @@ RENDEZVOUS_TIMEOUT_S = float(os.environ.get("SLURM_ROUTER_RENDEZVOUS_TIMEOUT_S",
 
 
 def srun_rank() -> int | None:
-    """This process's rank when it is one of several srun workers of one task, else None."""
-    ntasks = int(os.environ.get("SLURM_NTASKS", "1"))
-    return int(os.environ["SLURM_PROCID"]) if ntasks > 1 and "SLURM_PROCID" in os.environ else None
+    """This process's rank when it is one of several workers the scheduler started for one task, else None."""
+    return job_environment().worker_rank()
 
 
 def srun_master() -> str:
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         return f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    nodes = subprocess.run(
-        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
-    ).stdout.split()
-    return f"{nodes[0]}:{20000 + int(os.environ['SLURM_JOB_ID']) % 20000}"
+    return job_environment().rendezvous()
 
 
 def wait_for_master(master: str, who: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> None:
@@ -58,23 +54,8 @@ def wait_for_master(master: str, who: str, timeout_s: float = RENDEZVOUS_TIMEOUT
 
 
 def _ranks_on(node: str) -> list[int]:
-    """The ranks Slurm placed on `node` (block distribution: SLURM_TASKS_PER_NODE, e.g. '2(x3),1')."""
-    try:
-        nodes = subprocess.run(
-            ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.split()
-        counts = [
-            int(n)
-            for part in os.environ["SLURM_TASKS_PER_NODE"].split(",")
-            for n in [part.split("(")[0]] * (int(part.split("(x")[1].rstrip(")")) if "(x" in part else 1)
-        ]
-        first = sum(counts[: nodes.index(node)])
-        return list(range(first, first + counts[nodes.index(node)]))
-    except (KeyError, ValueError, IndexError, OSError, subprocess.SubprocessError):
-        return []
+    """The ranks the scheduler placed on `node`."""
+    return job_environment().ranks_on(node)
 
 
 def _speaks_for_the_task(rank: int, lost: list[int]) -> bool:
@@ -82,7 +63,7 @@ def _speaks_for_the_task(rank: int, lost: list[int]) -> bool:
     that was lost, the lowest rank on another node (rank 0 is gone, and with it the usual writer)."""
     if rank == 0:
         return True
-    ntasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    ntasks = job_environment().worker_count()
     survivors = [r for r in range(ntasks) if r not in lost]
     return 0 in lost and bool(survivors) and rank == survivors[0]
 
@@ -124,7 +105,10 @@ def run_srun_worker(spec, resume: str | None, supervisor) -> dict | None:
     supervisor's) is handed to the worker's own flag, so the worker stops after its first step."""
     from slurm_router.worker.state import Stopped, install_stop_handlers, request_stop
 
-    ntasks, rank = int(os.environ["SLURM_NTASKS"]), int(os.environ["SLURM_PROCID"])
+    env = job_environment()
+    ntasks, rank = env.worker_count(), env.worker_rank()
+    if rank is None:
+        raise RuntimeError("not one of several workers the scheduler started for this task")
     if ntasks != spec.devices:
         raise RuntimeError(f"{ntasks} srun tasks for a task of {spec.devices} devices")
     install_stop_handlers()  # from here on the worker's flag takes every stop signal

@@ -1,5 +1,5 @@
 """What a variant task leaves for the user: its trained adapter, in peft's own format, beside the base it was
-trained on (docs/ARCHITECTURE.md, "The run directory").
+trained on (docs/run-directory.md, "The run directory").
 
     tasks/<variant>/adapter/        adapter_config.json, adapter_model.safetensors (model.save_pretrained) and
                                     held_out.json (its step and held-out loss); the final weights
@@ -190,23 +190,25 @@ class AdapterSaver:
             self._base = base_model_path(self.spec, self.cfg, self.tokenizer)
         return self._base
 
-    def after_eval(self, model, step: int, val_loss: float) -> None:
+    def after_eval(self, model, step: int, val_loss: float, judged: tuple[str, float] | None = None) -> None:
         """adapter-best/ when this evaluation's held-out loss is strictly lower than every earlier one (the
-        step-0 evaluation is the base's, not an adapter's)."""
-        if not self.keep_best or step <= 0 or not math.isfinite(val_loss):
+        step-0 evaluation is the base's, not an adapter's); judged: (eval.primary, its mean score signed so that
+        lower is better), what decides instead when the run judges by a task metric (config/metrics.py)."""
+        value = val_loss if judged is None else judged[1]
+        if not self.keep_best or step <= 0 or not math.isfinite(value):
             return
-        if self.best is not None and not val_loss < self.best["val_loss"]:
+        if self.best is not None and not value < self.best.get("judged", self.best["val_loss"]):
             return
-        self._save(model, self.paths.adapter_best, step, val_loss)
-        self.best = {"step": step, "val_loss": val_loss}
+        self._save(model, self.paths.adapter_best, step, val_loss, judged)
+        self.best = {"step": step, "val_loss": val_loss, **({"judged": value} if judged else {})}
 
-    def final(self, model, step: int, val_loss: float) -> dict:
+    def final(self, model, step: int, val_loss: float, judged: tuple[str, float] | None = None) -> dict:
         """adapter/ (and adapter-best/ if the final one is the best); the result's fields naming them."""
         if not self.spec.lora:
             self._save(model, self.paths.full_model, step, val_loss)
             return {"model": str(self.paths.full_model)}
-        self._save(model, self.paths.adapter, step, val_loss)
-        self.after_eval(model, step, val_loss)
+        self._save(model, self.paths.adapter, step, val_loss, judged)
+        self.after_eval(model, step, val_loss, judged)
         out = {"adapter": str(self.paths.adapter), "base_model": self.base}
         if self.best is not None:
             out.update(
@@ -216,13 +218,19 @@ class AdapterSaver:
             )
         return out
 
-    def _save(self, model, folder: Path, step: int, val_loss: float) -> None:
+    def _save(self, model, folder: Path, step: int, val_loss: float, judged: tuple[str, float] | None = None) -> None:
         from slurm_router.train.model import quiet_transformers
 
         quiet_transformers()
         base = self.base if self.spec.lora else None
         record = json.dumps(
-            {"task": self.spec.name, "step": step, "val_loss": val_loss, **({"base_model": base} if base else {})},
+            {
+                "task": self.spec.name,
+                "step": step,
+                "val_loss": val_loss,
+                **({"judged_by": judged[0], "judged": judged[1]} if judged else {}),
+                **({"base_model": base} if base else {}),
+            },
             indent=1,
         )
 

@@ -11,6 +11,7 @@ meta device), the launcher's own checks (Slurm on PATH, the partition, the conta
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +20,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from slurm_router.config.unread import refuse_unread
-from slurm_router.config.variants import validate
+from slurm_router.config.variants import training_seeds, validate
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher
 from slurm_router.launch.plan import check_fits_base
-from slurm_router.launch.registry import launcher_class
 from slurm_router.rundir.manifest import new_run_dir
+from slurm_router.scheduler.registry import launcher_class
 from slurm_router.tracking.trackers import check_tracker
 
 
@@ -47,6 +48,9 @@ def check_new_run(cfg: DictConfig, user_keys: Iterable[str] = ()) -> CheckedRun:
     check_fits_base(cfg, variants)
     run_id, run_dir = new_run_dir(cfg)  # in a run_root that can be written, or one line now
     check_models(cfg, variants)
+    units = check_metrics(cfg)
+    if cfg.get("prune"):
+        prune_reach(variants, units)
     launcher = launcher_class(cfg.launcher.kind)
     launcher.check(cfg)
     from slurm_router.train.data import build_corpus
@@ -65,6 +69,25 @@ def check_new_run(cfg: DictConfig, user_keys: Iterable[str] = ()) -> CheckedRun:
     return CheckedRun(variants, launcher, corpus, run_id, run_dir)
 
 
+def prune_reach(variants: dict[str, DictConfig], units: int | None = None) -> None:
+    """prune=true that can never fire with these seeds, eval batches and evaluations: one line (the run goes on).
+    units: eval.primary's example clusters, what its comparisons rest on instead of eval batches (a task metric)."""
+    from slurm_router.verdict.pruning import reach_note
+
+    for note in dict.fromkeys(
+        reach_note(
+            len(training_seeds(v)), units or v.train.eval_batches, v.train.steps, v.train.eval_every, len(variants)
+        )
+        for v in variants.values()
+    ):
+        if note and units:
+            note = note.replace("eval batches", "example clusters").replace(
+                "raise train.eval_batches to", "give eval.primary"
+            )
+        if note:
+            print(note, file=sys.stderr, flush=True)
+
+
 def _data_configs(cfg: DictConfig, variants: dict[str, DictConfig]) -> list[tuple[str | None, DictConfig]]:
     """The configs whose data the run reads, each data setting once: the run's own when every variant reads it,
     else each variant whose data differs (a -m sweep over data.path: the run's own data is nobody's)."""
@@ -80,6 +103,25 @@ def _data_configs(cfg: DictConfig, variants: dict[str, DictConfig]) -> list[tupl
             seen.add(key)
             out.append((None if key == own else name, c))
     return out
+
+
+def check_metrics(cfg: DictConfig) -> int | None:
+    """eval.metrics: each function imported and asked for zero examples, twice (config/metrics.py probe), with the
+    run's tokenizer on the CPU: a path that does not import, a wrong result, a changing count is one line now.
+    Returns eval.primary's number of example clusters (None: the primary is held-out loss)."""
+    from slurm_router.config.metrics import metric_names, primary, probe
+
+    names = metric_names(cfg)
+    if not names:
+        return None
+    import torch
+
+    tok, units = tokenizer(cfg), None
+    for name in names:
+        scores = probe(name, str(cfg.eval.metrics[name]), tok, torch.device("cpu"))
+        if name == primary(cfg):
+            units = len(set(map(str, scores.sources))) if scores.sources is not None else scores.n_examples
+    return units
 
 
 def check_resumed_run(cfg: DictConfig, launcher: Any) -> None:
@@ -101,6 +143,7 @@ def check_models(cfg, variants: dict) -> None:
     named = [(where, c) for where, c in named if c.model.kind == "hf"]
     if not named:
         return
+    from slurm_router.train.logits import check_chunked_loss
     from slurm_router.train.model import check_architecture, check_checkpoint
 
     for c in {(c.model.name_or_path, c.data.max_len): c for _, c in named}.values():
@@ -111,6 +154,9 @@ def check_models(cfg, variants: dict) -> None:
         if key not in seen:
             seen.add(key)
             check_architecture(c.model, where)
+    for where, c in named:  # the chunked loss must compute the model's own logits (train/logits.py)
+        if c.train.loss_chunk_tokens > 0:
+            check_chunked_loss(c, where)
 
 
 def tokenizer(cfg):

@@ -1,8 +1,9 @@
 """`python -m slurm_router.status` without a run dir: the recent runs under run_root, newest first, each with its
 state, experiment, launcher, start time and tasks done/total, read from its manifest (rundir.Manifest) and its
-tasks' result files. Runs that Slurm runs are looked up with one squeue call for all of them.
+tasks' result files. Runs that a scheduler runs are looked up with one query of it for all of them. dry_run=true
+previews are left out (a line says how many), and listed with --previews.
 
-    python -m slurm_router.status [--run-root runs] [--limit 20] [--json]
+    python -m slurm_router.status [--run-root runs] [--limit 20] [--previews] [--json]
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class RunRow:
     tasks_total: int
 
 
-def find_runs(run_root: str, limit: int) -> list[Path]:
-    """The newest `limit` run dirs under run_root (runs/<experiment>/<timestamp>/, or an experiment's folder
-    itself), by their timestamp names. UserError (one line) if run_root is not a folder."""
+def find_runs(run_root: str) -> list[Path]:
+    """The run dirs under run_root (runs/<experiment>/<timestamp>/, or an experiment's folder itself), newest
+    first by their timestamp names. UserError (one line) if run_root is not a folder."""
     root = Path(os.path.expanduser(run_root))
     if not root.is_dir():
         raise UserError(
@@ -40,19 +41,21 @@ def find_runs(run_root: str, limit: int) -> list[Path]:
             "(python -m slurm_router.status --run-root DIR), or a run dir"
         )
     found = [p.parent for pattern in (f"*/*/{MANIFEST}", f"*/{MANIFEST}") for p in root.glob(pattern)]
-    return sorted(found, key=lambda p: (p.name, str(p)), reverse=True)[: max(0, limit)]
+    return sorted(found, key=lambda p: (p.name, str(p)), reverse=True)
 
 
-def live_slurm_jobs(runner=None) -> dict[str, str]:
-    """Every job Slurm holds now, by array job id: 'RUNNING' if any of its tasks runs, else its state."""
-    from slurm_router.launch.slurm.status import run_command
+def live_jobs(data: dict, seen: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The jobs the run's scheduler holds now (scheduler/registry.py: the manifest's launcher), asked once per
+    scheduler for all the runs listed."""
+    from slurm_router.scheduler.registry import run_backend
 
-    out: dict[str, str] = {}
-    for line in (runner or run_command)(["squeue", "-h", "-o", "%F|%T"]).splitlines():
-        job, _, state = line.strip().partition("|")
-        if job and out.get(job) != "RUNNING":
-            out[job] = state.strip()
-    return out
+    try:
+        backend = run_backend(data)
+    except UserError:  # a launcher no backend has now: nothing to ask
+        return {}
+    if backend.name not in seen:
+        seen[backend.name] = backend.live_jobs()
+    return seen[backend.name]
 
 
 def run_state(data: dict, live: dict[str, str], done: int, total: int) -> str:
@@ -72,18 +75,25 @@ def run_state(data: dict, live: dict[str, str], done: int, total: int) -> str:
     return "completed" if total and done == total else "ended"
 
 
-def list_runs(run_root: str, limit: int = 20, runner=None) -> list[RunRow]:
-    rows, live = [], None
-    for run_dir in find_runs(run_root, limit):
+def list_runs(run_root: str, limit: int = 20, previews: bool = False) -> tuple[list[RunRow], int]:
+    """(the newest `limit` runs, the dry_run=true previews left out among the runs looked at)."""
+    rows: list[RunRow] = []
+    seen: dict[str, dict[str, str]] = {}
+    hidden = 0
+    for run_dir in find_runs(run_root):
+        if len(rows) >= limit:
+            break
         try:
             data = Manifest.load(run_dir).data
         except UserError:
             continue  # damaged, or being made: not listed
+        if data.get("state") == "previewed" and not previews:  # launch/preview.py: nothing ran
+            hidden += 1
+            continue
         tasks = data.get("tasks") or {}
         layout = RunLayout(run_dir)
         done = sum(1 for name in tasks if layout.task(name).result.is_file())
-        if data.get("state") == "submitted" and live is None:
-            live = live_slurm_jobs(runner)
+        live = live_jobs(data, seen) if data.get("state") == "submitted" else {}
         rows.append(
             RunRow(
                 str(run_dir),
@@ -91,21 +101,22 @@ def list_runs(run_root: str, limit: int = 20, runner=None) -> list[RunRow]:
                 data.get("experiment"),
                 data.get("launcher"),
                 data.get("created"),
-                run_state(data, live or {}, done, len(tasks)),
+                run_state(data, live, done, len(tasks)),
                 done,
                 len(tasks),
             )
         )
-    return rows
+    return rows, hidden
 
 
-def print_runs(run_root: str, limit: int = 20, as_json: bool = False) -> None:
-    rows = list_runs(run_root, limit)
+def print_runs(run_root: str, limit: int = 20, as_json: bool = False, previews: bool = False) -> None:
+    rows, hidden = list_runs(run_root, limit, previews=previews)
     if as_json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return
+    left_out = f"{hidden} dry_run=true preview(s) not listed (--previews lists them)" if hidden else ""
     if not rows:
-        print(f"no runs under {run_root}")
+        print(f"no runs under {run_root}" + (f"; {left_out}" if left_out else ""))
         return
     table = [("started", "state", "experiment", "launcher", "tasks", "run_dir")] + [
         (
@@ -121,3 +132,5 @@ def print_runs(run_root: str, limit: int = 20, as_json: bool = False) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    if left_out:
+        print(left_out)

@@ -1,6 +1,6 @@
 """python -m slurm_router.status [RUN_DIR] [--wait] [--follow] [--cancel] [--json] [--run-root DIR]: each task's
 state, progress and log tail, as a table or JSON; wait for, follow or cancel a run's tasks. The states come
-from the run's launcher backend (slurm_router.launch.slurm.status: squeue, sacct, or a local run's manifest);
+from the run's launcher backend (slurm_router.backends.slurm.status: squeue, sacct, or a local run's manifest);
 without RUN_DIR the recent runs (slurm_router.cli.run_list)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import sys
 import time
 from dataclasses import asdict
 
-from slurm_router.errors import UserError
+from slurm_router.errors import SchedulerUnavailable, UserError
 from slurm_router.launch.base import Launcher
-from slurm_router.launch.registry import launcher_class
-from slurm_router.launch.task_status import (
+from slurm_router.rundir.manifest import Manifest
+from slurm_router.scheduler.registry import launcher_class
+from slurm_router.scheduler.task_status import (
     FAILED_STATES,
     SUCCESS_STATES,
     TAIL_LINES,
@@ -25,7 +26,6 @@ from slurm_router.launch.task_status import (
     never_runs,
     poll,
 )
-from slurm_router.rundir.manifest import Manifest
 
 
 class LogFollower:
@@ -97,7 +97,7 @@ def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, timeout_s: f
         follower.poll(tasks, first)
         first = False
 
-    tasks = poll(lambda: collect(manifest), poll_s=poll_s, timeout_s=timeout_s, on_poll=show)
+    tasks = poll(lambda: collect(manifest), poll_s=poll_s, timeout_s=timeout_s, on_poll=show, min_s=floor_s(manifest))
     follower.poll(tasks)  # what was written between the last poll and the end
     return tasks
 
@@ -280,12 +280,30 @@ def _previewed(manifest: dict, as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """python -m slurm_router.status [RUN_DIR] [--wait] [--follow] [--cancel] [--json] [--run-root DIR]"""
-    parser = argparse.ArgumentParser(prog="python -m slurm_router.status", description=__doc__.split("\n")[0])
+    try:
+        return _main(argv)
+    except SchedulerUnavailable as e:  # a one-shot status, a --cancel: the controller never answered
+        print(f"error: {e}", file=sys.stderr)
+        return 75
+
+
+def floor_s(manifest: dict) -> float:
+    """The shortest interval between polls: the run's scheduler's floor (scheduler/registry.py); none locally."""
+    from slurm_router.scheduler.registry import run_backend
+
+    return run_backend(manifest).poll_floor_s()
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm_router.status", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "run_dir", nargs="?", help="a run directory (holds manifest.json); without it, the recent runs under --run-root"
     )
     parser.add_argument("--run-root", default="runs", help="where runs are (the config's run_root; default runs)")
     parser.add_argument("--limit", type=int, default=20, help="without RUN_DIR: the newest this many runs")
+    parser.add_argument(
+        "--previews", action="store_true", help="without RUN_DIR: list dry_run=true previews too (left out by default)"
+    )
     parser.add_argument("--wait", action="store_true", help="poll until every task ended; exit 0 only if all COMPLETED")
     parser.add_argument(
         "--follow",
@@ -296,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cancel",
         action="store_true",
-        help="scancel this run's jobs (only its own job ids); a local run: stop it as Ctrl-C does",
+        help="cancel this run's jobs, only its own job ids (Slurm: scancel); a local run: stop it as Ctrl-C does",
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     parser.add_argument("--poll-s", type=float, default=5.0, help="seconds between polls with --wait (default 5)")
@@ -306,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.run_dir is None:
             from slurm_router.cli.run_list import print_runs
 
-            print_runs(args.run_root, args.limit, as_json=args.json)
+            print_runs(args.run_root, args.limit, as_json=args.json, previews=args.previews)
             return 0
         manifest = Manifest.load(args.run_dir).data
     except UserError as exc:  # NotARunDir: one line, exit 2, as every bad input
@@ -325,7 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         def progress(tasks: list[TaskStatus]) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {_summary(tasks)}", file=sys.stderr, flush=True)
 
-        tasks = poll(lambda: collect(manifest), poll_s=args.poll_s, timeout_s=args.timeout_s, on_poll=progress)
+        tasks = poll(
+            lambda: collect(manifest),
+            poll_s=args.poll_s,
+            timeout_s=args.timeout_s,
+            on_poll=progress,
+            min_s=floor_s(manifest),
+        )
     else:
         tasks = collect(manifest)
     if args.json:

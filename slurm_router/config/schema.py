@@ -14,12 +14,11 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from slurm_router.config.metrics import EvalConfig
 from slurm_router.router.types import RouterSettings
 
 # The byte-level tokenizer (train/tokenizer.py) model=gpt2 reads text with: 256 bytes + end-of-text.
 BYTE_VOCAB_SIZE = 257
-
-
 FUSE_AUTO = "auto"  # resources.fuse_variants=auto
 
 
@@ -41,10 +40,10 @@ def fuse_width_problem(width: Any) -> str | None:
 
 @dataclass
 class LoraConfig:
-    enabled: bool = True
-    r: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
+    enabled: bool = True  # False: no LoRA, the whole model trains
+    r: int = 8  # LoRA rank
+    alpha: float = 16.0  # LoRA scaling numerator: the update is scaled by alpha/r
+    dropout: float = 0.0  # dropout on the LoRA path's input
     # auto: peft's own per-architecture defaults (all-linear where peft has none) | all-linear | [names]
     target_modules: Any = "auto"
     use_rslora: bool = False  # rank-stabilised scaling alpha/sqrt(r) (peft)
@@ -55,12 +54,13 @@ class LoraConfig:
 class ModelConfig:
     kind: str = "gpt2"  # gpt2: built from this config | hf: a local checkpoint
     name_or_path: Optional[str] = None  # kind=hf: a local directory (never downloaded)
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 128
-    n_positions: int = 512
+    n_layer: int = 2  # kind=gpt2: transformer blocks
+    n_head: int = 4  # kind=gpt2: attention heads (n_embd is a multiple of it)
+    n_embd: int = 128  # kind=gpt2: hidden width
+    n_positions: int = 512  # kind=gpt2: the longest sequence (at least data.max_len)
     vocab_size: int = BYTE_VOCAB_SIZE  # model=gpt2's embedding rows: at least the byte-level tokenizer's
     dtype: str = "auto"  # frozen weights: auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    base_dropout: str = "zero"  # kind=hf: zero (the checkpoint's dropout set to 0) | keep (train/base_dropout.py)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -70,18 +70,18 @@ class DataConfig:
     path: Optional[str] = None  # text_dir: a folder; jsonl: a file; parquet: a file or a folder
     text_field: str = "text"  # jsonl/parquet: the field holding the text (loss on every token)
     prompt_field: Optional[str] = None  # jsonl/parquet: with completion_field, loss on the completion only
-    completion_field: Optional[str] = None
+    completion_field: Optional[str] = None  # jsonl/parquet: with prompt_field, the text the loss is on
     messages_field: Optional[str] = None  # jsonl/parquet: chat turns, loss on the assistant turns only
     max_len: int = 256  # tokens per sample; longer documents are cut into pieces
     split_on: str = "\n\n"  # a document is cut into samples at this separator first
-    val_fraction: float = 0.05  # held out, by a stable hash: documents (rows, stdlib files); text_dir: pieces
-    max_documents: Optional[int] = None
+    val_fraction: float = 0.05  # held out by a stable hash: rows, or files (else the last pieces of each file)
+    max_documents: Optional[int] = None  # read at most this many documents (null: all)
     # data=synthetic: token sequences with a controllable length distribution (benchmarks)
     n_samples: int = 4096
     length_dist: str = "lognormal"  # lognormal | uniform | fixed
-    mean_len: int = 96
-    sigma: float = 0.8
-    min_len: int = 8
+    mean_len: int = 96  # data=synthetic: the mean sequence length in tokens
+    sigma: float = 0.8  # data=synthetic, lognormal: the spread of the lengths
+    min_len: int = 8  # data=synthetic: the shortest sequence
 
 
 @dataclass
@@ -90,14 +90,14 @@ class RouterConfig:
 
     policy: str = RouterSettings.policy  # round_robin | least_loaded | affinity | balanced
     cost: str = RouterSettings.cost  # tokens | tokens_attention
-    attention_weight: float = RouterSettings.attention_weight
-    attention_ref_len: int = RouterSettings.attention_ref_len
-    microbatch_overhead_tokens: int = RouterSettings.microbatch_overhead_tokens
+    attention_weight: float = RouterSettings.attention_weight  # cost=tokens_attention: the quadratic term's weight
+    attention_ref_len: int = RouterSettings.attention_ref_len  # cost=tokens_attention: its length scale
+    microbatch_overhead_tokens: int = RouterSettings.microbatch_overhead_tokens  # a micro-batch's fixed cost
     memory_headroom: float = RouterSettings.memory_headroom  # above 1 over-commits (OOM-path testing aid)
-    max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch
-    affinity_boundaries: List[int] = field(default_factory=list)
+    max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch  # cap (null: memory)
+    affinity_boundaries: List[int] = field(default_factory=list)  # policy=affinity: sample-length bucket edges
     speed_model: str = RouterSettings.speed_model  # robust | ema | none (router/speed_model.py)
-    speed_ema: float = RouterSettings.speed_ema
+    speed_ema: float = RouterSettings.speed_ema  # speed_model=ema: the weight of the newest step
     row_cost: str = RouterSettings.row_cost  # packed rows: fitted (from step times, router/cost_model.py) | fixed
     # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
     device_slowdown: List[float] = field(default_factory=list)
@@ -110,7 +110,7 @@ class LauncherConfig:
     """What every launcher has. One schema per launcher below, registered in the `launcher` group: a key that
     the chosen launcher does not have is an error naming the launchers that have it (launcher_key_error)."""
 
-    kind: str = MISSING  # each schema's own default; the registry in slurm_router.launch.registry
+    kind: str = MISSING  # each schema's own default; its backend in slurm_router.scheduler.registry
 
 
 @dataclass
@@ -135,18 +135,18 @@ class ContainerConfig:
 class SlurmLauncherConfig(LauncherConfig):
     """Shared by both Slurm launchers (submitit and sbatch)."""
 
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
-    timeout_min: int = 60
-    mem_gb: Optional[float] = None
+    partition: Optional[str] = None  # Slurm's --partition
+    account: Optional[str] = None  # Slurm's --account
+    qos: Optional[str] = None  # Slurm's --qos
+    constraint: Optional[str] = None  # Slurm's --constraint (node features)
+    timeout_min: int = 60  # each job's time limit in minutes; a task near it checkpoints and requeues
+    mem_gb: Optional[float] = None  # memory per node in GB (null: the partition's default)
     # CPUs per Slurm task: None = cpus_per_device x the worker processes the task runs (devices_per_task x
-    # tasks_per_gpu, or 1 per srun task with srun_workers: launch/slurm/common.py job_cpus); a number: as given
+    # tasks_per_gpu, or 1 per srun task with srun_workers: backends/slurm/common.py job_cpus); a number: as given
     cpus_per_task: Optional[int] = None
-    cpus_per_device: int = 1
-    array_parallelism: int = 64
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    cpus_per_device: int = 1  # CPUs per worker process (cpus_per_task=null)
+    array_parallelism: int = 64  # the most array tasks running at once (Slurm's %N)
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)  # more #SBATCH options, e.g. {nice: 10}
     srun_workers: bool = False  # run a task's D workers as D srun tasks, one GPU each
     wait: bool = False  # return once every task AND the report job have ended
     max_requeues: int = 3  # time-limit requeues per task (slurm_router.allocation.requeue)
@@ -178,7 +178,7 @@ class SbatchLauncherConfig(SlurmLauncherConfig):
 
 # OmegaConf 2.3 cannot hold typing.Literal fields, so `kind` is a str whose allowed values are these schemas'
 # own defaults (CHOICES["launcher.kind"]); no other code spells the kinds out.
-LAUNCHER_SCHEMAS: tuple[type[LauncherConfig], ...] = (LocalLauncherConfig, SubmititLauncherConfig, SbatchLauncherConfig)
+LAUNCHER_SCHEMAS: list[type[LauncherConfig]] = [LocalLauncherConfig, SubmititLauncherConfig, SbatchLauncherConfig]
 
 
 def launcher_schema(kind: str) -> type[LauncherConfig]:
@@ -203,15 +203,15 @@ def launcher_setting(launcher: dict | DictConfig | None, key: str) -> Any:
 
 @dataclass
 class TrainConfig:
-    steps: int = 60
-    global_batch_size: int = 16
-    lr: float = 2e-3
-    warmup_steps: int = 5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    steps: int = 60  # optimiser steps per variant
+    global_batch_size: int = 16  # samples per step, over all of a task's devices
+    lr: float = 2e-3  # peak learning rate (AdamW), after warmup_steps
+    warmup_steps: int = 5  # linear warmup from 0 to lr
+    weight_decay: float = 0.0  # AdamW's weight decay
+    grad_clip: float = 1.0  # clip the gradient norm to this (0: off)
     eval_every: int = 0  # 0: evaluate at the start and the end only
-    eval_batches: int = 8
-    eval_batch_size: int = 16
+    eval_batches: int = 8  # held-out batches per evaluation
+    eval_batch_size: int = 16  # samples per held-out batch
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     # Speed switches (see slurm_router/train/loss.py and README "GPU throughput")
     compile: bool = False  # torch.compile the transformer backbone
@@ -235,15 +235,15 @@ class TrainConfig:
 @dataclass
 class BaseStageConfig:
     enabled: bool = False  # train a base model first (no LoRA), cached by its config hash
-    steps: int = 200
-    lr: float = 3e-3
-    global_batch_size: int = 16
+    steps: int = 200  # the base stage's optimiser steps
+    lr: float = 3e-3  # the base stage's peak learning rate
+    global_batch_size: int = 16  # the base stage's samples per step
     cache_dir: Optional[str] = None  # default: ~/.cache/slurm_router/base
 
 
 @dataclass
 class ResourcesConfig:
-    devices_per_task: int = 1
+    devices_per_task: int = 1  # devices (GPUs, or CPU workers) per task; the router splits each batch over them
     # Variant packing: tasks sharing one GPU (small LoRA jobs leave most of a big GPU idle).
     # 1 = a GPU per task; N = up to N tasks per GPU; 0 = as many as their predicted memory fits.
     tasks_per_gpu: int = 1
@@ -253,7 +253,7 @@ class ResourcesConfig:
     # Fused variants: up to K compatible LoRA tasks of the variants stage train in one task over one shared base
     # (launch/fuse.py groups them, worker/fused.py trains them); 1 = every task alone; auto (launcher=local) = the
     # tasks spread over the slots the machine runs at once, as far as the memory model fits a fused task
-    # (launch/local.py auto_fuse_variants). Set once, at the top level.
+    # (backends/local/launcher.py auto_fuse_variants). Set once, at the top level.
     fuse_variants: Any = 1  # K (1-64) | auto
 
 
@@ -263,20 +263,20 @@ class TrackerConfig:
     (slurm_router/tracking/trackers.py): tracker=tensorboard | mlflow | wandb, several as tracker=[tensorboard,mlflow]
     (conf/tracker/). Packages: pip install -e '.[tracking]'."""
 
-    tensorboard: bool = False
-    mlflow: bool = False
-    wandb: bool = False
+    tensorboard: bool = False  # log to TensorBoard (tracker=tensorboard sets it)
+    mlflow: bool = False  # log to MLflow (tracker=mlflow sets it)
+    wandb: bool = False  # log to Weights & Biases (tracker=wandb sets it)
     dir: Optional[str] = None  # default RUN_DIR/trackers: tensorboard/, mlruns/, wandb/ in it
     mlflow_uri: Optional[str] = None  # default $MLFLOW_TRACKING_URI, else a file store in <dir>/mlruns
     mlflow_experiment: Optional[str] = None  # default: the experiment's name
     wandb_project: Optional[str] = None  # default $WANDB_PROJECT, else the experiment's name
-    wandb_entity: Optional[str] = None
+    wandb_entity: Optional[str] = None  # the W&B team or user (default: yours)
     wandb_mode: Optional[str] = None  # offline | online; default $WANDB_MODE, else offline (no internet there)
 
 
 @dataclass
 class Config:
-    experiment: str = "default"
+    experiment: str = "default"  # the run's name: runs are written under run_root/<experiment>/<time>/
     seed: int = 0  # the base model's init and the held-out eval batches
     # training seeds (LoRA init, data order), one task per variant and seed: N (seed, seed+1, ..., seed+N-1) or a
     # list [0, 5, 9]; 1 = one task per variant, named as the variant (training_seeds)
@@ -286,7 +286,7 @@ class Config:
     # print the plan (stages, tasks, devices, predicted memory, array sizes, worst-case device-hours; the Slurm
     # scripts and submit commands) and write only the preview: nothing trains or is submitted (launch/preview.py)
     dry_run: bool = False
-    run_root: str = "runs"
+    run_root: str = "runs"  # where runs are written
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -296,12 +296,14 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     variants: Dict[str, Any] = field(default_factory=dict)  # name -> overrides, e.g. {model: {lora: {r: 8}}}
     tracker: TrackerConfig = field(default_factory=TrackerConfig)  # picked by the tracker group (conf/tracker/)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # task metrics and the primary one (config/metrics.py)
 
 
 CHOICES = {
     "model.kind": ("gpt2", "hf"),
     "data.kind": ("stdlib", "text_dir", "jsonl", "parquet", "synthetic"),
     "model.dtype": ("auto", "fp32", "bf16"),
+    "model.base_dropout": ("zero", "keep"),
     "data.length_dist": ("lognormal", "uniform", "fixed"),
     "launcher.kind": tuple(s.kind for s in LAUNCHER_SCHEMAS),
     "train.precision": ("auto", "fp32", "bf16"),
@@ -370,7 +372,7 @@ def _mapping_fields(schema: type, prefix: str = "") -> typing.Iterator[str]:
 
 
 # The free-form mappings (Dict fields: `variants`, `launcher.additional_parameters`): keys are the user's to
-# choose, so `KEY={a: 1}` and `KEY.a=1` add to them without Hydra's '+' (compose() in __main__.py).
+# choose, so `KEY={a: 1}` and `KEY.a=1` add to them without Hydra's '+' (compose() in config/compose.py).
 FREE_FORM_KEYS = tuple(
     sorted({*_mapping_fields(Config), *(k for s in LAUNCHER_SCHEMAS for k in _mapping_fields(s, "launcher."))})
 )

@@ -7,8 +7,8 @@ each value goes through the parser again as `key=value` (what Hydra's basic swee
 with one value applies to every variant. With `+experiment=NAME` each of its variants runs once per grid point.
 
 A config group can be swept (`router=round_robin,balanced`, `model=...`, `data=...`): the variant takes the keys
-the option changes. `launcher`, `experiment`, `base.*`, `run_root`, `seed`, `seeds`, `prune`, `tracker` and
-`variants.*` are one per run and cannot be swept (training-seed replicates are `seeds=N`).
+the option changes. `launcher`, `experiment`, `base.*`, `run_root`, `seed`, `seeds`, `prune`, `tracker`,
+`resources.fuse_variants` and `variants.*` are one per run and cannot be swept (training-seed replicates are `seeds=N`).
 
 Names (`variant_name`): one part per swept key, in command order, joined with `_`. A part is the key's last
 dotted component (more components when two swept keys share it) followed by the value: directly when the value
@@ -49,6 +49,8 @@ ONE_PER_RUN = {
     "losses compare: for replicates set seeds=3 (training seeds: LoRA init and data order)",
     "prune": "prune compares the variants with each other while they train: set it once, prune=true",
     "tracker": "a run's trackers log every variant: name several at once, e.g. tracker=[tensorboard,mlflow]",
+    "resources.fuse_variants": "it groups the run's variants with each other, so it is one setting for the whole "
+    "run: set it once (resources.fuse_variants=auto or K), or run each value on its own",
     "variants": "a variant's own keys are not swept: sweep the key itself (e.g. train.lr=1e-3,3e-3), and the grid "
     "multiplies the experiment's variants",
 }
@@ -66,12 +68,60 @@ def parse_overrides(lines: list[str]) -> list:
         try:
             parsed.append(parser.parse_overrides([line])[0])
         except OverrideParseException as e:
+            quoted = _quoted(parser, line)
+            if quoted is not None:
+                parsed.append(quoted)
+                continue
             first = str(e).strip().splitlines()[0]
             raise UserError(
                 f"cannot read the override {line!r} ({first}): write key=value, e.g. train.lr=1e-3 "
                 f"(with -m, a sweep: {HINT}); names are letters, digits, '_' and '-'"
             ) from None
     return parsed
+
+
+# what makes a value a sweep, a list or a dict, or a function call: never quoted on the user's behalf
+STRUCTURE = set(",[]{}()")
+
+
+def _quoted(parser, line: str):
+    """A plain value Hydra's grammar cannot read unquoted, as users type paths (data.path=~/my_texts, a '#', '&',
+    '=', an accented letter): read as the one string it is, quoted as Hydra wants it (data.path='~/my_texts').
+    None when the key cannot be read either; a value with a sweep's, list's or call's characters is one
+    UserError naming the key and how to quote it."""
+    from hydra.errors import OverrideParseException
+
+    key, sep, value = line.partition("=")
+    try:
+        parser.parse_overrides([f"{key}=x"])
+    except OverrideParseException:
+        return None  # the key itself: the caller's message
+    if not sep or not value or value.endswith("\\") or ("'" in value and '"' in value):
+        return None
+    bad = next((c for c in value if c not in STRUCTURE and _unreadable(parser, c)), None)
+    if bad is None:
+        return None  # a typo in a sweep, list or call (model.lora.target_modules=[a,b): the caller's message
+    if STRUCTURE & set(value):
+        each = ",".join(f"'{v}'" for v in value.split(",")) if STRUCTURE & set(value) == {","} else f"'{value}'"
+        raise UserError(
+            f"{line}: {key} holds {bad!r}, which Hydra reads only inside quotes: quote each value, inside the "
+            f'shell\'s quotes: "{key}={each}"'
+        )
+    mark = '"' if "'" in value else "'"
+    try:
+        return parser.parse_overrides([f"{key}={mark}{value}{mark}"])[0]
+    except OverrideParseException:
+        return None
+
+
+def _unreadable(parser, char: str) -> bool:
+    from hydra.errors import OverrideParseException
+
+    try:
+        parser.parse_overrides([f"k=a{char}a"])
+        return False
+    except OverrideParseException:
+        return True
 
 
 def split_sweeps(lines: list[str], multirun: bool) -> tuple[list[str], list]:
@@ -126,8 +176,8 @@ def _axis(o, fixed_keys: list[str]) -> Axis:
             else "only KEY=... sweeps are supported"
         )
         raise UserError(f"{line}: {why}: {HINT}")
-    top = key.split(".")[0]
-    if top in ONE_PER_RUN:
+    top = next((k for k in (key, key.split(".")[0]) if k in ONE_PER_RUN), None)
+    if top:
         raise UserError(f"{line}: {key} cannot be swept: {ONE_PER_RUN[top]}")
     if key in fixed_keys:
         raise UserError(f"{line}: {key} is also set to one value in the same command: give it once")

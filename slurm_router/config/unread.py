@@ -65,6 +65,12 @@ RULES = (
         "add model=hf, or drop it",
     ),
     Rule(
+        ("model.base_dropout",),
+        lambda c: c.model.kind == "hf",
+        lambda c: f"by model.kind={c.model.kind} (the GPT-2 built here has no dropout)",
+        "add model=hf, or drop it",
+    ),
+    Rule(
         tuple(f"model.{k}" for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")),
         lambda c: c.model.kind == "gpt2",
         lambda c: "by model=hf (the checkpoint has its own shape)",

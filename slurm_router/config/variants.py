@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slurm_router.config.checks import check_values, explain
+from slurm_router.config.metrics import check_eval_config
 from slurm_router.config.schema import NAME_RE
 from slurm_router.errors import UserError
 
@@ -107,6 +108,7 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
     if not NAME_RE.match(str(cfg.experiment)):
         raise UserError(f"experiment={cfg.experiment!r}: use 1-64 letters, digits, '_', '.', '+', '-'")
     check_values(cfg)
+    check_eval_config(cfg)
     training_seeds(cfg)
     variants = variant_configs(cfg)
     for name, vcfg in variants.items():

@@ -1,4 +1,4 @@
-"""One launcher interface and the one loop that drives it (docs/ARCHITECTURE.md, "Orchestration").
+"""One launcher interface and the one loop that drives it (docs/design/orchestration.md, "Orchestration").
 
     Launcher (local | submitit | sbatch)   check(cfg); submit_stage(stage, after) -> StageJobs; report_job(after)
     submit_stages(launcher, stages)        the order, the cached base, the afterok chain, the manifest, the report
@@ -13,6 +13,7 @@ return as soon as the stage's array job is queued, and the next stage waits on i
 from __future__ import annotations
 
 import shutil
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +22,11 @@ from typing import ClassVar, cast
 from omegaconf import OmegaConf
 
 from slurm_router.artifacts import base_cache
-from slurm_router.errors import UserError
-from slurm_router.launch.task_status import TaskStatus
+from slurm_router.errors import SchedulerUnavailable, UserError
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import TaskState, raise_if_stop_dropped
 from slurm_router.rundir.spec import Stage, TaskSpec
+from slurm_router.scheduler.task_status import TaskStatus
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class StageJobs:
     job_id: str | None = None  # the stage's job (afterok target); None: nothing queued
     tasks: dict[str, TaskJob] = field(default_factory=dict)  # Slurm: task name -> its job
     states: dict[str, TaskState] = field(default_factory=dict)  # synchronous: task name -> final state
+    job_name: str | None = None  # Slurm's name of the job: status matches its rows by id, name and submit time
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Launcher(ABC):
 
     schema: ClassVar[type]  # its config dataclass (slurm_router.config.schema); schema.kind names it
     synchronous: ClassVar[bool] = False  # submit_stage returns only once the stage's tasks have ended
-    new_snapshot: bool  # set by resume= before submitting (launch/slurm/common.py reads it)
+    new_snapshot: bool  # set by resume= before submitting (backends/slurm/common.py reads it)
 
     def __init__(self, cfg, manifest):
         self.cfg, self.manifest = cfg, manifest
@@ -111,7 +113,7 @@ class Launcher(ABC):
     @classmethod
     @abstractmethod
     def task_states(cls, manifest: dict) -> list[TaskStatus]:
-        """Each task of a run this launcher ran, in launch/task_status.py's words (task_status.describe adds the
+        """Each task of a run this launcher ran, in scheduler/task_status.py's words (task_status.describe adds the
         logs and progress): the local launcher's from the manifest it keeps; a launcher that returns before its
         tasks end asks its scheduler (the Slurm launchers: squeue and sacct)."""
 
@@ -134,6 +136,12 @@ def launch(launcher: Launcher, stages: list[Stage]) -> int:
     except UserError:
         launcher.manifest.set(state="failed")
         raise
+    except SchedulerUnavailable as e:  # what was not submitted is submitted by resume=, once Slurm answers
+        launcher.manifest.set(state="interrupted")
+        root = launcher.layout.root
+        print(f"run_dir: {root}")
+        todo = f"once {e.back}, continue with: python -m slurm_router resume={root}"
+        raise SchedulerUnavailable(e.what, todo, e.back) from None
     return launcher.finish(run)
 
 
@@ -153,8 +161,9 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
                 run.states[t.name] = TaskState.SKIPPED
                 manifest.set_task(t.name, state=TaskState.SKIPPED.value)
             continue
+        asked = time.time()  # no earlier than Slurm's submit time of the stage's job
         jobs = launcher.submit_stage(stage, after=after)
-        _record(manifest, stage, jobs)
+        _record(manifest, stage, jobs, asked)
         run.states.update(jobs.states)
         if jobs.job_id:
             run.job_ids.append(jobs.job_id)
@@ -224,7 +233,7 @@ def _blocked(stage: Stage, stages: list[Stage], states: dict[str, TaskState]) ->
     )
 
 
-def _record(manifest, stage: Stage, jobs: StageJobs) -> None:
+def _record(manifest, stage: Stage, jobs: StageJobs, asked: float | None = None) -> None:
     """The manifest's record of one stage: each task's job (Slurm) or final state (synchronous launchers)."""
     for name, state in jobs.states.items():
         manifest.data["tasks"][name]["state"] = state.value
@@ -245,5 +254,8 @@ def _record(manifest, stage: Stage, jobs: StageJobs) -> None:
                 state=TaskState.SUBMITTED.value, job_id=job.job_id, log_path=job.log_path
             )
         array = any(job.array_index is not None for job in jobs.tasks.values())
-        manifest.data["jobs"].append({"stage": stage.name, "job_id": jobs.job_id, "array": array, "tasks": rows})
+        record = {"stage": stage.name, "job_id": jobs.job_id, "array": array, "tasks": rows}
+        if jobs.job_name:  # a job id Slurm hands out again later (ids wrap, accounting reset) is told apart by these
+            record.update(name=jobs.job_name, submitted_at=asked)
+        manifest.data["jobs"].append(record)
     manifest.save()

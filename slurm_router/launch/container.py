@@ -1,4 +1,4 @@
-"""launcher.container: how a task's command is wrapped to run inside an image (docs/ARCHITECTURE.md, "How a
+"""launcher.container: how a task's command is wrapped to run inside an image (docs/design/jobs.md, "How a
 job runs"). Pure: argv lists, no I/O but os.path.
 
     apptainer   apptainer exec [--nv] --bind RUN_DIR,DATA,...  IMAGE  python3 -m slurm_router.allocation.job ...
@@ -52,6 +52,14 @@ class ContainerSpec:
             raise ValueError(f"container runtime {self.runtime!r}: expected apptainer or pyxis")
         if not self.image or any(c in self.image for c in "\n\r\x00"):
             raise ValueError(f"container image {self.image!r} is empty or holds a newline")
+        from slurm_router.config.secrets import redact_text
+
+        if redact_text(self.image) != self.image:  # the job scripts would hold it, readable by all
+            raise ValueError(
+                f"container image {redact_text(self.image)!r} holds a password: give the registry's credentials "
+                "by the environment (APPTAINER_DOCKER_USERNAME and APPTAINER_DOCKER_PASSWORD; pyxis: enroot's "
+                "credentials file), not in the image's URI"
+            )
         for path in self.binds:
             if _BAD_BIND.search(path):
                 raise ValueError(
@@ -165,21 +173,3 @@ def resolve_container(cfg) -> None:
         container_spec(cfg, str(Path(os.path.expanduser(cfg.run_root)).absolute() / cfg.experiment), gpus=True)
     except ValueError as e:
         raise UserError(f"launcher.container: {e}") from None
-
-
-def outside_exports(srun_workers: bool) -> list[str]:
-    """Bash lines run outside the image before the task starts in it, for what the task would otherwise ask
-    Slurm's client (which the image lacks): the job's end time (requeue.decide tells a time limit from a
-    preemption by it) and, with launcher.srun_workers, where the D workers meet (srun_worker.srun_master)."""
-    from slurm_router.allocation.requeue import JOB_END_ENV
-
-    lines = [
-        'job_end="$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null || :)"',  # e.g. 2024-01-01T12:00:00
-        f'export {JOB_END_ENV}="$([ -n "$job_end" ] && date -d "$job_end" +%s 2>/dev/null || :)"',
-    ]
-    if srun_workers:
-        lines += [
-            'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-            "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-        ]
-    return lines

@@ -6,16 +6,18 @@ its optimizer and schedule (train.lr, weight_decay, grad_clip, warmup_steps), it
 and its training seed. Tasks are grouped in the local queue's order (plan.queue_order: seed by seed across
 variants), each joining the first open group it agrees with; the group's first task is its leader (variant 0),
 the one that runs, and the others are its members (fused_into the leader), each keeping its own tasks/<name>/.
-A task that cannot join (DoRA, LoRA dropout, no LoRA, a setting no group shares) runs alone, said in one line.
+A task that cannot join (DoRA, LoRA dropout, a kept base dropout, no LoRA, a setting no group shares) runs alone, said in one line.
 The base stage is never fused (make_plan calls this for the variants stage only).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_router.rundir.spec import TaskSpec
+from slurm_router.train import base_dropout
 
 # what the tasks of one fused task may set apart (besides the training seed, TaskSpec.seed)
 MAY_DIFFER = ("train.lr", "train.weight_decay", "train.grad_clip", "train.warmup_steps", "train.global_batch_size")
@@ -35,6 +37,9 @@ def not_fusable(config: dict) -> str | None:
             f"model.lora.dropout={lora['dropout']}: LoRA dropout would draw every variant's masks from one random "
             "stream (set model.lora.dropout=0 to fuse it)"
         )
+    kept = base_dropout.why_not_fused(config.get("model") or {})
+    if kept:
+        return kept
     train = config.get("train") or {}  # what the fused worker (worker/fused.py) does not do, never ignored
     if str(train.get("packing", "auto")).lower() == "false":
         return "train.packing=false: a fused task trains packed rows (set train.packing=auto to fuse it)"
@@ -45,7 +50,20 @@ def not_fusable(config: dict) -> str | None:
             f"train.loss_chunk_tokens={train['loss_chunk_tokens']}: the fused loss takes every variant's logits "
             "at once (drop it to fuse)"
         )
-    return None
+    return not_packable(config.get("model") or {})
+
+
+def not_packable(model: dict) -> str | None:
+    """A model=hf checkpoint that cannot take packed rows (sliding windows, capped attention scores: as the worker's
+    train/packed.py why_not_packable finds on its meta-device build), which a fused task must train."""
+    if model.get("kind") != "hf":
+        return None
+    from slurm_router.train.model import meta_model
+    from slurm_router.train.packed import why_not_packable
+
+    path = str(model.get("name_or_path"))
+    reason = why_not_packable(meta_model(os.path.expanduser(path), path))
+    return f"model.name_or_path={path}: {reason}; a fused task trains packed rows" if reason else None
 
 
 def flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -92,13 +110,17 @@ class Fusion:
     fused: list[TaskSpec]  # every other task of a group: fused_into its leader, never run itself
     notes: list[str] = field(default_factory=list)  # one line per variant that cannot join, naming the key
 
-    def summary(self, k: int) -> str:
+    def summary(self, k: int, typed: Any = None) -> str:
         """'resources.fuse_variants=2: 4 variant task(s) run as 2 task(s): 4 fused into 2 (one base in memory
-        each), 0 alone' (a line of the command's first ones)."""
+        each), 0 alone' (a line of the command's first ones); typed: the value the user gave, when it is not K
+        (auto: 'resources.fuse_variants=auto (K=2): ...')."""
         leaders = [t for t in self.runs if t.members]
         n_fused = len(leaders) + len(self.fused)
+        setting = f"resources.fuse_variants={k}" if typed in (None, k) else f"resources.fuse_variants={typed} (K={k})"
+        if not leaders:
+            return f"{setting}: none of the {len(self.runs)} variant task(s) can be fused: each runs alone"
         return (
-            f"resources.fuse_variants={k}: {len(self.runs) + len(self.fused)} variant task(s) run as "
+            f"{setting}: {len(self.runs) + len(self.fused)} variant task(s) run as "
             f"{len(self.runs)} task(s): {n_fused} fused into {len(leaders)} (one base in memory each), "
             f"{len(self.runs) - len(leaders)} alone"
         )

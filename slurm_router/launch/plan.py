@@ -27,9 +27,17 @@ from slurm_router.config.variants import training_seeds
 from slurm_router.errors import UserError
 from slurm_router.launch.fuse import fuse_tasks
 from slurm_router.rundir.spec import Stage, TaskSpec, task_name
+from slurm_router.train import base_dropout
 
 # model keys that shape the base's weights (lora and dtype do not: every variant can fine-tune the same base)
 SHAPE_KEYS = ("kind", "name_or_path", "n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
+
+
+# LoRA over a model built from a config with no base stage trains adapters on random weights: say so in the plan
+RANDOM_BASE = (
+    "note: no base stage and no checkpoint: LoRA fine-tunes a randomly initialised model (its losses compare "
+    "settings, not fine-tuning); +experiment=lora_ab trains a base first, model=hf model.name_or_path=DIR uses yours"
+)
 
 
 def check_fits_base(cfg: DictConfig, variants: dict[str, DictConfig]) -> None:
@@ -106,6 +114,15 @@ def make_plan(
                     seed=seed,
                 )
             )
+    for line in dict.fromkeys(base_dropout.plan_line(v.model) for v in variants.values()):
+        if line:  # a checkpoint that ships dropout: what the base does with it, once per distinct setting
+            print(line, flush=True)
+    if base_weights is None and any(v.model.kind == "gpt2" and v.model.lora.enabled for v in variants.values()):
+        print(RANDOM_BASE, flush=True)  # the bare command, and a sweep without +experiment
+    if cfg.get("prune"):  # the Slurm array's index order too: replicates side by side, a throttled array included
+        tasks = queue_order(tasks)
+        for i, t in enumerate(tasks):
+            t.index = i
     fused: list[TaskSpec] = []
     width = cfg.resources.fuse_variants
     if width == FUSE_AUTO:
@@ -118,7 +135,7 @@ def make_plan(
     if int(width) > 1:  # compatible tasks trained as one, over one base (launch/fuse.py)
         fusion = fuse_tasks(queue_order(tasks), int(width))
         tasks, fused = fusion.runs, fusion.fused
-        for line in [*fusion.notes, fusion.summary(int(width))]:
+        for line in [*fusion.notes, fusion.summary(int(width), cfg.resources.fuse_variants)]:
             print(line, flush=True)
     stages.append(Stage("variants", tasks, depends_on=[s.name for s in stages], fused=fused))
     return stages
@@ -127,8 +144,10 @@ def make_plan(
 def queue_order(tasks: list[TaskSpec]) -> list[TaskSpec]:
     """The variants stage's tasks seed by seed across variants (r8-s0, r32-s0, r8-s1, r32-s1, ...): a queue that
     runs fewer tasks at a time than there are then trains every variant's replicates side by side, so prune=true
-    can compare them early (worker/prune.py). The base stage (one task) and one-seed runs keep their order; so does
-    a stage with fused tasks (resources.fuse_variants), which make_plan put in this order already."""
+    can compare them early (verdict/pruning.py). The base stage (one task) and one-seed runs keep their order; so does
+    a stage with fused tasks (resources.fuse_variants), which make_plan put in this order already, as it does a
+    prune=true run's stage (its index order is the Slurm array's: a throttled array, launcher.array_parallelism,
+    starts the waiting tasks in it as running ones end or are pruned)."""
     if any(getattr(t, "members", None) for t in tasks):
         return list(tasks)
     by_variant: dict[str, list[TaskSpec]] = {}

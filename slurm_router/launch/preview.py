@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shlex
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,8 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.launch.fuse import flat, fused_line
 from slurm_router.rundir.layout import PREVIEW_FILE
-from slurm_router.rundir.layout import SUBMIT_ALL as SUBMIT_SCRIPT
-from slurm_router.rundir.spec import Stage
+from slurm_router.rundir.spec import Stage, TaskSpec
 
 PREVIEWED = "previewed"  # the manifest's state of a dry_run=true run: never submitted
 
@@ -54,9 +52,11 @@ def _device_memory(cfg: DictConfig) -> tuple[str, int | None, str]:
     """(device kind, its memory in bytes or None, where that figure comes from)."""
     import psutil
 
-    if cfg.launcher.kind != "local":
-        gres = str((cfg.launcher.get("additional_parameters") or {}).get("gres") or "")
-        return "cuda", None, f"a Slurm GPU{' (' + gres + ')' if gres else ''}: its memory is known once the job starts"
+    from slurm_router.scheduler.registry import backend_of
+
+    remote = backend_of(cfg.launcher.kind).devices(cfg)  # a scheduler's devices: known once the job starts
+    if remote is not None:
+        return remote
     import torch
 
     if torch.cuda.is_available():
@@ -75,7 +75,7 @@ def _peak(model_json: str, lora: bool, global_batch: int, devices: int, kind: st
 
 def predicted_peak(task_cfg: DictConfig, lora: bool, global_batch: int, devices: int, kind: str) -> int:
     """One device's predicted peak for its share of a step in one micro-batch at full length: the router's
-    memory model seeded from the model's sizes on the meta device (as launch/local.py packable_tasks)."""
+    memory model seeded from the model's sizes on the meta device (as backends/local/launcher.py packable_tasks)."""
     import torch
 
     from slurm_router.router import MemoryModel
@@ -94,14 +94,13 @@ def predicted_peak(task_cfg: DictConfig, lora: bool, global_batch: int, devices:
 def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
     """Stages, tasks, devices, predicted peak memory per device against the device's memory, array sizes and
     the worst-case device-hours."""
-    slurm = cfg.launcher.kind != "local"
-    per_pack = 1
-    if slurm:
-        from slurm_router.launch.slurm.common import tasks_per_pack
+    from slurm_router.scheduler.registry import backend_of
 
-        per_pack = tasks_per_pack(cfg)
+    backend = backend_of(cfg.launcher.kind)
+    queued = backend.queued  # a scheduler's arrays, each job with its time limit
+    per_pack = backend.tasks_per_pack(cfg)
     kind, total, source = _device_memory(cfg)
-    limit_h = float(cfg.launcher.timeout_min) / 60 if slurm else None
+    limit_h = backend.time_limit_h(cfg)
     lines = [f"launcher={cfg.launcher.kind}; devices are {kind}: {source}" + (f", {_gib(total)}" if total else "")]
     worst, n_tasks, n_device_tasks = 0.0, 0, 0
     for i, stage in enumerate(stages):
@@ -111,11 +110,14 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             continue
         devices = max(int(t.devices) for t in stage.tasks)
         arrays = -(-len(stage.tasks) // per_pack)
-        array = f"; one Slurm array of {arrays} task(s)" + (f" ({per_pack} tasks packed each)" if per_pack > 1 else "")
+        array = f"; one {backend.name.capitalize()} array of {arrays} task(s)" + (
+            f" ({per_pack} tasks packed each)" if per_pack > 1 else ""
+        )
         lines.append(
             f"stage {i + 1} {stage.name}{after}: {len(stage.tasks)} task(s) x {devices} device(s)"
-            + (array if slurm else "")
+            + (array if queued else "")
         )
+        members = {t.name: t for t in stage.fused}
         for t in stage.tasks:
             try:
                 shape = {k: t.config[k] for k in ("model", "data", "train", "seed")}  # what the peak depends on
@@ -128,7 +130,7 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             )
             seed = f", seed {t.seed}" if t.seed is not None else ""
             lines.append(
-                f"  {t.name}{seed}: {t.steps} steps, global batch {t.global_batch_size}, lr {t.lr:g}; "
+                f"  {t.name}{seed}: {_per_variant(t, [members[m] for m in t.members])}; "
                 f"predicted peak per device {_gib(peak)}{against} (one micro-batch at data.max_len; the router "
                 "splits a step that does not fit"
                 + ("; a CPU worker's RSS adds the interpreter and torch" if kind == "cpu" else "")
@@ -138,15 +140,17 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             if line := fused_line(t):
                 lines.append(f"    {line}")
         if stage.fused:
+            k, typed = max(len(t.group) for t in stage.tasks), cfg.resources.fuse_variants
             lines.append(
-                f"  resources.fuse_variants={cfg.resources.fuse_variants}: {len(stage.tasks) + len(stage.fused)} "
+                f"  resources.fuse_variants={typed}{f' (K={k})' if str(typed) != str(k) else ''}: "
+                f"{len(stage.tasks) + len(stage.fused)} "
                 f"variant task(s) run as {len(stage.tasks)} task(s); each fused task holds one base in memory"
             )
         n_tasks += len(stage.tasks)
         n_device_tasks += len(stage.tasks) * devices
         if limit_h:
             worst += len(stage.tasks) * devices * limit_h
-    if slurm:
+    if queued:
         lines.append(
             f"worst case: {n_device_tasks} device(s) over {n_tasks} task(s) x {cfg.launcher.timeout_min} min "
             f"(launcher.timeout_min) = {worst:.2f} device-hours, plus the report job (1 CPU)"
@@ -159,52 +163,23 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
     return lines
 
 
-def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
-    """Render each stage's array script (as launcher=sbatch submits it) and the report job, and write
-    RUN_DIR/submit-all.sh: the exact submit commands in order, each stage after the one before (afterok,
-    cancelled if that fails) and the report after the last (afterany). Returns the commands."""
-    from slurm_router.launch.slurm.common import KILL_ON_INVALID_DEP, REPORT_TIMEOUT_MIN, stage_devices
-    from slurm_router.launch.slurm.common import tasks_per_pack as per_pack_of
-    from slurm_router.launch.slurm.sbatch_launcher import report_script, sbatch_spec
-    from slurm_router.launch.slurm.sbatch_render import safe_job_name, write_sbatch
-
-    layout, run_dir = manifest.layout, str(manifest.layout.root)
-    per_pack = per_pack_of(cfg)
-    todo = [s for s in stages if not s.cached]
-    commands = ["set -euo pipefail"]
-    prev = None
-    for stage in todo:
-        n_arrays = -(-len(manifest.stage_tasks(stage.name)) // per_pack)
-        spec = sbatch_spec(cfg, run_dir, stage.name, n_arrays, stage_devices(stage), None)
-        last = stage.name == manifest.data["stages"][-1]["name"]
-        script = write_sbatch(spec, layout.sbatch_script(stage.name, last, 0))
-        var = f"JOB_{stage.name.upper().replace('-', '_')}"
-        dep: list[str] = [f"--dependency=afterok:${prev}", f"--{KILL_ON_INVALID_DEP}=yes"] if prev else []
-        commands.append(f"{var}=$(sbatch --parsable {' '.join(dep + [shlex.quote(str(script))])})")
-        prev = var
-    logs = str(layout.logs).replace("%", "%%")
-    report = shlex.join(
-        [
-            "sbatch",
-            "--parsable",
-            "--job-name",
-            safe_job_name(f"{cfg.experiment}-report"),
-            "--output",
-            f"{logs}/report-%j.out",
-            "--time",
-            str(REPORT_TIMEOUT_MIN),
-            *([f"--partition={cfg.launcher.partition}"] if cfg.launcher.partition else []),
-            "--wrap",
-            shlex.join(["bash", "-c", report_script(cfg, run_dir, None)]),
-        ]
-    )
-    commands.append(report.replace("sbatch --parsable", f"sbatch --parsable --dependency=afterany:${prev}", 1))
-    path = Path(run_dir) / SUBMIT_SCRIPT
-    path.write_text("#!/usr/bin/env bash\n# dry_run=true: the submit commands in order (run this file to submit)\n")
-    with path.open("a") as f:
-        f.write("\n".join(commands) + "\n")
-    path.chmod(0o755)
-    return commands[1:]
+def _per_variant(task: TaskSpec, members: list[TaskSpec]) -> str:
+    """'10 steps, global batch 16, lr 0.001': a fused task's settings that its variants may set apart (launch/fuse.py
+    MAY_DIFFER) shown for each variant where they differ: 'lr 0.001 (r4), 0.005 (r16)'."""
+    group = [task, *members]
+    parts = []
+    for what, field, fmt in (
+        ("steps", "steps", "{}"),
+        ("global batch", "global_batch_size", "{}"),
+        ("lr", "lr", "{:g}"),
+    ):
+        values = [fmt.format(getattr(t, field)) for t in group]
+        if len(set(values)) == 1:
+            parts.append(f"{values[0]} {what}" if what == "steps" else f"{what} {values[0]}")
+        else:
+            each = ", ".join(f"{v} ({t.variant})" for v, t in zip(values, group))
+            parts.append(f"{what}: {each}" if what == "steps" else f"{what} {each}")
+    return ", ".join(parts)
 
 
 def write_preview(cfg: DictConfig, variants: dict, stages: list[Stage], run_id: str, run_dir: Path) -> int:
@@ -212,15 +187,11 @@ def write_preview(cfg: DictConfig, variants: dict, stages: list[Stage], run_id: 
     from slurm_router.rundir.manifest import create_run_dir
 
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind, lock=False)
+    run_id, run_dir = manifest.data["run_id"], manifest.layout.root  # another run may have taken the name first
     lines = [f"dry_run=true: a preview of run {run_id}; nothing was trained or submitted", *plan_lines(cfg, stages)]
-    if cfg.launcher.kind != "local":
-        commands = slurm_scripts(cfg, manifest, stages)
-        how = (
-            "launcher=slurm submits the same arrays through submitit (one map_array per stage); as sbatch:"
-            if cfg.launcher.kind == "slurm"
-            else "submit commands, in order:"
-        )
-        lines += [how, *(f"  {c}" for c in commands), f"(all of them: bash {run_dir / SUBMIT_SCRIPT})"]
+    from slurm_router.scheduler.registry import backend_of
+
+    lines += backend_of(cfg.launcher.kind).preview(cfg, manifest, stages)  # the scheduler's scripts, if any
     lines.append(f"to run it: the same command without dry_run=true (status {run_dir}: never submitted)")
     text = "\n".join(lines)
     (run_dir / PREVIEW_FILE).write_text(text + "\n")

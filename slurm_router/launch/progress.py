@@ -1,19 +1,34 @@
-"""Live progress of a local run's tasks, read from their rank-0 event files (rundir.progress, the one reader).
+"""Live progress of a run's tasks, read from their rank-0 event files (rundir.progress, the one reader): the local
+launcher's run, and a Slurm run followed with launcher.wait=true (backends/slurm/common.py).
 
-On a terminal: a rich progress bar per task (step, loss, pace: tokens/s over the newest steps' wall time).
-Elsewhere (CI, a log file): one plain line per task every 10% of its steps, so a captured log still shows the run
-moving.
+On a terminal: a rich progress bar per task (step of steps, loss, pace: tokens/s over the newest steps' wall time,
+ETA at that pace, time elapsed). Elsewhere (CI, a log file, a Slurm job's output): one plain line per task every
+10% of its steps, or every PLAIN_EVERY_S while its steps move, so a captured log still shows the run moving.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from slurm_router.rundir.lifecycle import TaskState
-from slurm_router.rundir.progress import Progress as TaskProgress
-from slurm_router.rundir.progress import read_progress
+from slurm_router.rundir.progress import TaskProgress, read_progress
 from slurm_router.rundir.spec import TaskSpec
+
+PLAIN_EVERY_S = 30.0  # plain lines: a task whose steps moved gets a line at least this often
+
+
+def eta_text(seconds: float | None) -> str:
+    """'ETA 42s', 'ETA 3m05s', 'ETA 1h02m'; '' when not known."""
+    if seconds is None:
+        return ""
+    s = int(round(seconds))
+    if s < 60:
+        return f"ETA {s}s"
+    if s < 3600:
+        return f"ETA {s // 60}m{s % 60:02d}s"
+    return f"ETA {s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class Progress:
@@ -24,7 +39,10 @@ class Progress:
         # a fused task's variants each show their own progress (their own events); the launcher knows the leader
         self.members = {t.name: t.members for t in tasks}
         self.tasks = {s.name: s for t in tasks for s in (t.group_specs() if t.members else [t])}
-        self.state: dict[str, dict] = {n: {"progress": TaskProgress(), "printed": -1} for n in self.tasks}
+        self.state: dict[str, dict] = {
+            n: {"progress": TaskProgress(), "printed": -1, "step": 0, "at": time.monotonic()} for n in self.tasks
+        }
+        self.ended: set[str] = set()
         self.live = sys.stderr.isatty()
         self._rich = None
         if self.live:
@@ -50,11 +68,14 @@ class Progress:
             self._show(name)
 
     def _info(self, name: str) -> str:
+        """'loss 2.345  1,234 tok/s  ETA 1m02s' (the pace and the ETA over the newest steps)."""
         p = self.state[name]["progress"]
         if p.train_loss is None:
             return "starting" if p.val_loss is None else f"val {p.val_loss:.3f}"
-        rate = f"  pace {p.pace_tokens_per_s:,.0f} tok/s" if p.pace_tokens_per_s else ""
-        return f"loss {p.train_loss:.3f}{rate}"
+        rate = f"  {p.pace_tokens_per_s:,.0f} tok/s" if p.pace_tokens_per_s else ""
+        going = p.eta_s is not None and name not in self.ended and (p.step or 0) < self.tasks[name].steps
+        eta = f"  {eta_text(p.eta_s)}" if going else ""
+        return f"loss {p.train_loss:.3f}{rate}{eta}"
 
     def _show(self, name: str) -> None:
         st, total = self.state[name], self.tasks[name].steps
@@ -63,19 +84,33 @@ class Progress:
             self._rich.update(self._ids[name], completed=step, info=self._info(name))
             return
         decile = step * 10 // max(1, total)
-        if step and decile != st["printed"]:
-            st["printed"] = decile
+        due = step > st["step"] and time.monotonic() - st["at"] >= PLAIN_EVERY_S
+        if step and (decile != st["printed"] or due):
+            st["printed"], st["step"], st["at"] = decile, step, time.monotonic()
             print(f"  {self.tasks[name].stage}/{name}: step {step}/{total}  {self._info(name)}", flush=True)
 
-    def finish(self, name: str, state: TaskState, log: Path) -> None:
+    def follow(self, statuses: list) -> None:
+        """launcher.wait=true's poll (a Slurm run's TaskStatus rows): every task's bar or line, and one line for
+        each task as it ends, in Slurm's word (COMPLETED, FAILED, TIMEOUT...)."""
+        self.update()
+        for t in statuses:
+            if t.terminal and t.variant in self.tasks and t.variant not in self.ended:
+                self.finish(t.variant, t.state, Path(t.log_path) if t.log_path else None)
+
+    def finish(self, name: str, state: TaskState | str, log: Path | None) -> None:
         """A task ended (a fused task: each of its variants, with the group's state)."""
         self.update()
+        word = state.value if isinstance(state, TaskState) else str(state)
+        ok = state is TaskState.COMPLETED or word == "COMPLETED"
         for each in [name, *self.members.get(name, [])]:
-            msg = f"{self.tasks[each].stage}/{each}: {state.value}"
-            if state is not TaskState.COMPLETED:
+            if each in self.ended:
+                continue
+            self.ended.add(each)
+            msg = f"{self.tasks[each].stage}/{each}: {word}"
+            if not ok and log is not None:
                 msg += f" (log: {log})"
             if self._rich is not None:
-                self._rich.update(self._ids[each], info=state.value)
+                self._rich.update(self._ids[each], info=word)
                 self._rich.console.print(msg)
             else:
                 print(msg, flush=True)
@@ -83,3 +118,18 @@ class Progress:
     def close(self) -> None:
         if self._rich is not None:
             self._rich.stop()
+
+
+def note_killed(log: Path, group: list[str], pid: int, code: int, run_dir: Path) -> None:
+    """A job process killed from outside (kill -9, the out-of-memory killer) could not say so: its log says it."""
+    import signal
+
+    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    try:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(
+                f"error: the job process of {', '.join(group)} (pid {pid}) was killed by {name}; "
+                f"python -m slurm_router resume={run_dir} continues from the newest checkpoint\n"
+            )
+    except OSError:
+        pass  # the launcher's own line on stderr still says it failed

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.errors import UserError
 from slurm_router.launch.base import cached_base
+from slurm_router.launch.preview import PREVIEWED
 from slurm_router.rundir.layout import checkpoint_step
 from slurm_router.rundir.manifest import Manifest
 from slurm_router.rundir.spec import Stage, TaskSpec
@@ -28,11 +29,20 @@ def _load_run(arg: str) -> tuple[Manifest, DictConfig]:
     from slurm_router.rundir.lock import own_run
 
     manifest = Manifest.load(Path(arg).expanduser().resolve())  # a run dir, before run.lock is made in it
+    if manifest.data.get("state") == PREVIEWED:  # refused before run.lock: a preview is left as it was
+        raise UserError(
+            f"resume={arg}: a dry_run=true preview, never run: nothing to resume; to run it, give the command "
+            "that made it without dry_run=true"
+        )
     own_run(manifest)  # its manifest write reads the file again
     try:
         cfg = cast(DictConfig, OmegaConf.load(manifest.layout.config))
     except Exception:  # missing, unreadable or not YAML: same advice
         raise UserError(f"resume={arg}: config.yaml is missing or damaged") from None
+    from slurm_router.config.secrets import read_secrets, reveal
+
+    if read_secrets(manifest.layout.secrets):  # config.yaml shows credentials as ***: the checks need the real ones
+        cfg = OmegaConf.create(reveal(cast(dict, OmegaConf.to_container(cfg)), manifest.layout.secrets)[0])
     return manifest, cfg
 
 
@@ -54,6 +64,7 @@ def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
     from slurm_router.worker.checkpoint import CheckpointError, latest_valid_checkpoint
 
     manifest, cfg = _load_run(arg)
+    check_config_unchanged(manifest)
     stages, notes = [], []
     for s in manifest.data["stages"]:
         todo, reuse, fused = [], [], []
@@ -82,6 +93,57 @@ def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
         stages.append(Stage(s["name"], todo or reuse, cached=not todo, depends_on=depends_on, fused=fused))
     print(f"resume {manifest.layout.root}: {', '.join(notes)}")
     return manifest, cfg, stages
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "(not set)"
+
+
+_UNSET = _Unset()
+
+
+def _first_difference(edited, ran, key: str = ""):
+    """(dotted key, edited value, value that ran) of the first setting that differs, or None."""
+    if not (isinstance(edited, dict) and isinstance(ran, dict)):
+        return None if edited == ran else (key, edited, ran)
+    for k in [*edited, *(k for k in ran if k not in edited)]:
+        found = _first_difference(edited.get(k, _UNSET), ran.get(k, _UNSET), f"{key}.{k}" if key else str(k))
+        if found:
+            return found
+    return None
+
+
+def check_config_unchanged(manifest: Manifest) -> None:
+    """RUN_DIR/config.yaml against what every task recorded (task.json, what a resumed task runs): an edit to it
+    would be ignored, and the run's results labelled by settings that never ran. UserError naming the first key."""
+    from slurm_router.config.variants import variant_configs
+
+    path = manifest.layout.config
+    # as written: credentials shown as *** in config.yaml and task.json alike (config/secrets.py)
+    edited = cast(DictConfig, OmegaConf.load(path))
+    fix = "undo the edit, or start a new run with the new settings"
+    if not isinstance(edited, DictConfig) or "variants" not in edited:  # every config.yaml written has it
+        raise UserError(f"resume: {path} was edited: it has no variants key (each run's config.yaml has one): {fix}")
+    try:
+        variants = variant_configs(edited) or {"main": edited}  # no variants: one task, "main"
+    except UserError as e:
+        raise UserError(f"resume: {path} was edited: {e}") from None
+    for s in manifest.data["stages"]:
+        for name in (n for t in s["tasks"] for n in _task(manifest, t).group):
+            spec = _task(manifest, name)
+            now = edited if spec.stage == "base" else variants.get(spec.variant)
+            if now is None:
+                raise UserError(
+                    f"resume: {path} was edited: it has no variant {spec.variant}, which task {name} runs: {fix}"
+                )
+            found = _first_difference(OmegaConf.to_container(now, resolve=True), spec.config)
+            if found:
+                key, new, old = found
+                raise UserError(
+                    f"resume: {path} was edited: it gives task {name} {key}={new!r}, but the task runs with "
+                    f"{key}={old!r} (tasks/{name}/task.json): {fix}"
+                )
 
 
 def renew_timeout_budget(specs: list[TaskSpec]) -> None:

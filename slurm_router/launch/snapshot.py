@@ -1,5 +1,5 @@
 """launcher.snapshot (on by default for the Slurm launchers): a job runs the code that was submitted
-(docs/ARCHITECTURE.md, "How a job runs"). The same idea as submitit's RsyncSnapshot, without rsync.
+(docs/design/jobs.md, "How a job runs"). The same idea as submitit's RsyncSnapshot, without rsync.
 
 At submission the project's source is copied to RUN_DIR/code/: the files of the checkout the slurm_router
 package is imported from that git tracks, or would (`git ls-files --cached --others --exclude-standard`: a new

@@ -1,6 +1,6 @@
 """Pure routing core: which device computes which samples of a global batch, in how many micro-batches.
 
-No torch here (policies are pure functions over lengths and device state); see docs/ARCHITECTURE.md, "The router".
+No torch here (policies are pure functions over lengths and device state); see docs/design/router.md, "The router".
 """
 
 from .memory_model import MemoryModel

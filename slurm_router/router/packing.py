@@ -1,12 +1,14 @@
 """Sample costs, and turning one device's share of samples into micro-batches.
 
 Samples are handled by *position* in the global batch (0..n-1) inside the router; ids only appear when a
-MicroBatch is built. Positions keep every tie-break well defined even if a caller passes repeated lengths.
+MicroBatch is built. Positions keep every tie-break well defined even if a caller passes repeated lengths. A
+`Batch` carries what every packer reads by position: ids, lengths, costs and the memory model.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Mapping, Sequence, cast
 
@@ -24,13 +26,19 @@ def sample_costs(lengths: Sequence[int], settings: RouterSettings) -> list[float
     return [float(n) for n in lengths]
 
 
-def build_microbatch(
-    positions: list[int],
-    sample_ids: Sequence[int],
-    lengths: Sequence[int],
-    costs: Sequence[float],
-    memory_model: MemoryModel | None,
-) -> MicroBatch:
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A global batch by position (0..n-1): each sample's id, length in tokens and cost (sample_costs), and the
+    memory model that predicts a micro-batch's peak (None: no model)."""
+
+    sample_ids: Sequence[int]
+    lengths: Sequence[int]
+    costs: Sequence[float]
+    memory_model: MemoryModel | None = None
+
+
+def build_microbatch(positions: list[int], batch: Batch) -> MicroBatch:
+    sample_ids, lengths, costs, memory_model = batch.sample_ids, batch.lengths, batch.costs, batch.memory_model
     n = len(positions)
     if n == 1:  # the common case with long-tailed lengths: skip the generic path (this is the hot loop)
         p = positions[0]
@@ -50,18 +58,14 @@ def build_microbatch(
     )
 
 
-def build_microbatches(
-    groups: list[list[int]],
-    sample_ids: Sequence[int],
-    lengths: Sequence[int],
-    costs: Sequence[float],
-    memory_model: MemoryModel | None,
-) -> tuple[MicroBatch, ...]:
+def build_microbatches(groups: list[list[int]], batch: Batch) -> tuple[MicroBatch, ...]:
     """build_microbatch over groups that each come longest first (pack_by_length's), with the memory model's
     coefficients read once: a big plan's hot loop builds hundreds of micro-batches. Same values as
     build_microbatch (tests check); tuple.__new__ skips NamedTuple's Python-level __new__."""
+    memory_model = batch.memory_model
     if memory_model is None:
-        return tuple([build_microbatch(g, sample_ids, lengths, costs, None) for g in groups])
+        return tuple([build_microbatch(g, batch) for g in groups])
+    sample_ids, lengths, costs = batch.sample_ids, batch.lengths, batch.costs
     (f, a, b), scale, ceil = memory_model.coef, memory_model.scale, math.ceil
     new, mb_type, out = tuple.__new__, MicroBatch, []
     for g in groups:
@@ -99,16 +103,10 @@ def build_microbatches(
     return tuple(out)
 
 
-def build_packed(
-    positions: Sequence[int],
-    sample_ids: Sequence[int],
-    lengths: Sequence[int],
-    costs: Sequence[float],
-    memory_model: MemoryModel | None,
-    fixed: float = 0.0,
-) -> MicroBatch:
+def build_packed(positions: Sequence[int], batch: Batch, fixed: float = 0.0) -> MicroBatch:
     """One packed row of these samples, in global-batch order: what it computes is its real tokens; its cost is
     its samples' plus the fixed cost of a row."""
+    sample_ids, lengths, costs, memory_model = batch.sample_ids, batch.lengths, batch.costs, batch.memory_model
     positions = sorted(positions)
     n_tok = sum(map(lengths.__getitem__, positions))
     mem = memory_model.predict(n_tok, len(positions), n_tok // len(positions)) if memory_model is not None else None
@@ -119,12 +117,9 @@ def build_packed(
 
 def pack_rows(
     positions: Sequence[int],
-    sample_ids: Sequence[int],
-    lengths: Sequence[int],
-    costs: Sequence[float],
+    batch: Batch,
     budget_bytes: int | None,
     settings: RouterSettings,
-    memory_model: MemoryModel | None,
     oversize: list[int],
     presorted: bool = False,
 ) -> tuple[MicroBatch, ...]:
@@ -137,6 +132,7 @@ def pack_rows(
     the row's mean sample length, since each sample attends only within itself."""
     if not positions:
         return ()
+    lengths, memory_model = batch.lengths, batch.memory_model
     order = positions if presorted else sorted(positions, key=lengths.__getitem__, reverse=True)
     cap = settings.max_tokens_per_microbatch if settings.max_tokens_per_microbatch is not None else UNLIMITED
     use_mem = memory_model is not None and budget_bytes is not None
@@ -149,7 +145,7 @@ def pack_rows(
     fixed = float(settings.microbatch_overhead_tokens)
     total = sum(map(lengths.__getitem__, order))
     if fits(total, len(order)):
-        return (build_packed(order, sample_ids, lengths, costs, memory_model, fixed),)
+        return (build_packed(order, batch, fixed),)
     rows: list[list[int]] = []
     tokens: list[int] = []
     for p in order:
@@ -164,7 +160,7 @@ def pack_rows(
                 oversize.append(p)
             rows.append([p])
             tokens.append(n)
-    return tuple(build_packed(row, sample_ids, lengths, costs, memory_model, fixed) for row in rows)
+    return tuple(build_packed(row, batch, fixed) for row in rows)
 
 
 def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_model: MemoryModel | None):
@@ -185,12 +181,9 @@ def max_samples_fn(budget_bytes: int | None, settings: RouterSettings, memory_mo
 
 def pack_by_length(
     positions: Sequence[int],
-    sample_ids: Sequence[int],
-    lengths: Sequence[int],
-    costs: Sequence[float],
+    batch: Batch,
     budget_bytes: int | None,
     settings: RouterSettings,
-    memory_model: MemoryModel | None,
     oversize: list[int],
     presorted: bool = False,
 ) -> tuple[MicroBatch, ...]:
@@ -205,6 +198,7 @@ def pack_by_length(
     """
     if not positions:
         return ()
+    lengths, memory_model = batch.lengths, batch.memory_model
     # stable sort on the length alone: equal lengths keep the caller's (deterministic) order
     order = positions if presorted else sorted(positions, key=lengths.__getitem__, reverse=True)
     overhead = settings.microbatch_overhead_tokens
@@ -240,17 +234,14 @@ def pack_by_length(
             if group_cap < 1:
                 oversize.append(p)
                 group_cap = 1  # alone, never dropped
-    return build_microbatches(groups, sample_ids, lengths, costs, memory_model)
+    return build_microbatches(groups, batch)
 
 
 def pack_in_order(
     positions: Sequence[int],
-    sample_ids: Sequence[int],
-    lengths: Sequence[int],
-    costs: Sequence[float],
+    batch: Batch,
     budget_bytes: int | None,
     settings: RouterSettings,
-    memory_model: MemoryModel | None,
     oversize: list[int],
     presorted: bool = False,
 ) -> tuple[MicroBatch, ...]:
@@ -261,7 +252,8 @@ def pack_in_order(
     n = len(positions)
     if n == 0:
         return ()
-    k_max = max_samples_fn(budget_bytes, settings, memory_model)
+    lengths = batch.lengths
+    k_max = max_samples_fn(budget_bytes, settings, batch.memory_model)
     for n_chunks in range(1, n + 1):
         chunks = _equal_chunks(positions, n_chunks)
         if all(len(c) <= k_max(max(lengths[p] for p in c)) for c in chunks):
@@ -269,7 +261,7 @@ def pack_in_order(
     for c in chunks:
         if len(c) == 1 and k_max(lengths[c[0]]) < 1:
             oversize.append(c[0])
-    return tuple(build_microbatch(c, sample_ids, lengths, costs, memory_model) for c in chunks)
+    return tuple(build_microbatch(c, batch) for c in chunks)
 
 
 def _equal_chunks(items: Sequence[int], n_chunks: int) -> list[list[int]]:
@@ -308,6 +300,7 @@ def split_for_oom(
         per_token = mb.cost / mb.n_tokens if mb.n_tokens else 0.0
         costs = [n_tok * per_token for n_tok in lengths]
     by_len = sorted(range(n), key=lambda i: (-lengths[i], i))
+    batch = Batch(ids, lengths, costs, memory_model)
     if settings is not None and settings.packed:  # halve the row's tokens, not its padded width
         halves: tuple[list[int], list[int]] = ([], [])
         half_tokens = [0, 0]
@@ -317,11 +310,11 @@ def split_for_oom(
             half_tokens[side] += lengths[i]
         fixed = float(settings.microbatch_overhead_tokens)
         return (
-            build_packed(halves[0], ids, lengths, costs, memory_model, fixed),
-            build_packed(halves[1], ids, lengths, costs, memory_model, fixed),
+            build_packed(halves[0], batch, fixed),
+            build_packed(halves[1], batch, fixed),
         )
     long_half, short_half = by_len[: n // 2], by_len[n // 2 :]
     return (
-        build_microbatch(long_half, ids, lengths, costs, memory_model),
-        build_microbatch(short_half, ids, lengths, costs, memory_model),
+        build_microbatch(long_half, batch),
+        build_microbatch(short_half, batch),
     )

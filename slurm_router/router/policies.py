@@ -1,7 +1,8 @@
 """Routing policies: pure functions (lengths, sample_ids, devices, settings, memory_model) -> Assignment.
 
 They decide only which device computes which samples and in how many micro-batches; the global batch itself
-is fixed by the sampler. Every sample position lands in exactly one micro-batch of exactly one device.
+is fixed by the sampler. Every sample position lands in exactly one micro-batch of exactly one device. Inside,
+a `PlanInputs` (the batch, the devices, the settings) is what the helpers read.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence, cast
 
 from .memory_model import MemoryModel
-from .packing import UNLIMITED, pack_by_length, pack_in_order, pack_rows, sample_costs
+from .packing import UNLIMITED, Batch, pack_by_length, pack_in_order, pack_rows, sample_costs
 from .partition import partition
 from .types import POLICY_NAMES, Assignment, DeviceState, RouterSettings
 
@@ -26,17 +28,34 @@ Policy = Callable[
 ]
 
 
-def _check(lengths: Sequence[int], sample_ids: Sequence[int], devices: Sequence[DeviceState]) -> None:
-    if len(lengths) != len(sample_ids):
-        raise ValueError(f"{len(sample_ids)} sample ids but {len(lengths)} lengths: pass one length per sample")
-    if not devices:
-        raise ValueError("no devices: a job needs at least one device to route to")
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    """What a policy plans from: the global batch (ids, lengths, costs, memory model), the devices, the settings."""
+
+    batch: Batch
+    devices: Sequence[DeviceState]
+    settings: RouterSettings
+
+    @classmethod
+    def of(
+        cls,
+        lengths: Sequence[int],
+        sample_ids: Sequence[int],
+        devices: Sequence[DeviceState],
+        settings: RouterSettings,
+        memory_model: MemoryModel | None,
+    ) -> PlanInputs:
+        """A policy's arguments, checked, with each sample's cost (packing.sample_costs)."""
+        if len(lengths) != len(sample_ids):
+            raise ValueError(f"{len(sample_ids)} sample ids but {len(lengths)} lengths: pass one length per sample")
+        if not devices:
+            raise ValueError("no devices: a job needs at least one device to route to")
+        return cls(Batch(sample_ids, lengths, sample_costs(lengths, settings), memory_model), devices, settings)
 
 
-def _item_fits(
-    devices: Sequence[DeviceState], settings: RouterSettings, memory_model: MemoryModel | None
-) -> list[int] | None:
+def _item_fits(inputs: PlanInputs) -> list[int] | None:
     """Per device, the longest sample it can compute alone; None when nothing limits any device."""
+    devices, settings, memory_model = inputs.devices, inputs.settings, inputs.batch.memory_model
     cap = settings.max_tokens_per_microbatch
     with_mem = memory_model is not None and any(d.mem_budget_bytes is not None for d in devices)
     if cap is None and not with_mem:
@@ -56,17 +75,13 @@ def _row_fixed_cost(settings: RouterSettings) -> float:
     return float(settings.microbatch_overhead_tokens) if settings.packed else 0.0
 
 
-def _partition_costs(
-    costs: list[float],
-    lengths: Sequence[int],
-    devices: Sequence[DeviceState],
-    settings: RouterSettings,
-    memory_model: MemoryModel | None,
-) -> list[float]:
+def _partition_costs(inputs: PlanInputs) -> Sequence[float]:
     """The costs the partition balances. Packed rows that a token cap or the memory budget limits: a device's
     share of T tokens needs about T / R rows of R tokens beyond its first, so each sample also carries
     fixed * len / R (R: the smallest device's row, by the cap and the memory model at the batch's mean length).
     The first row's fixed cost is the partition's `fixed`. Otherwise the samples' own costs."""
+    costs, lengths, memory_model = inputs.batch.costs, inputs.batch.lengths, inputs.batch.memory_model
+    devices, settings = inputs.devices, inputs.settings
     fixed = _row_fixed_cost(settings)
     if fixed <= 0 or not lengths:
         return costs
@@ -83,34 +98,16 @@ def _partition_costs(
     return [c + per_token * n for c, n in zip(costs, lengths)]
 
 
-def _finish(
-    bins: list[list[int]],
-    sample_ids: Sequence[int],
-    lengths: Sequence[int],
-    costs: Sequence[float],
-    devices: Sequence[DeviceState],
-    settings: RouterSettings,
-    memory_model: MemoryModel | None,
-    by_length: bool = True,
-) -> Assignment:
+def _finish(inputs: PlanInputs, bins: list[list[int]], by_length: bool = True) -> Assignment:
     oversize: list[int] = []
+    devices, settings = inputs.devices, inputs.settings
     pack = pack_rows if settings.packed else pack_by_length if by_length else pack_in_order
     # by_length callers hand over bins sorted longest first (partition output, least_loaded's order)
     per_device = tuple(
-        pack(
-            bins[d],
-            sample_ids,
-            lengths,
-            costs,
-            devices[d].mem_budget_bytes,
-            settings,
-            memory_model,
-            oversize,
-            by_length,
-        )
+        pack(bins[d], inputs.batch, devices[d].mem_budget_bytes, settings, oversize, by_length)
         for d in range(len(devices))
     )
-    return Assignment(per_device, tuple(sample_ids[p] for p in sorted(oversize)))
+    return Assignment(per_device, tuple(inputs.batch.sample_ids[p] for p in sorted(oversize)))
 
 
 def round_robin(
@@ -121,12 +118,10 @@ def round_robin(
     memory_model: MemoryModel | None = None,
 ) -> Assignment:
     """Sample i of the global batch -> device i % D (DistributedSampler's split). Ignores speed and cost."""
-    _check(lengths, sample_ids, devices)
+    inputs = PlanInputs.of(lengths, sample_ids, devices, settings, memory_model)
     n_dev = len(devices)
     bins = [list(range(d, len(sample_ids), n_dev)) for d in range(n_dev)]
-    return _finish(
-        bins, sample_ids, lengths, sample_costs(lengths, settings), devices, settings, memory_model, by_length=False
-    )
+    return _finish(inputs, bins, by_length=False)
 
 
 def balanced(
@@ -137,18 +132,17 @@ def balanced(
     memory_model: MemoryModel | None = None,
 ) -> Assignment:
     """Cost partition weighted by device speed (LPT + moves/swaps), memory-capped; micro-batches by length."""
-    _check(lengths, sample_ids, devices)
-    costs = sample_costs(lengths, settings)
+    inputs = PlanInputs.of(lengths, sample_ids, devices, settings, memory_model)
     speeds = [max(d.speed, _MIN_SPEED) for d in devices]
     bins = partition(
         range(len(sample_ids)),
-        _partition_costs(costs, lengths, devices, settings, memory_model),
+        _partition_costs(inputs),
         speeds,
-        _item_fits(devices, settings, memory_model),
+        _item_fits(inputs),
         lengths,
         fixed=_row_fixed_cost(settings),
     )
-    return _finish(bins, sample_ids, lengths, costs, devices, settings, memory_model)
+    return _finish(inputs, bins)
 
 
 def least_loaded(
@@ -167,9 +161,8 @@ def least_loaded(
     memory, which shares the batch in proportion to free memory. If no device reports anything at all, this
     falls back to least assigned cost / speed.
     """
-    _check(lengths, sample_ids, devices)
-    n, n_dev = len(sample_ids), len(devices)
-    costs = sample_costs(lengths, settings)
+    inputs = PlanInputs.of(lengths, sample_ids, devices, settings, memory_model)
+    n, n_dev, costs = len(sample_ids), len(devices), inputs.batch.costs
     usable = []
     d: Any
     for d in devices:
@@ -199,7 +192,7 @@ def least_loaded(
             left, d = heap[0]
             bins[d].append(p)
             heapq.heapreplace(heap, (left + need[p], d))
-    return _finish(bins, sample_ids, lengths, costs, devices, settings, memory_model)
+    return _finish(inputs, bins)
 
 
 def affinity(
@@ -217,9 +210,8 @@ def affinity(
     group: balanced partition. The price of pinning is granularity: a bucket gets whole devices.
     Each device therefore sees a narrow band of lengths (little padding, stable shapes).
     """
-    _check(lengths, sample_ids, devices)
-    n, n_dev = len(sample_ids), len(devices)
-    costs = sample_costs(lengths, settings)
+    inputs = PlanInputs.of(lengths, sample_ids, devices, settings, memory_model)
+    n, n_dev, costs = len(sample_ids), len(devices), inputs.batch.costs
     edges = settings.affinity_boundaries or DEFAULT_AFFINITY_BOUNDARIES
     buckets: dict[int, list[int]] = {}
     for p in range(n):
@@ -256,8 +248,8 @@ def affinity(
         groups_items[best_i : best_i + 2] = [groups_items[best_i] + groups_items[best_i + 1]]
         group_cost[best_i : best_i + 2] = [group_cost[best_i] + group_cost[best_i + 1]]
     group_sizes = _apportion(group_cost, n_dev)
-    item_fits = _item_fits(devices, settings, memory_model)
-    part_costs = _partition_costs(costs, lengths, devices, settings, memory_model)
+    item_fits = _item_fits(inputs)
+    part_costs = _partition_costs(inputs)
     bins: list[list[int]] = [[] for _ in range(n_dev)]
     start = 0
     for items, size in zip(groups_items, group_sizes):
@@ -268,7 +260,7 @@ def affinity(
         sub = partition(items, part_costs, speeds, fits, lengths, fixed=_row_fixed_cost(settings))
         for d, share in zip(group, sub):
             bins[d].extend(share)
-    return _finish(bins, sample_ids, lengths, costs, devices, settings, memory_model)
+    return _finish(inputs, bins)
 
 
 def _apportion(weights: list[float], total: int) -> list[int]:

@@ -1,6 +1,6 @@
 """Per-device throughput (cost units per second) learned from each step's observed compute time.
 
-Three models, picked by `router.speed_model` (docs/ARCHITECTURE.md, "The router"):
+Three models, picked by `router.speed_model` (docs/design/router.md, "The router"):
   robust  (default) moves away from equal speeds only for differences that persist beyond the measured noise
   ema     an exponential moving average of cost/s per device (weight `router.speed_ema`): follows every step,
           noise included, so identical devices on a noisy machine get unequal shares

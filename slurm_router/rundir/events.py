@@ -151,6 +151,10 @@ class EvalRow(Row):
     val_tokens: int = _req()
     batch_loss_sums: list = _req("per eval batch")
     batch_tokens: list = _req("per eval batch")
+    batch_sources: list = _opt("per eval batch, the sources (files) of its samples: the verdict's clusters")
+    metrics: dict = _opt("eval.metrics: per metric, scores (one per example, in order), higher_is_better, sources")
+    t_metrics_s: float = _opt("time in the metric functions at this evaluation")
+    t_eval_s: float = _opt("wall time of this evaluation (loss and metrics); fused: since the group's began")
 
 
 @dataclass(kw_only=True)
@@ -162,7 +166,7 @@ class CheckpointSavedRow(Row):
     path: str = _req()
     bytes: int = _req()
     sha256: str = _req()
-    reason: str = _req("periodic | signal")
+    reason: str = _req("periodic | signal | eval-failed")
     t_save_s: float = _req()
 
 
@@ -185,7 +189,7 @@ class RequeueRow(Row):
     job_id: str = _req()
     detail: str = _opt()
     step: int | None = _opt()
-    restart: int = _opt("SLURM_RESTART_COUNT it accounts for")
+    restart: int = _opt("the scheduler's restart count of the job it accounts for")
     time_requested: float = _opt()
 
 

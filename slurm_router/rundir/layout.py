@@ -1,8 +1,9 @@
-"""The run directory's file names, and nothing else: the one place that knows them (docs/ARCHITECTURE.md).
+"""The run directory's file names, and nothing else: the one place that knows them (docs/run-directory.md).
 
     runs/<experiment>/<timestamp>/        RunLayout(run_dir)
       config.yaml  manifest.json          the resolved config; tasks, states, job ids, versions
       run.lock  manifest.lock             who writes this run now (rundir/lock.py); the manifest's own short lock
+      secrets.json                        mode 0600: the credentials config.yaml shows as *** (config/secrets.py)
       submit*.sbatch                      launcher=sbatch's rendered scripts
       preview.txt  submit-all.sh          dry_run=true: the plan as printed; the Slurm submit commands in order
       code/  code.diff  pip-freeze.txt    launcher.snapshot: the submitted source, its uncommitted diff, pip freeze
@@ -39,9 +40,12 @@ REQUEUE_REQUEST = "requeue-request"  # logs/requeue-request.<job id>: a containe
 SETUP_FAILED = "setup-failed"  # logs/setup-failed.<job id>: which launcher.setup line stopped that job (one line)
 TRACKERS_DIR = "trackers"  # RUN_DIR/trackers/: tensorboard/, mlruns/, wandb/ (tracker.dir's default)
 TRACKER_FILE = "tracker.json"  # RUN_DIR/tasks/<task>/tracker.json: each tracker's run, for later attempts
+SECRETS = "secrets.json"  # mode 0600, owner only: the real values of the settings shown as *** (config/secrets.py)
 PREVIEW_FILE = "preview.txt"  # dry_run=true: the plan, as printed (launch/preview.py)
 SUBMIT_ALL = "submit-all.sh"  # dry_run=true with a Slurm launcher: the submit commands in order, runnable
 EVALS_FILE = "evals.jsonl"  # prune=true: rank 0's in-training evaluations, read by the other tasks (prune.py)
+DECISIONS_FILE = "decisions.jsonl"  # prune=true: RUN_DIR/decisions.jsonl, the run's looks (verdict/contest.py)
+DECISIONS_LOCK = "decisions.lock"  # held (flock) while a task reads the evaluations and takes a look
 # The base stage's cache entry <cache>/base/<hash>/ is a transformers checkpoint folder (base_cache.py):
 BASE_WEIGHTS = "model.safetensors"  # its weights, with a model.json sha256 sidecar
 BASE_META = "meta.json"  # the base task's result, written last: the entry is complete
@@ -139,6 +143,10 @@ class RunLayout:
         return self.root / MANIFEST
 
     @property
+    def secrets(self) -> Path:
+        return self.root / SECRETS
+
+    @property
     def run_lock(self) -> Path:
         """run.lock: the one writer of this run (slurm_router.rundir.lock), and who it is (host, pid, since, command)."""
         return self.root / RUN_LOCK
@@ -150,6 +158,15 @@ class RunLayout:
     @property
     def tasks(self) -> Path:
         return self.root / "tasks"
+
+    @property
+    def decisions(self) -> Path:
+        """decisions.jsonl: prune=true's looks, one line each, recorded once for the run (verdict/contest.py)."""
+        return self.root / DECISIONS_FILE
+
+    @property
+    def decisions_lock(self) -> Path:
+        return self.root / DECISIONS_LOCK
 
     @property
     def logs(self) -> Path:
@@ -199,7 +216,7 @@ class RunLayout:
 
     def setup_failed(self, job_id: str) -> Path:
         """logs/setup-failed.<job id>: a Slurm job's launcher.setup line that failed, and its exit code, in words
-        (launch/setup_lines.py); removed when a later attempt's setup passes."""
+        (backends/slurm/setup_lines.py); removed when a later attempt's setup passes."""
         return self.logs / f"{SETUP_FAILED}.{job_id}"
 
     def init_base(self, key: str) -> Path:

@@ -79,7 +79,9 @@ def holder_info() -> dict:
 def _command() -> str:
     """The command as typed: python3 -m slurm_router resume=... (sys.argv would show __main__.py's path)."""
     argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
-    return shlex.join([Path(argv[0]).name, *argv[1:]])
+    from slurm_router.config.secrets import redact_text  # a URI's password typed on the command line
+
+    return redact_text(shlex.join([Path(argv[0]).name, *argv[1:]]))
 
 
 def owner_alive(info: dict | None) -> bool | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.config.checks import check_writable_dir
+from slurm_router.config.secrets import redact_text, write_secrets
 from slurm_router.errors import UserError
 from slurm_router.fileio import WriteError, atomic_write_text
 from slurm_router.rundir.layout import RunLayout
@@ -179,19 +181,25 @@ class Manifest:
 
 
 def create_run_dir(
-    cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str, lock: bool = True
+    cfg: DictConfig,
+    run_id: str,
+    run_dir: Path,
+    stages: list[Stage],
+    launcher: str,
+    lock: bool = True,
+    secrets: dict | None = None,
 ) -> Manifest:
-    """Write config.yaml, every task.json and the manifest, holding the run's lock (rundir/lock.py) from the
-    moment the directory exists: a Ctrl-C that finds the manifest finds this process its writer, and marks the
+    """Write config.yaml, every task.json and the manifest (cfg and the specs show credentials as ***; secrets:
+    their real values, into RUN_DIR/secrets.json, mode 0600: config/secrets.py), holding the run's lock
+    (rundir/lock.py) from the moment the directory exists: a Ctrl-C that finds the manifest finds this process its writer, and marks the
     run interrupted (lock=False: a dry_run preview, which nothing runs). Called only after every check passed.
     A write that fails (disk full, permission), or a Ctrl-C before the manifest is whole, removes what it made
     (and lets the lock go) and raises one line."""
-    try:
-        run_dir.mkdir(parents=True)
-    except OSError as e:
-        raise WriteError.of(run_dir, e) from None
+    run_dir, run_id = _claim(run_dir, run_id, stages)
     try:
         owner = acquire(run_dir).info if lock else None
+        if secrets:
+            write_secrets(RunLayout(run_dir).secrets, secrets)
         return _fill_run_dir(cfg, run_id, run_dir, stages, launcher, owner)
     except BaseException as e:  # a Ctrl-C too: never a half-made run directory
         let_go(run_dir)
@@ -199,6 +207,32 @@ def create_run_dir(
         if isinstance(e, OSError):
             raise WriteError.of(e.filename or run_dir, e) from None
         raise
+
+
+def _claim(run_dir: Path, run_id: str, stages: list[Stage]) -> tuple[Path, str]:
+    """Make the run's directory, atomically: another run that chose the same name (started in the same second,
+    by a script launching runs in parallel) made it first when mkdir finds it there, so this run takes the next
+    free name, <name>_2, <name>_3, ..., and its task specs are moved to it before anything is written."""
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError.of(run_dir.parent, e) from None
+    stem = re.sub(r"_\d+$", "", run_dir.name)  # new_run_dir's <timestamp>_<n>: count on from the timestamp
+    first, n = run_dir, 1
+    while True:
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            run_dir = run_dir.with_name(f"{stem}_{n}")
+        except OSError as e:
+            raise WriteError.of(run_dir, e) from None
+    if run_dir != first:  # new_run_dir's run id ends with the folder's name
+        run_id = run_id[: -len(first.name)] + run_dir.name if run_id.endswith(first.name) else f"{run_id}_{n}"
+        for t in (t for s in stages for t in [*s.tasks, *s.fused]):
+            t.run_dir, t.run_id = str(run_dir), run_id
+    return run_dir, run_id
 
 
 def _fill_run_dir(
@@ -233,7 +267,7 @@ def _fill_run_dir(
         "launcher": launcher,
         "created": time.time(),
         "host": platform.node(),
-        "command": sys.argv,
+        "command": [redact_text(a) for a in sys.argv],
         "git_commit": _git_commit(),
         "git_dirty": _git_dirty(),
         "versions": _versions(),

@@ -52,7 +52,7 @@ def last_rows(path: str | os.PathLike, kind: str, n: int | None = 1) -> list[dic
 
 
 @dataclass
-class Progress:
+class TaskProgress:
     """Where a task is. None: not known (no step yet, no evaluation yet, not running)."""
 
     step: int | None = None  # steps done: the newest step row's step + 1
@@ -92,11 +92,11 @@ def pace(rows: list[dict], steps: int | None) -> tuple[float | None, float | Non
     return tokens, None if left is None else left * per_step
 
 
-def read_progress(task_dir: str | os.PathLike, running: bool, all_steps: bool = True) -> Progress:
+def read_progress(task_dir: str | os.PathLike, running: bool, all_steps: bool = True) -> TaskProgress:
     """A task's progress from its folder; the ETA only while it runs. tokens/s reads every step row of rank 0
     (all_steps=False: not, for a live display that polls often and shows the pace)."""
     paths = TaskPaths(Path(task_dir))
-    out = Progress()
+    out = TaskProgress()
     try:
         out.steps = int(json.loads(paths.task_file.read_text())["steps"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -1,5 +1,5 @@
 """A task's spec (tasks/<name>/task.json) and the stages that group them: what a launcher submits and a job
-runs, as data. How they are made from a config: slurm_router.launch.plan (docs/ARCHITECTURE.md, "Data flow")."""
+runs, as data. How they are made from a config: slurm_router.launch.plan (docs/design/data-flow.md, "Data flow")."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class MlflowLogger:
     kind = "mlflow"
 
     def __init__(self, target: Any, record: dict | None):  # target: trackers.Target
-        uri = record["tracking_uri"] if record else target.mlflow_uri
+        uri = target.real(record["tracking_uri"]) if record else target.mlflow_uri
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps its file store in maintenance mode behind this opt-in; it needs no server or database,
             # and each run is its own folder (many tasks write at once, also over NFS)
@@ -83,7 +83,7 @@ class MlflowLogger:
             params = [Param(k, str(v)[:6000]) for k, v in flat_config(target.config).items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
                 self.client.log_batch(self.run_id, params=params[i : i + 100])
-        self.record = {"tracking_uri": uri, "run_id": self.run_id}
+        self.record = {"tracking_uri": target.show(uri), "run_id": self.run_id}  # tracker.json: no password
 
     def _experiment(self, uri: str, name: str) -> str:
         """The experiment's id, made once: every task of a run starts at about the same time, so a file store's
@@ -122,7 +122,18 @@ class MlflowLogger:
 
     def close(self, state: str | None, last: bool) -> None:
         status = "FINISHED" if state in ENDED_WELL else "FAILED" if state == "failed" else "KILLED"
-        self.client.set_terminated(self.run_id, status)
+        import contextlib
+        import io
+        import sys
+
+        from slurm_router.config.secrets import redact_text
+
+        printed = io.StringIO()  # MLflow prints "View run ... at: <the server's URI>", password and all
+        try:
+            with contextlib.redirect_stdout(printed):
+                self.client.set_terminated(self.run_id, status)
+        finally:
+            sys.stdout.write(redact_text(printed.getvalue()))
 
 
 class WandbLogger:

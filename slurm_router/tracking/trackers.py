@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_router.config.secrets import redact_text, reveal
 from slurm_router.errors import UserError
-from slurm_router.rundir.layout import TRACKER_FILE, TRACKERS_DIR
+from slurm_router.rundir.layout import TRACKER_FILE, TRACKERS_DIR, RunLayout
 from slurm_router.tracking.loggers import ENDED_WELL, LOGGERS
 
 KINDS = ("tensorboard", "mlflow", "wandb")
@@ -91,7 +92,7 @@ def check_tracker(tracker: Any, where: str = "") -> None:
             where = where if setting.startswith("tracker.") else ""  # the environment's is the run's
             check_writable_dir(
                 folder,
-                f"{where}{setting}={uri!r}",
+                f"{where}{setting}={redact_text(str(uri))!r}",
                 fix=f"set {setting} to a file:// URI (or path) of a folder you can write",
             )
     for kind in enabled(tracker):
@@ -145,12 +146,15 @@ class Target:
     tags: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     run_dir: str = "RUN_DIR"  # where the run is (for the replay command a warning names)
+    shown: dict = field(default_factory=dict)  # a revealed secret -> how it is shown (config/secrets.py)
 
     @classmethod
     def of(cls, spec, kinds: list[str] | None = None, run_dir: str | os.PathLike | None = None) -> "Target":
         """spec: a rundir.spec.TaskSpec (its config is the task's resolved config); kinds: the config's, unless given;
         run_dir: where the run is now (a replay of a run dir that was moved), else where it was made."""
-        tracker = dict(spec.config.get("tracker") or {})
+        # the real credentials from RUN_DIR/secrets.json (spec.config shows them as ***: config/secrets.py)
+        revealed, shown = reveal(spec.config, RunLayout(run_dir or spec.run_dir).secrets, spec.name)
+        tracker = dict(revealed.get("tracker") or {})
         d = Path(os.path.expanduser(tracker.get("dir") or Path(run_dir or spec.run_dir) / TRACKERS_DIR)).absolute()
         uri = tracker.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or (d / "mlruns").as_uri()
         return cls(
@@ -171,9 +175,18 @@ class Target:
                 "stage": spec.stage,
                 "seed": spec.seed,
             },
-            config={k: v for k, v in spec.config.items() if k != "variants"},  # the task's own
+            config={k: v for k, v in spec.config.items() if k != "variants"},  # the task's own, as shown
             run_dir=str(run_dir or spec.run_dir),
+            shown=shown,
         )
+
+    def show(self, value: str) -> str:
+        """A value as it may be written (tracker.json, a warning): its secrets as ***."""
+        return self.shown.get(value) or redact_text(value)
+
+    def real(self, written: str) -> str:
+        """The MLflow URI tracker.json names (written by show) as the job must use it."""
+        return self.mlflow_uri if written == self.show(self.mlflow_uri) else written
 
     @property
     def name(self) -> str:
@@ -241,6 +254,9 @@ def metrics_of(row) -> dict[str, float]:
     metrics = {name: float(getattr(row, f)) for f, name in METRICS[row.KIND].items()}
     if row.KIND == "step" and row.t_step_s > 0:
         metrics["train/tokens_per_s"] = row.n_tokens / row.t_step_s
+    scored = getattr(row, "metrics", None) if row.KIND == "eval" else None
+    for name, m in scored.items() if isinstance(scored, dict) else ():  # eval.metrics: eval/<name>, the mean score
+        metrics[f"eval/{name}"] = sum(m["scores"]) / max(1, len(m["scores"]))
     return metrics
 
 
@@ -258,7 +274,7 @@ def read_records(task_dir: str | os.PathLike) -> dict:
 
 def one_line(e: BaseException, limit: int = 200) -> str:
     """An exception as `Type: message` on one line (a library's message may span many)."""
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
+    return f"{type(e).__name__}: {redact_text(' '.join(str(e).split()))[:limit]}"  # a server's URI: no password
 
 
 def open_trackers(

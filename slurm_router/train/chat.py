@@ -1,4 +1,4 @@
-"""A conversation -> tokens and target mask, with the tokenizer's own chat template (docs/ARCHITECTURE.md, "Target
+"""A conversation -> tokens and target mask, with the tokenizer's own chat template (docs/design/model.md, "Target
 masks"). Only assistant turns are targets: their content and the template's end-of-turn token after it.
 
 Templates need no {% generation %} markers: the conversation is rendered up to each assistant turn with
@@ -7,6 +7,8 @@ must be prefixes of the whole rendering (a template that renders earlier turns d
 follow is not prefix-consistent, and is refused in one line). The whole rendering is tokenized once with
 character offsets, and a token is a target when its characters overlap an assistant span. Whitespace the
 template writes after a turn's end token (ChatML's '\\n') belongs to the template, not to the answer.
+A template that knows no role of a turn may leave the turn out instead of failing (a Llama-2 template renders
+no tool turn): every message's content must be in the rendering, or the row is refused.
 """
 
 from __future__ import annotations
@@ -29,9 +31,22 @@ def _render(tok, messages: list[dict], generation_prompt: bool = False) -> str:
         raise ChatError(f"the chat template fails on it ({first})") from None
 
 
+def _check_rendered(text: str, messages: list[dict]) -> None:
+    # templates may trim a turn's content ({{ m['content'] | trim }}), so its stripped text is what must appear
+    for i, m in enumerate(messages, 1):
+        content = m["content"].strip()
+        if content and content not in text:
+            raise ChatError(
+                f"message {i} ({m['role']}): the chat template leaves this turn out of the rendering (it does "
+                f"not render the role {m['role']!r}), so the model would never read it: give it as a role the "
+                "template renders (a tool's output as a user turn), or use a checkpoint whose template has it"
+            )
+
+
 def assistant_spans(tok, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     """The whole rendering and the character spans [start, end) of its assistant turns."""
     text, spans = _render(tok, messages), []
+    _check_rendered(text, messages)
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue

@@ -5,7 +5,7 @@ of at most `data.max_len` tokens, each starting with the start token (BOS, or en
 has no BOS); every token but the first is a target. So lengths vary like real fine-tuning data, which is what the
 router balances. Prompt/completion and chat records (records.py, chat.py) are one sample each, whose targets
 are the completion (+ a closing end-of-text) or the assistant turns; one longer than `data.max_len` keeps its
-first max_len tokens, and is left out if that leaves it no target (docs/ARCHITECTURE.md, "Target masks").
+first max_len tokens, and is left out if that leaves it no target (docs/design/model.md, "Target masks").
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class Split:
     lengths: np.ndarray
     is_target: np.ndarray
     n_targets: np.ndarray
+    sources: np.ndarray | None = None  # per sample, the file (or row) it comes from: one cluster in the verdict
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -53,9 +54,15 @@ class Split:
         """Target tokens of these samples: the global batch's loss divides by this."""
         return int(self.n_targets[np.asarray(ids, dtype=np.int64)].sum()) if len(ids) else 0
 
+    def source(self, i: int) -> int:
+        return int(self.sources[i]) if self.sources is not None else i
+
     @classmethod
-    def build(cls, samples: list[np.ndarray], masks: list[np.ndarray | None] | None = None) -> "Split":
-        """masks[i] None (or no masks): plain text, every token but the first is a target."""
+    def build(
+        cls, samples: list[np.ndarray], masks: list[np.ndarray | None] | None = None, sources: list[int] | None = None
+    ) -> "Split":
+        """masks[i] None (or no masks): plain text, every token but the first is a target. sources[i]: the file
+        sample i comes from (default: each sample its own)."""
         lengths = np.array([len(s) for s in samples], dtype=np.int64)
         starts = np.zeros(len(samples), dtype=np.int64)
         if len(samples):
@@ -68,7 +75,8 @@ class Split:
                 is_target[starts[i] : starts[i] + lengths[i]] = m
                 is_target[starts[i]] = False
         running = np.concatenate(([0], np.cumsum(is_target, dtype=np.int64)))
-        return cls(flat, starts, lengths, is_target, running[starts + lengths] - running[starts])
+        src = np.asarray(sources if sources is not None else range(len(samples)), dtype=np.int64)
+        return cls(flat, starts, lengths, is_target, running[starts + lengths] - running[starts], src)
 
 
 @dataclass
@@ -78,18 +86,19 @@ class Corpus:
     n_documents: int
     description: str
     max_len: int = 0
-    n_truncated: int = 0  # prompt/completion or chat samples cut to data.max_len (kept)
-    n_dropped: int = 0  # ... whose every target token the cut removed (left out)
+    n_truncated: int = 0  # prompt/completion or chat samples cut to data.max_len (kept or dropped)
+    n_dropped: int = 0  # ... of them whose every target token the cut removed (left out)
     n_without_targets: int = 0  # conversations without an assistant turn: nothing to learn (left out)
+    n_empty: int = 0  # the user's text rows or files with nothing but whitespace (left out)
 
     def counts_note(self) -> str:
         """What data.max_len cut or left out, for the data line the command prints ('' when nothing)."""
         notes = []
-        if self.n_truncated or self.n_dropped:
-            notes.append(
-                f"{self.n_truncated} truncated to data.max_len={self.max_len}, {self.n_dropped} dropped "
-                "(no target tokens left)"
-            )
+        if self.n_truncated:
+            dropped = f", {self.n_dropped} of them dropped (no target tokens left)" if self.n_dropped else ""
+            notes.append(f"{self.n_truncated} truncated to data.max_len={self.max_len}{dropped}")
+        if self.n_empty:
+            notes.append(f"{self.n_empty} empty (no text) left out")
         if self.n_without_targets:
             notes.append(f"{self.n_without_targets} without an assistant turn left out")
         return "".join(f"; {n}" for n in notes)
@@ -98,6 +107,33 @@ class Corpus:
 def _is_val(name: str, val_fraction: float) -> bool:
     h = int.from_bytes(hashlib.sha1(name.encode("utf-8", "surrogateescape")).digest()[:4], "little")
     return h / 2**32 < val_fraction
+
+
+# Held out by file when the hash holds out at least this many files (and leaves one to train on): the files are the
+# verdict's clusters, and fewer give it too few independent units. Else the last val_fraction of each file's pieces
+# (a contiguous span): every file is a cluster, a corpus of a few large files still has a held-out set, and no text
+# is on both sides either way. Units too short to split (a row of a jsonl text file: one piece) are held out whole
+# when spans would hold out fewer clusters than the hash does.
+MIN_HELD_OUT_FILES = 8
+
+
+def split_files(files: list[tuple[str, list]], val_fraction: float) -> tuple[list, list]:
+    """(train, val) of [(piece, None, source)] from [(name, pieces)] of text files, source = the file's index."""
+    held = [_is_val(name, val_fraction) for name, _ in files]
+    n_val = [min(len(pieces) - 1, int(round(val_fraction * len(pieces)))) if pieces else 0 for _, pieces in files]
+    train: list = []
+    val: list = []
+    if 0 < sum(held) < len(files) and sum(held) >= min(MIN_HELD_OUT_FILES, sum(n > 0 for n in n_val)):
+        for k, ((_, pieces), out) in enumerate(zip(files, held)):
+            (val if out else train).extend((p, None, k) for p in pieces)
+        return train, val
+    if not any(n_val) and files:  # too short for the fraction: the last piece of the longest file
+        longest = max(range(len(files)), key=lambda k: len(files[k][1]))
+        n_val[longest] = 1 if len(files[longest][1]) > 1 else 0
+    for k, ((_, pieces), n) in enumerate(zip(files, n_val)):
+        train.extend((p, None, k) for p in pieces[: len(pieces) - n])
+        val.extend((p, None, k) for p in pieces[len(pieces) - n :])
+    return train, val
 
 
 def stdlib_documents() -> Iterator[tuple[str, str]]:
@@ -213,25 +249,23 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
     sides: dict[bool, list]
     record: Any
     max_len, sides, n_docs = data_cfg.max_len, {False: [], True: []}, 0
-    per_piece = data_cfg.kind == "text_dir"
-    n_truncated = n_dropped = n_without_targets = 0
+    files: list[tuple[str, list]] = []  # plain text: split by file, or by a span of each (split_files)
+    n_truncated = n_dropped = n_without_targets = n_empty = 0
     for name, where, record in _documents(data_cfg, fields):
         if data_cfg.max_documents and n_docs >= data_cfg.max_documents:
             break
         n_docs += 1
         side = sides[_is_val(name, data_cfg.val_fraction)]
         if fields.format == "text":
-            n_pieces = 0
-            for part in record.split(data_cfg.split_on) if data_cfg.split_on else [record]:
-                if not part.strip():
-                    continue
-                for piece in _pieces(tokenizer.encode(part), max_len, tokenizer.start_id):
-                    # text_dir holds out a fraction of the pieces (by a hash of file and piece number: stable), so
-                    # one large file still gives a held-out set; the stdlib corpus holds out whole files
-                    if per_piece:
-                        side = sides[_is_val(f"{name}#{n_pieces}", data_cfg.val_fraction)]
-                    side.append((piece, None))
-                    n_pieces += 1
+            parts = record.split(data_cfg.split_on) if data_cfg.split_on else [record]
+            pieces = [
+                p
+                for part in parts
+                if part.strip()
+                for p in _pieces(tokenizer.encode(part), max_len, tokenizer.start_id)
+            ]
+            files.append((name, pieces))
+            n_empty += not pieces and data_cfg.kind != "stdlib"  # the user's rows and files, not __init__.py
             continue
         tokens, mask = (
             _prompt_completion(tokenizer, *record)
@@ -243,12 +277,12 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
             continue
         if len(tokens) > max_len:  # keep the start (the prompt, the first turns); the rest is cut
             tokens, mask = tokens[:max_len], mask[:max_len]
+            n_truncated += 1
             if not mask[1:].any():
                 n_dropped += 1
                 continue
-            n_truncated += 1
-        side.append((tokens, mask))
-    train, val = sides[False], sides[True]
+        side.append((tokens, mask, n_docs - 1))  # a row is its own cluster
+    train, val = split_files(files, data_cfg.val_fraction) if files else (sides[False], sides[True])
     where = "the standard library" if data_cfg.kind == "stdlib" else data_cfg.path  # only what was read
     if not train and n_dropped:
         raise UserError(
@@ -273,13 +307,17 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
             raise UserError(f"the corpus at {where!r} is too small: it needs at least two text samples")
     label = {"text": "", "prompt_completion": " (prompt/completion)", "chat": " (chat)"}[fields.format]
     return Corpus(
-        *cast("tuple[Split, Split]", (Split.build([t for t, _ in s], [m for _, m in s]) for s in (train, val))),
+        *cast(
+            "tuple[Split, Split]",
+            (Split.build([t for t, _, _ in s], [m for _, m, _ in s], [k for _, _, k in s]) for s in (train, val)),
+        ),
         n_docs,
         f"{data_cfg.kind}:{where}{label}",
         max_len,
         n_truncated,
         n_dropped,
         n_without_targets,
+        n_empty,
     )
 
 
@@ -324,7 +362,21 @@ class GlobalBatchSampler:
 
 
 def eval_batches(val: Split, n_batches: int, batch_size: int, seed: int) -> list[list[int]]:
-    """Fixed held-out batches (same for every variant and the base, so their losses compare)."""
-    order = np.random.default_rng([seed, 999]).permutation(len(val))
-    ids = [int(i) for i in order[: n_batches * batch_size]]
-    return [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    """Fixed held-out batches (same for every variant and the base, so their losses compare). A batch holds whole
+    sources (at most batch_size samples of one file, drawn by the seed), never part of one: the pieces of a file
+    are one cluster, so the verdict's eval batches are independent units (verdict/stats.py)."""
+    rng = np.random.default_rng([seed, 999])
+    order = rng.permutation(len(val))
+    by_source: dict[int, list[int]] = {}
+    for i in order:  # sources in the order their first sample is drawn; each source's samples in drawn order
+        by_source.setdefault(val.source(int(i)), []).append(int(i))
+    batches: list[list[int]] = []
+    for ids in by_source.values():  # first fit: the first batch with room, else a new one while there may be
+        ids = ids[:batch_size]
+        room = next((b for b in batches if len(b) + len(ids) <= batch_size), None)
+        if room is None and len(batches) < n_batches:
+            room = []
+            batches.append(room)
+        if room is not None:
+            room.extend(ids)
+    return batches

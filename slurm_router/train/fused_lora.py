@@ -1,4 +1,4 @@
-"""Fused multi-LoRA: K LoRA variants of one frozen base in one forward and backward (docs/ARCHITECTURE.md,
+"""Fused multi-LoRA: K LoRA variants of one frozen base in one forward and backward (docs/design/fused.md,
 "Fused variants").
 
 Each target layer of the base becomes a FusedLoraLayer: the base layer runs once over every token of every
@@ -16,8 +16,8 @@ Each variant is exactly as if alone:
 - its optimizer, learning rate, weight decay and gradient clipping (over its own weights only) are its own
   (Member.params is what they act on);
 - it saves in peft's format (save_adapter): peft alone loads it onto the base.
-LoRA dropout would draw its masks from one stream for all variants, so a variant with dropout > 0 is not fused
-(why_not_fusable says so).
+LoRA dropout, or the base's own kept dropout (model.base_dropout=keep), would draw its masks from one stream for
+all variants, so such a variant is not fused (why_not_fusable says so).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from slurm_router.train import base_dropout
+
 PEFT_PREFIX = "base_model.model."  # peft's names: base_model.model.<the base's module path>
 
 
@@ -40,6 +42,7 @@ class Segments:
 
     def __init__(self) -> None:
         self.ranges: list[tuple[int, int, int]] = []
+        self.only: int | None = None  # every token is this variant's (eval.metrics: one variant's model alone)
 
 
 class FusedLoraLayer(nn.Module):
@@ -67,6 +70,9 @@ class FusedLoraLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
+        if self.segments.only is not None:  # a metric function scores one variant through the shared model
+            delta = self._delta(self.segments.only, x, out.dtype)
+            return out if delta is None else out + delta
         n = out.shape[:-1].numel()
         whole = [(k, a, b) for k, a, b in self.segments.ranges if b > a]
         if len(whole) == 1 and whole[0][1:] == (0, n):  # one variant's tokens only (fused_layout=per_variant)
@@ -110,6 +116,9 @@ def why_not_fusable(model: nn.Module) -> str | None:
         return "DoRA's magnitude vectors rescale the whole layer output, not the variant's rows alone"
     if float(getattr(config, "lora_dropout", 0.0) or 0.0) > 0:
         return "LoRA dropout > 0 would draw its masks from one random stream for every variant"
+    kept = base_dropout.active(model)
+    if kept:  # model.base_dropout=keep (the plan ran such a variant alone: launch/fuse.py)
+        return f"the base's dropout ({kept[0]}, ...) would draw its masks from one random stream for every variant"
     return None
 
 

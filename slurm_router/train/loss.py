@@ -3,7 +3,8 @@
 A GPT-2-small step at 16 x 512 tokens with a 50k vocabulary holds 8k x 50k logits: 1.6 GB in fp32 plus its
 gradient, much of eager's time and memory. With `train.loss_chunk_tokens=N` the projection to the vocabulary
 and the cross-entropy run N tokens at a time under activation checkpointing: each chunk's logits exist only
-while that chunk is computed (forward, then again in backward), so peak memory holds one chunk, not all.
+while that chunk is computed (forward, then again in backward), so peak memory holds one chunk, not all. The
+projection is the model's own LM head and logit post-processing (train/logits.py: a bias, soft-capping, a scale).
 The sum is the same as the plain loss up to float reduction order.
 """
 
@@ -16,14 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from slurm_router.train.logits import chunked_logits
+
 
 def _lm(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers causal LM under a peft wrapper (LoRA layers are inside it either way)."""
     return cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = hidden @ weight.t()
+def _chunk_loss(lm: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = chunked_logits(lm, hidden)  # the model's own head and post-processing (bias, soft-capping, scale)
     return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
 
 
@@ -56,7 +59,6 @@ def token_loss_sum(
         return loss, n_targets
     lm: Any = _lm(model)
     hidden = lm.base_model(input_ids=inputs, use_cache=False, **extra).last_hidden_state
-    weight = lm.get_output_embeddings().weight
     if target_index is None:  # padding positions never reach the vocabulary projection
         target_index = (targets != -100).nonzero().squeeze(1)
     hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, target_index)
@@ -64,7 +66,7 @@ def token_loss_sum(
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.size(0), chunk_tokens):
         end = start + chunk_tokens
-        total = total + checkpoint(_chunk_loss, hidden[start:end], weight, flat_targets[start:end], use_reentrant=False)
+        total = total + checkpoint(_chunk_loss, lm, hidden[start:end], flat_targets[start:end], use_reentrant=False)
     return total, n_targets
 
 

@@ -1,6 +1,6 @@
 """The model: a causal LM built from a transformers config (model=gpt2_*: GPT-2-shaped, no download) or loaded
 from a local checkpoint (model=hf: any architecture AutoModelForCausalLM loads), wrapped in a peft LoRA adapter
-for a variant. Frozen weights in model.dtype, trainable weights in fp32 (docs/ARCHITECTURE.md, "The model")."""
+for a variant. Frozen weights in model.dtype, trainable weights in fp32 (docs/design/model.md, "The model")."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 
 from slurm_router.config.lora_targets import check_target_modules, target_module_names
 from slurm_router.errors import UserError
+from slurm_router.train import base_dropout
 from slurm_router.train.tokenizer import ByteTokenizer
 
 # What transformers loads a causal LM's weights from, in its order of preference.
@@ -90,6 +91,8 @@ def build_model(
         model = GPT2LMHeadModel(config)
     if not folder and model_cfg.kind != "hf":
         model.to(dtype)  # built in fp32 (the seeded init), kept in dtype; from_pretrained loaded it in dtype
+    elif getattr(model_cfg, "base_dropout", "zero") != base_dropout.KEEP:  # a task.json from before the key: zero
+        base_dropout.turn_off(model)  # before peft: LoRA's own dropout is the variant's
     if gradient_checkpointing:  # layer activations recomputed in backward; a KV cache is of no use in training
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name for it
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

@@ -8,7 +8,7 @@ The linear layers, the embeddings and the loss see only real tokens. What keeps 
 - no target crosses a boundary: the first token of every sample is never a target, so the row's last token
   of sample i never learns to predict sample i+1's first (a padded batch gets the same by its padding).
 So a packed micro-batch computes the same token losses as the padded one, up to float reduction order
-(tests/test_packed.py). docs/ARCHITECTURE.md, "Packed micro-batches".
+(tests/test_packed.py). docs/design/model.md, "Packed micro-batches".
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ import torch.nn.functional as F
 
 ATTENTION = "slurm_router_packed"
 SPANS = "packed_spans"  # the model kwarg that carries the row's sample spans down to the attention
+# what transformers' attention layers pass that needs nothing here, set or not: the positions are in the rotary
+# embeddings already, and training keeps no cache. Any other keyword must be unset (None or False; is_causal None or
+# True): set, it changes the attention (a window, capped scores, sinks, a bias) and per-sample causal SDPA would not
+HARMLESS = frozenset({"position_ids", "cache_position", "use_cache"})
 
 
 def packed_attention(
@@ -39,6 +43,7 @@ def packed_attention(
     (batch, tokens, heads, head_dim) and no weights. packed_spans: ((start, end), ...) of one packed row."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
+    refuse_unimplemented(module, attention_mask, packed_spans is not None, kwargs)
     if packed_spans is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -70,6 +75,29 @@ def packed_attention(
     # the spans tile the row in order: one concatenation (no per-sample in-place copies for autograd to undo)
     out = torch.cat([pieces[start] for start, _ in packed_spans], dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def refuse_unimplemented(module, attention_mask, packed: bool, kwargs: dict) -> None:
+    """ValueError naming the first argument this function would otherwise drop: a keyword set that is not HARMLESS
+    (sliding_window=4096, softcap=50.0, s_aux=the sinks, is_causal=False), or a mask (in a packed row the spans
+    are the mask; without spans SDPA takes only a 4-D one: a 2-D mask would broadcast over the wrong dimensions)."""
+    odd = next(
+        (
+            (name, value)
+            for name, value in kwargs.items()
+            if not (name in HARMLESS or value is None or value is (True if name == "is_causal" else False))
+        ),
+        None,
+    )
+    if odd is None and attention_mask is not None and (packed or attention_mask.dim() != 4):
+        odd = ("attention_mask", f"a {attention_mask.dim()}-D mask")
+    if odd is not None:
+        name, value = odd
+        shown = value if isinstance(value, (bool, int, float, str)) else type(value).__name__
+        raise ValueError(
+            f"{type(module).__name__} passes {name}={shown} to the packed attention, which does not implement it "
+            "(per-sample causal SDPA): train this model with train.packing=false"
+        )
 
 
 def register() -> None:

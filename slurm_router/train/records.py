@@ -1,4 +1,4 @@
-"""data=jsonl and data=parquet: rows -> records of one format (docs/ARCHITECTURE.md, "Target masks").
+"""data=jsonl and data=parquet: rows -> records of one format (docs/design/model.md, "Target masks").
 
 The fields set choose the format, only one of: data.text_field (plain text, the default: loss on every token),
 data.prompt_field + data.completion_field (loss on the completion), data.messages_field (OpenAI-style

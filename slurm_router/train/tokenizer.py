@@ -26,6 +26,10 @@ class ByteTokenizer:
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8", errors="replace"), dtype=np.uint8).astype(np.int32)
 
+    def decode(self, ids) -> str:
+        """Text of token ids (end-of-text and anything past the bytes left out)."""
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
 
 # The files a transformers tokenizer is read from; a checkpoint with none of them has no tokenizer.
 TOKENIZER_FILES = (
@@ -77,6 +81,9 @@ class HFTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tok.encode(text, add_special_tokens=False), dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return str(self.tok.decode([int(i) for i in ids], skip_special_tokens=True))
 
     def check_chat(self) -> None:
         """Chat data is rendered with the tokenizer's chat template and located by character offsets."""

@@ -14,10 +14,12 @@ THREADS_ENV = "SLURM_ROUTER_THREADS"
 
 
 def available_cores() -> int:
-    """The cores this process may use: Slurm's allocation, else the affinity mask, else the machine's."""
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        return int(slurm)
+    """The cores this process may use: its scheduler's allocation, else the affinity mask, else the machine's."""
+    from slurm_router.scheduler.registry import job_environment
+
+    given = job_environment().cpus()
+    if given:
+        return given
     try:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):

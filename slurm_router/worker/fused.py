@@ -1,4 +1,4 @@
-"""A fused task's worker (docs/ARCHITECTURE.md, "Fused variants"): K LoRA variants of one base, one forward and
+"""A fused task's worker (docs/design/fused.md, "Fused variants"): K LoRA variants of one base, one forward and
 backward a step over all their samples, each variant exactly as if alone.
 
 Per step: every variant still in the group draws its own global batch (its own sampler and seed); the router
@@ -14,6 +14,7 @@ when the last one does. The group's checkpoint (leader's checkpoints/) holds eve
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, cast
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from slurm_router.rundir import events as ev
+from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.train.fused_lora import fused_loss, fused_packed_batch
 from slurm_router.train.packed import choose_packing
@@ -37,7 +39,8 @@ from slurm_router.worker.fused_variants import (
 )
 from slurm_router.worker.microbatch import autocast
 from slurm_router.worker.profile import profile_step, profiled
-from slurm_router.worker.worker import StepPlan, Worker, allreduce_grads
+from slurm_router.worker.step_stats import StepPlan, step_row
+from slurm_router.worker.worker import Worker, allreduce_grads
 
 
 class FusedWorker(Worker):
@@ -86,6 +89,8 @@ class FusedWorker(Worker):
             cast(ev.EventWriter, v.events).write(self.start_row(v.spec, sum(p.numel() for p in v.params)))
         if self.resume:
             self._restore()
+            if self.eval_missing([TaskPaths(v.spec.task_dir) for v in self.alive]):  # a failed evaluation, again
+                self.evaluate(self.first_step)
         else:
             self.evaluate(0)
 
@@ -112,7 +117,12 @@ class FusedWorker(Worker):
         losses = {v.k: float(sums[v.k]) / max(1, targets[v.k]) for v in alive}
         diverged = [v for v in alive if not math.isfinite(losses[v.k])]
         if diverged:  # it leaves now; the others' step is computed again without its activations
-            for v in diverged:
+            busy_all = [row[0] for row in self.gather([busy_s])]
+            for v in diverged:  # its step row first, non-finite loss and all, as a task alone records it
+                row = self._step_row(v, step, batches[v.k], targets[v.k], losses[v.k], lrs[v.k], plan, mine)
+                cast(ev.EventWriter, v.events).write(
+                    row(t_step_s=time.time() - t_step0, t_sync_wait_s=t_sync, busy_s=busy_s, busy_s_all=busy_all)
+                )
                 self._leave(v, "diverged", step, detail=f"loss {losses[v.k]}", extra={"loss": str(losses[v.k])})
             for v in self.variants:
                 v.optimizer.zero_grad(set_to_none=True)
@@ -123,30 +133,27 @@ class FusedWorker(Worker):
         t_step = time.time() - t_step0
         for v in alive:
             v.train_losses.append(losses[v.k])
+            row = self._step_row(v, step, batches[v.k], targets[v.k], losses[v.k], lrs[v.k], plan, mine)
             cast(ev.EventWriter, v.events).write(
-                ev.StepRow(
-                    step=step,
-                    loss=losses[v.k],
-                    n_tokens=sum(int(self.corpus.train.lengths[i]) for i in batches[v.k]),
-                    n_target_tokens=targets[v.k],
-                    n_samples=len(batches[v.k]),
-                    t_step_s=t_step,
-                    t_sync_wait_s=t_sync,
-                    lr=lrs[v.k],
-                    busy_s=busy_s,
-                    busy_s_all=[s.busy_s for s in stats],
-                    planned_cost=plan.assignment.planned_cost(),
-                    n_micro=[len(p) for p in plan.assignment.per_device],
-                    speed=plan.speeds,
-                    cost_balance_ratio=plan.assignment.cost_balance_ratio(),
-                    oom_retries=mine.oom_count,
-                    n_pad_tokens=0,
-                    mem_peak_bytes=mine.peak_bytes,
-                    mem_total_bytes=self.telemetry.total_bytes(),
-                    util=self.telemetry.util(),
-                )
+                row(t_step_s=t_step, t_sync_wait_s=t_sync, busy_s=busy_s, busy_s_all=[s.busy_s for s in stats])
             )
         return self._after_step(step, stats)
+
+    def _step_row(self, v: Variant, step: int, batch: list[int], targets: int, loss: float, lr: float, plan, mine):
+        """A variant's step row, less its times (given when the step's are known)."""
+        return functools.partial(
+            step_row,
+            plan,
+            mine,
+            self.telemetry,
+            step=step,
+            loss=loss,
+            n_tokens=sum(int(self.corpus.train.lengths[i]) for i in batch),
+            n_target_tokens=targets,
+            n_samples=len(batch),
+            lr=lr,
+            n_pad_tokens=0,
+        )
 
     def plan_fused(self, batches: dict[int, list[int]]) -> StepPlan:
         n = len(self.corpus.train)
@@ -163,7 +170,8 @@ class FusedWorker(Worker):
             self.evaluate(step + 1)
             if self.rank == 0:
                 for v in self.alive:
-                    v.adapters(self.tokenizer).after_eval(MemberAdapter(v.member), step + 1, self._last_val[v.k])
+                    member, judged = MemberAdapter(v.member), self.judged(v.last_metrics)
+                    v.adapters(self.tokenizer).after_eval(member, step + 1, self._last_val[v.k], judged)
             self._prune(step + 1)
         signum = max(s.stop for s in stats)
         stop = signum and step + 1 < self.spec.steps
@@ -186,16 +194,20 @@ class FusedWorker(Worker):
         if self.rank == 0:
             v.write_result(v.ended)
 
-    def _prune(self, step: int) -> None:
+    def _prune(self, step: int, evaluated: bool = True) -> None:
         if not self.cfg.get("prune"):
             return
-        from slurm_router.worker.prune import decide_after, looks, record
+        from slurm_router.verdict.pruning import looks
+        from slurm_router.worker.prune import decide_after, decided, record
 
         alive = self.alive
         decisions: list[Any] = [None] * len(alive)
-        if self.rank == 0:  # every variant's evaluation is recorded before any is decided
+        if self.rank == 0 and not evaluated:
+            decisions = [decided(v.spec, step) for v in alive]
+        elif self.rank == 0:  # every variant's evaluation is recorded before any is decided
             for v in alive:
-                record(v.spec.task_dir, step, v.spec.variant, cast(int, v.spec.seed), *v.last_eval)
+                seed = cast(int, v.spec.seed)
+                record(v.spec.task_dir, step, v.spec.variant, seed, *v.last_eval, self.eval_sources, v.last_metrics)
             for i, v in enumerate(alive):
                 decisions[i] = decide_after(v.spec, step, looks(v.spec.steps, self.cfg.train.eval_every))
         flags = self.gather([1.0 if d else 0.0 for d in decisions])[0]
@@ -207,6 +219,7 @@ class FusedWorker(Worker):
 
     def evaluate(self, step: int) -> float:
         """Every variant still in the group on the same held-out batches, side by side in one forward each."""
+        self.eval_t0 = time.time()  # each variant's eval row: t_eval_s since the group's evaluation began
         alive, batches = self.alive, self.eval_ids
         k_all = len(self.variants)
         sums = torch.zeros(k_all, 2 * len(batches), dtype=torch.float64, device=self.device)
@@ -227,16 +240,13 @@ class FusedWorker(Worker):
         self.model.train()
         dist.all_reduce(sums)
         self._last_val = {}
-        for v in alive:
-            row = sums[v.k].cpu().tolist()
-            loss_sums, tokens = row[0::2], [int(t) for t in row[1::2]]
-            val_loss = sum(loss_sums) / max(1, sum(tokens))
-            v.last_eval, self._last_val[v.k] = (loss_sums, tokens), val_loss
-            cast(ev.EventWriter, v.events).write(
-                ev.EvalRow(
-                    step=step, val_loss=val_loss, val_tokens=sum(tokens), batch_loss_sums=loss_sums, batch_tokens=tokens
-                )
-            )
+        for v in alive:  # eval.metrics: each variant through the shared model with its own adapter alone
+            self.fused.segments.only = v.k
+            try:
+                v.last_metrics = self.score_metrics(self.model, step)
+            finally:
+                self.fused.segments.only = None
+            v.last_eval, self._last_val[v.k] = self.record_eval(v.events, step, sums[v.k], v.last_metrics)
         return self._last_val[alive[0].k] if alive else float("nan")
 
     def checkpoint(self, next_step: int, reason: str) -> None:
@@ -291,6 +301,7 @@ class FusedWorker(Worker):
         if stopped is not None:
             return stopped
         self.start()
+        self._prune(self.first_step, evaluated=False)  # members whose variant lost before the group started
         to_profile = profile_step() if self.rank == 0 else None  # SLURM_ROUTER_PROFILE_STEP (profile.py)
         for step in range(self.first_step, self.spec.steps):
             if not self.alive:
@@ -310,13 +321,15 @@ class FusedWorker(Worker):
         if alive:
             self.evaluate(self.spec.steps)
         for v in alive:
-            val_loss, result = self._last_val[v.k], None
+            val_loss = self._last_val[v.k]
+            result: dict[str, Any] | None = None
             if self.rank == 0:
                 tail = v.train_losses[-max(1, len(v.train_losses) // 10) :]
                 result = {"val_loss": val_loss, "train_loss": sum(tail) / max(1, len(tail)), "steps": v.spec.steps}
             cast(ev.EventWriter, v.events).write(ev.EndRow(exit_state="completed", **(result or {})))
             if result is not None:
-                result.update(v.adapters(self.tokenizer).final(MemberAdapter(v.member), v.spec.steps, val_loss))
+                member, judged = MemberAdapter(v.member), self.judged(v.last_metrics)
+                result.update(v.adapters(self.tokenizer).final(member, v.spec.steps, val_loss, judged))
                 v.write_result(result)
             v.ended = result or {"exit_state": "completed"}
         self.close()

@@ -1,4 +1,4 @@
-"""A fused task's variants (docs/ARCHITECTURE.md, "Fused variants"): what each one owns inside the one process
+"""A fused task's variants (docs/design/fused.md, "Fused variants"): what each one owns inside the one process
 group of its task (worker/fused.py), and the model they share.
 
 Each variant keeps what its separate task would have: its task directory (events, adapters, result), its own
@@ -59,6 +59,7 @@ class Variant:
     train_losses: list[float] = field(default_factory=list)
     ended: dict | None = None  # its result, once it left the group (completed, pruned, diverged)
     last_eval: tuple[list[float], list[int]] = ([], [])
+    last_metrics: dict = field(default_factory=dict)  # its eval.metrics' scores at the last evaluation
     _adapters: Any = None
 
     @property

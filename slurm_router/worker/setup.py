@@ -1,4 +1,4 @@
-"""A worker's start-up (docs/ARCHITECTURE.md, "Data flow"): device, threads and process group; then the data,
+"""A worker's start-up (docs/design/data-flow.md, "Data flow"): device, threads and process group; then the data,
 model, optimizer, router and events file; the collectives every step uses (gather) and the end (close). The
 Worker (worker.py) is this plus its named steps."""
 
@@ -129,6 +129,12 @@ class WorkerSetup:
         self.tokenizer = make_tokenizer(cfg.model)
         self.corpus = build_corpus(cfg.data, self.tokenizer)
         self.eval_ids = eval_batches(self.corpus.val, cfg.train.eval_batches, cfg.train.eval_batch_size, cfg.seed)
+        self.eval_sources = [sorted({self.corpus.val.source(i) for i in ids}) for ids in self.eval_ids]
+        from slurm_router.worker.metrics import MetricSet
+
+        self.metric_set = MetricSet(cfg, self.tokenizer, self.device, self.rank, self.world)
+        if self.spec.save_weights:  # the base stage is judged by held-out loss alone
+            self.metric_set.items = []
         if self.spec.base_weights:
             from slurm_router.artifacts.base_cache import verify_before_load
 
@@ -197,6 +203,46 @@ class WorkerSetup:
         from slurm_router.rundir.layout import checkpoint_step
 
         return train_state.Stopped(checkpoint_step(self.resume) if self.resume else 0, signum)
+
+    def score_metrics(self, model: Any, step: int) -> dict:
+        """eval.metrics of `model` at `step` (worker/metrics.py; collective). A metric that fails keeps a checkpoint
+        of this step first (reason eval-failed): resume= evaluates again from it (Worker.start)."""
+        if not self.metric_set:
+            return {}
+        from slurm_router.worker.metrics import MetricFailed
+
+        try:
+            return self.metric_set.score(model, step, self.gather)
+        except MetricFailed:
+            cast(Any, self).checkpoint(step, "eval-failed")
+            raise
+
+    def judged(self, metrics: dict) -> tuple[str, float] | None:
+        """(eval.primary, its mean score at the evaluation, signed so that lower is better): what adapter-best/
+        keeps the best of when the run judges by a task metric; None: by held-out loss."""
+        primary = str((self.cfg.get("eval") or {}).get("primary") or "loss")
+        m = metrics.get(primary)
+        if not m:
+            return None
+        mean = sum(m["scores"]) / max(1, len(m["scores"]))
+        return primary, -mean if m["higher_is_better"] else mean
+
+    def eval_missing(self, tasks: list[TaskPaths]) -> bool:
+        """resume= from a checkpoint at an evaluation step whose evaluation no task of `tasks` recorded (eval.metrics
+        failed there): rank 0 reads their events, every rank learns it (collective). An evaluation counts once."""
+        s, every = cast(Any, self).first_step, self.cfg.train.eval_every
+        if not (s == 0 or (every and s % every == 0 and s < self.spec.steps)):
+            return False
+        missing = 0.0
+        if self.rank == 0:
+            for paths in tasks:
+                try:
+                    rows = ev.scan_events(paths.events(0))[0]
+                except OSError:
+                    rows = []
+                if not any(r.get(ev.EVENT) == ev.EvalRow.KIND and r.get("step") == s for r in rows):
+                    missing = 1.0
+        return bool(self.gather([missing])[0][0])
 
     def close(self) -> None:
         self.events.close()

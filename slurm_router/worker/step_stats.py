@@ -1,12 +1,32 @@
-"""What every worker tells every other after a step: one row of one small all-gather (float64), not a poll
-per routing decision. The router learns from every device's row; the stop flag rides along so every rank
-sees every flag and all stop after the same step."""
+"""A step's records: the router's plan of it (StepPlan); what every worker tells every other after it
+(StepStats: one row of one small all-gather, float64, not a poll per routing decision; the router learns from
+every device's row, and the stop flag rides along so every rank sees every flag and all stop after the same
+step); and its event row (step_row), which the worker and the fused worker both write."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+from slurm_router.router import Assignment, MicroBatch
+from slurm_router.rundir import events as ev
+
+if TYPE_CHECKING:
+    from slurm_router.worker.microbatch import DeviceStep
+    from slurm_router.worker.telemetry import Telemetry
+
+
+@dataclass
+class StepPlan:
+    """The router's split of one global batch."""
+
+    ids: list[int]
+    lengths: list[int]
+    speeds: list[float]
+    assignment: Assignment
+    mine: list[MicroBatch]
+    target_tokens: int  # what the global loss divides by (data.Split: completions, assistant turns)
 
 
 @dataclass(frozen=True)
@@ -46,7 +66,25 @@ class StepStats:
 def plan_digest(per_device) -> int:
     """A 32-bit digest of an assignment's sample ids per device and micro-batch: the router runs on every rank
     over the same gathered state, so every rank's digest of a step must be the same (else a sample would be
-    trained twice or never: docs/ARCHITECTURE.md, the router's central invariant)."""
+    trained twice or never: docs/design/router.md, "The router's invariant")."""
     import zlib
 
     return zlib.crc32(repr([[mb.sample_ids for mb in mbs] for mbs in per_device]).encode())
+
+
+def step_row(plan: StepPlan, mine: DeviceStep, telemetry: Telemetry, **fields: Any) -> ev.StepRow:
+    """A step's event row: the plan's costs, micro-batch counts and speeds, this device's OOM halvings and
+    memory peak, its telemetry; `fields` are the caller's own (step, loss, lr, token and sample counts, padding,
+    times)."""
+    assignment = plan.assignment
+    return ev.StepRow(
+        planned_cost=assignment.planned_cost(),
+        n_micro=[len(p) for p in assignment.per_device],
+        speed=plan.speeds,
+        cost_balance_ratio=assignment.cost_balance_ratio(),
+        oom_retries=mine.oom_count,
+        mem_peak_bytes=mine.peak_bytes,
+        mem_total_bytes=telemetry.total_bytes(),
+        util=telemetry.util(),
+        **fields,
+    )

@@ -1,5 +1,5 @@
 """One process per device: computes its share of every global batch, all-reduces token-weighted gradients and
-takes the same optimizer step as every other replica (docs/ARCHITECTURE.md).
+takes the same optimizer step as every other replica (docs/design/router.md, "The router's invariant").
 
 The router runs on every worker over the same all-gathered state (StepStats), so all workers get the same
 assignment without a dispatcher round trip. Routing changes speed and memory, never the math: each worker
@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from slurm_router.router import Assignment, MicroBatch
+from slurm_router.router import MicroBatch
 from slurm_router.rundir import events as ev
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
@@ -31,7 +30,7 @@ from slurm_router.worker.microbatch import DeviceStep, batch_tensors, loss_sum
 from slurm_router.worker.profile import profile_step, profiled
 from slurm_router.worker.prune import Pruned
 from slurm_router.worker.setup import COLLECTIVE_TIMEOUT_S, WorkerSetup  # noqa: F401  (COLLECTIVE_TIMEOUT_S: read from here)
-from slurm_router.worker.step_stats import StepStats, plan_digest
+from slurm_router.worker.step_stats import StepPlan, StepStats, plan_digest, step_row
 
 
 def train(
@@ -66,18 +65,6 @@ class Diverged(Exception):
         super().__init__(f"{self.message}: lower {key}")
 
 
-@dataclass
-class StepPlan:
-    """The router's split of one global batch."""
-
-    ids: list[int]
-    lengths: list[int]
-    speeds: list[float]
-    assignment: Assignment
-    mine: list[MicroBatch]
-    target_tokens: int  # what the global loss divides by (data.Split: completions, assistant turns)
-
-
 class Worker(WorkerSetup):
     """One rank of one task: setup (setup.py), then per step plan -> run micro-batches -> sync -> learn ->
     observe, with evaluate and checkpoint when due."""
@@ -106,6 +93,8 @@ class Worker(WorkerSetup):
                 self.ckpt_identity,
             )
             self.events.write(ev.CheckpointLoadedRow(step=self.first_step, path=self.resume, t_load_s=time.time() - t0))
+            if self.eval_missing([self.paths]):  # an evaluation that failed (eval.metrics) is done again
+                self.evaluate(self.first_step)
         else:  # a resumed task measured its step-0 held-out loss in its first attempt
             self.evaluate(0)
 
@@ -117,6 +106,9 @@ class Worker(WorkerSetup):
         if stopped is not None:
             return stopped
         self.start()
+        pruned = self.prune(self.first_step, evaluated=False)  # its variant lost before it started: end at once
+        if pruned is not None:
+            return pruned.result
         to_profile = profile_step() if self.rank == 0 else None
         for step in range(self.first_step, self.spec.steps):
             ended = (
@@ -148,7 +140,10 @@ class Worker(WorkerSetup):
         loss = global_loss_sum / plan.target_tokens
         self.train_losses.append(loss)
         self.events.write(
-            ev.StepRow(
+            step_row(
+                plan,
+                mine,
+                self.telemetry,
                 step=step,
                 loss=loss,
                 n_tokens=sum(plan.lengths),
@@ -159,15 +154,7 @@ class Worker(WorkerSetup):
                 lr=lr,
                 busy_s=busy_s,
                 busy_s_all=[s.busy_s for s in stats],
-                planned_cost=plan.assignment.planned_cost(),
-                n_micro=[len(p) for p in plan.assignment.per_device],
-                speed=plan.speeds,
-                cost_balance_ratio=plan.assignment.cost_balance_ratio(),
-                oom_retries=mine.oom_count,
                 n_pad_tokens=sum(mb.n_padded_tokens - mb.n_tokens for mb in mine.done),
-                mem_peak_bytes=mine.peak_bytes,
-                mem_total_bytes=self.telemetry.total_bytes(),
-                util=self.telemetry.util(),
             )
         )
         if not math.isfinite(loss):  # the same all-reduced loss on every rank: all of them end here
@@ -245,7 +232,7 @@ class Worker(WorkerSetup):
     # ---- evaluate, checkpoint, finish --------------------------------------------------------------------
     def evaluate(self, step: int) -> float:
         """Held-out token-weighted loss; each eval batch's samples are spread over the workers."""
-        batches = self.eval_ids
+        batches, self.eval_t0 = self.eval_ids, time.time()  # t0: the eval row's t_eval_s
         sums = torch.zeros(2 * len(batches), dtype=torch.float64, device=self.device)
         self.model.eval()
         with torch.no_grad():
@@ -265,16 +252,30 @@ class Worker(WorkerSetup):
                     sums[2 * b + 1] += n
         self.model.train()
         dist.all_reduce(sums)
+        self.last_metrics = self.score_metrics(self.model, step)
+        self.last_eval, val_loss = self.record_eval(self.events, step, sums, self.last_metrics)
+        return val_loss
+
+    def record_eval(self, events, step: int, sums, metrics=None) -> tuple[tuple[list[float], list[int]], float]:
+        """One variant's gathered eval sums ([loss sum, tokens] per eval batch) and eval.metrics' scores as its eval
+        row, written to events: ((loss sums, tokens), held-out loss). The fused worker records each variant's."""
         s = sums.cpu().tolist()
         loss_sums, tokens = s[0::2], [int(t) for t in s[1::2]]
         val_loss = sum(loss_sums) / max(1, sum(tokens))
-        self.last_eval = (loss_sums, tokens)
-        self.events.write(
+        events.write(
             ev.EvalRow(
-                step=step, val_loss=val_loss, val_tokens=sum(tokens), batch_loss_sums=loss_sums, batch_tokens=tokens
+                step=step,
+                val_loss=val_loss,
+                val_tokens=sum(tokens),
+                batch_loss_sums=loss_sums,
+                batch_tokens=tokens,
+                batch_sources=self.eval_sources,
+                metrics=metrics or ev.OMIT,
+                t_metrics_s=self.metric_set.seconds if metrics else ev.OMIT,
+                t_eval_s=time.time() - self.eval_t0,
             )
         )
-        return val_loss
+        return (loss_sums, tokens), val_loss
 
     def checkpoint(self, next_step: int, reason: str) -> None:
         """Collective; rank 0 writes (replicas are identical, only the RNG states differ and are gathered)."""
@@ -323,7 +324,7 @@ class Worker(WorkerSetup):
                     to_transformers(self.tokenizer, self.cfg.model.get("n_positions")),
                 )
             else:  # the variant's adapter (adapters.py); the result names it
-                saved = self.adapters.final(self.model, self.spec.steps, val_loss)
+                saved = self.adapters.final(self.model, self.spec.steps, val_loss, self.judged(self.last_metrics))
         self.events.write(ev.EndRow(exit_state="completed", **cast("dict[str, Any]", result or {})))
         self.close()
         return {**result, **saved} if result is not None else None
@@ -340,19 +341,30 @@ class Worker(WorkerSetup):
     def keep_best(self, step: int, val_loss: float) -> None:
         """After an in-training evaluation: rank 0 of a variant saves adapter-best/ if this one improves it."""
         if self.rank == 0 and not self.spec.save_weights:
-            self.adapters.after_eval(self.model, step, val_loss)
+            self.adapters.after_eval(self.model, step, val_loss, self.judged(self.last_metrics))
 
-    def prune(self, step: int) -> Pruned | None:
-        """prune=true, after an in-training evaluation: rank 0 decides over every task's evaluations at this step
-        (prune.py) and every rank learns its decision; a pruned variant's task ends here, its result says why."""
+    def prune(self, step: int, evaluated: bool = True) -> Pruned | None:
+        """prune=true, after an in-training evaluation (or, evaluated=False, before the first step): rank 0 learns
+        the run's decision about its variant (prune.py) and every rank learns it; a pruned variant's task ends
+        here, its result says why."""
         if not self.cfg.get("prune") or self.spec.save_weights:
             return None
         decision = None
-        if self.rank == 0:
-            from slurm_router.worker.prune import after_eval, looks
+        if self.rank == 0 and not evaluated:
+            from slurm_router.worker.prune import decided
+
+            decision = decided(self.spec, step)
+        elif self.rank == 0:
+            from slurm_router.verdict.pruning import looks
+            from slurm_router.worker.prune import after_eval
 
             decision = after_eval(
-                self.spec, step, *self.last_eval, n_looks=looks(self.spec.steps, self.cfg.train.eval_every)
+                self.spec,
+                step,
+                *self.last_eval,
+                n_looks=looks(self.spec.steps, self.cfg.train.eval_every),
+                sources=self.eval_sources,
+                metrics=self.last_metrics,
             )
         if not self.gather([1.0 if decision else 0.0])[0][0]:
             return None

@@ -1,0 +1,308 @@
+"""prune=true under the protocol the tasks run: simulated tasks at their own paces drive the production code
+(worker/prune.after_eval: the evaluation files, the run's decisions.jsonl and its lock, verdict/contest.py), and
+on the very same arrivals and tables the rules it replaces or that users reach for instead.
+Writes benchmarks/results/prune_protocol.md (and .json).
+
+    python benchmarks/prune_protocol.py [--runs 2000] [--power-runs 500]    (needs optuna: pip install -e .[bench])
+
+A run: 3 variants x 3 seeds (9 tasks), 4 in-training evaluations each (steps 10, 20, 30, 40 of 50). Each task
+starts at a random time in [0, 1.5) evaluation periods and evaluates every 0.7-1.4 periods (its own pace), so
+the tasks' evaluations interleave in every order. The eval tables are benchmarks/verdict_calibration.py's
+model (lora_ab's noise sizes; 32 eval batches), drawn afresh at each step: evaluations of one run are correlated
+over time in reality, which only lowers the false rates of a rule that spends its level over looks.
+A/A: the three variants are equally good; power: the third is worse by 0.01, 0.02 or 0.05 nats per token.
+
+Rules, on the same arrivals and tables:
+- **contest** (prune=true today): one decision per contest, looks recorded once for the run (production code);
+- **per replicate** (prune=true before): each task, at each evaluation, decides on its own at the step with the
+  most rows so far, at 5% / 4 with Holm (its own copy below, as verdict/pruning.py had it);
+- **ASHA** (Ray Tune's defaults: reduction factor 3, grace period 1): at rungs 1 and 3 (evaluations), a task
+  stops unless its loss is in the top third of those recorded at that rung so far. It controls no error: it is
+  shown for its false-prune rate;
+- **optuna Wilcoxon** (optuna.pruners.WilcoxonPruner through optuna itself, its defaults: p_threshold 0.1,
+  n_startup_steps 2): one in-memory study per run (direction minimize), one trial per task, asked at the task's
+  first evaluation; events in arrival order, so the trials run concurrently as with optuna's ask/tell interface.
+  Each evaluation reports the task's per-token loss on each eval batch as an intermediate value, at step
+  eval_index * 1000 + batch, then asks should_prune(); a pruned trial is told PRUNED and its task stops, a task
+  that finishes its evaluations is told its last evaluation's mean loss. The mapping is the one optuna's docs
+  give this pruner: a "step" is a problem instance (here one eval batch at one evaluation, the same id in every
+  trial so the pruner pairs them), and the pruner tests the running trial's values against the best completed
+  trial's on the instances both have (one-sided signed-rank test). Nothing is pruned before a first task
+  completes. It treats the paired batches as independent and the best trial as fixed, so a seed's training noise
+  (a shift over all batches) reads as a difference, and it corrects for neither looks nor trials (its docs say a
+  Pocock-corrected threshold gives the nominal rate over looks; the defaults are what a user gets): it controls
+  no error and is shown, like ASHA, for its false-prune rate;
+- **fixed**: every task to the end (never prunes).
+Device-steps: the training steps the tasks ran (each task stops at the evaluation that pruned it), beside the
+fixed design's 9 x 50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from scipy import stats as sps
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import check, header, write  # noqa: E402
+from verdict_calibration import simulate  # noqa: E402
+
+from slurm_router.rundir.layout import RESULT_FILE  # noqa: E402
+from slurm_router.verdict.pruning import decide, mean_loss  # noqa: E402
+from slurm_router.worker import prune  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "prune_protocol.md"
+VARIANTS = ("v0", "v1", "v2")
+SEEDS = 3
+EVAL_STEPS = (10, 20, 30, 40)
+STEPS = 50
+LEVEL = 0.05
+
+
+def arrivals(rng: np.random.Generator) -> list[tuple[float, str, int, int]]:
+    """(time, variant, seed, step) of every evaluation, in time order."""
+    out = []
+    for v in VARIANTS:
+        for s in range(SEEDS):
+            start, period = rng.uniform(0, 1.5), rng.uniform(0.7, 1.4)
+            out += [(start + period * (i + 1), v, s, step) for i, step in enumerate(EVAL_STEPS)]
+    return sorted(out)
+
+
+def tables(rng: np.random.Generator, effects: tuple[float, ...]) -> dict[int, dict[str, dict[int, dict]]]:
+    out = {}
+    for step in EVAL_STEPS:
+        sides = simulate(rng, SEEDS, effects=effects)
+        out[step] = {
+            v: {
+                s: {"loss_sums": [float(x) for x in r["loss_sums"]], "tokens": [int(t) for t in r["tokens"]]}
+                for s, r in side.items()
+            }
+            for v, side in zip(VARIANTS, sides)
+        }
+    return out
+
+
+def contest_rule(run: Path, events, tabs) -> tuple[set[str], dict[tuple[str, int], int]]:
+    """The production code: worker/prune.after_eval for each evaluation as it arrives; a pruned task stops and
+    writes its result (as the worker does); a task that reaches its last step ends the same way."""
+    stopped: dict[tuple[str, int], int] = {}
+    for _, v, s, step in events:
+        if (v, s) in stopped:
+            continue
+        spec = SimpleNamespace(task_dir=run / "tasks" / f"{v}-s{s}", run_dir=run, variant=v, seed=s, name=f"{v}-s{s}")
+        spec.task_dir.mkdir(parents=True, exist_ok=True)
+        row = tabs[step][v][s]
+        if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], n_looks=len(EVAL_STEPS)) is not None:
+            stopped[v, s] = step
+        elif step == EVAL_STEPS[-1]:
+            stopped[v, s] = STEPS
+        if (v, s) in stopped:
+            (spec.task_dir / RESULT_FILE).write_text("{}")
+    pruned = {line_v for line in prune.read_looks(run) for line_v in line["pruned"]}
+    return pruned, stopped
+
+
+def per_replicate_rule(events, tabs) -> tuple[set[str], dict[tuple[str, int], int]]:
+    """prune=true before: each task decides on its own view at each evaluation (the step with the most rows)."""
+    seen: dict[int, dict[str, dict[int, dict]]] = {}
+    stopped: dict[tuple[str, int], int] = {}
+    pruned = set()
+    for _, v, s, step in events:
+        if (v, s) in stopped:
+            continue
+        seen.setdefault(step, {}).setdefault(v, {})[s] = tabs[step][v][s]
+        ready = [k for k, g in seen.items() if k <= step and v in g and len(g) >= 2]
+        at = max(ready, key=lambda k: (sum(len(x) for x in seen[k].values()), k)) if ready else None
+        if at is not None and decide(seen[at], v, step, len(EVAL_STEPS)) is not None:
+            stopped[v, s] = step
+            pruned.add(v)
+    return pruned, stopped
+
+
+def asha_rule(events, tabs, eta: int = 3, rungs=(1, 3)) -> tuple[set[str], dict[tuple[str, int], int]]:
+    """ASHA's stopping rule over the tasks (one trial each): at rung evaluations, continue only in the top 1/eta
+    of the losses recorded at that rung so far."""
+    at_rung: dict[int, list[float]] = {r: [] for r in rungs}
+    stopped: dict[tuple[str, int], int] = {}
+    pruned = set()
+    for _, v, s, step in events:
+        if (v, s) in stopped:
+            continue
+        k = EVAL_STEPS.index(step) + 1
+        if k not in at_rung:
+            continue
+        row = tabs[step][v][s]
+        loss = sum(row["loss_sums"]) / sum(row["tokens"])
+        at_rung[k].append(loss)
+        top = sorted(at_rung[k])[: max(1, len(at_rung[k]) // eta)]
+        if loss > top[-1]:
+            stopped[v, s] = step
+            pruned.add(v)
+    return pruned, stopped
+
+
+def optuna_wilcoxon_rule(events, tabs) -> tuple[set[str], dict[tuple[str, int], int]]:
+    """optuna's WilcoxonPruner (defaults) over the tasks, one trial each, driven by ask/tell in arrival order."""
+    import warnings
+
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        pruner = optuna.pruners.WilcoxonPruner()
+    study = optuna.create_study(direction="minimize", pruner=pruner)
+    trials: dict[tuple[str, int], optuna.Trial] = {}
+    stopped: dict[tuple[str, int], int] = {}
+    pruned = set()
+    for _, v, s, step in events:
+        if (v, s) in stopped:
+            continue
+        trial = trials.setdefault((v, s), study.ask())
+        row, k = tabs[step][v][s], EVAL_STEPS.index(step)
+        for b, (loss_sum, tokens) in enumerate(zip(row["loss_sums"], row["tokens"])):
+            trial.report(loss_sum / tokens, k * 1000 + b)
+        if trial.should_prune():
+            study.tell(trial, state=TrialState.PRUNED)
+            stopped[v, s] = step
+            pruned.add(v)
+        elif step == EVAL_STEPS[-1]:
+            study.tell(trial, sum(row["loss_sums"]) / sum(row["tokens"]))
+    return pruned, stopped
+
+
+def device_steps(stopped: dict[tuple[str, int], int]) -> int:
+    return sum(stopped.get((v, s), STEPS) for v in VARIANTS for s in range(SEEDS))
+
+
+def winner_ok(tabs, stopped, loser: str | None) -> bool:
+    """The variant with the lowest mean final loss among the tasks that ran to the end is not the loser."""
+    last = tabs[EVAL_STEPS[-1]]
+    alive = {v: {s: last[v][s] for s in range(SEEDS) if stopped.get((v, s), STEPS) == STEPS} for v in VARIANTS}
+    alive = {v: side for v, side in alive.items() if side}
+    return bool(alive) and min(alive, key=lambda v: mean_loss(alive[v])) != loser
+
+
+RULES = ("contest", "per replicate", "ASHA", "optuna Wilcoxon", "fixed")
+
+
+def one_setting(n_runs: int, effect: float, seed: int, work: Path, rules=RULES) -> dict[str, dict]:
+    """The rules named (all by default) on the same n_runs arrivals and tables; the draws do not depend on which
+    rules run, so a rule's figures are the same alone or beside the others."""
+    rng = np.random.default_rng(seed)
+    effects = (0.0, 0.0, effect)
+    loser = VARIANTS[2] if effect > 0 else None
+    counts = {r: {"false": 0, "caught": 0, "winner": 0, "device_steps": 0} for r in rules}
+    for i in range(n_runs):
+        events, tabs = arrivals(rng), tables(rng, effects)
+        run = work / f"{seed}-{i}"
+        rule = {
+            "contest": lambda: contest_rule(run, events, tabs),
+            "per replicate": lambda: per_replicate_rule(events, tabs),
+            "ASHA": lambda: asha_rule(events, tabs),
+            "optuna Wilcoxon": lambda: optuna_wilcoxon_rule(events, tabs),
+            "fixed": lambda: (set(), {}),
+        }
+        got = {r: rule[r]() for r in rules}
+        shutil.rmtree(run, ignore_errors=True)
+        for rule, (pruned, stopped) in got.items():
+            c = counts[rule]
+            c["false"] += bool(pruned - {loser})
+            c["caught"] += loser in pruned
+            c["winner"] += winner_ok(tabs, stopped, loser)
+            c["device_steps"] += device_steps(stopped)
+    return {
+        r: {
+            "false_rate": c["false"] / n_runs,
+            "false_ci": clopper_pearson(c["false"], n_runs),
+            "caught_rate": c["caught"] / n_runs,
+            "winner_rate": c["winner"] / n_runs,
+            "device_steps_share": c["device_steps"] / (n_runs * len(VARIANTS) * SEEDS * STEPS),
+        }
+        for r, c in counts.items()
+    }
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    a = (1 - level) / 2
+    lo = 0.0 if k == 0 else float(sps.beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(sps.beta.ppf(1 - a, k + 1, n - k))
+    return lo, hi
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=2000, help="A/A runs")
+    parser.add_argument("--power-runs", type=int, default=500, help="runs per loser effect")
+    parser.add_argument("--out", type=Path, help="write here instead of benchmarks/results/ (any tree state)")
+    args = parser.parse_args()
+    try:
+        import optuna  # noqa: F401 (optuna's WilcoxonPruner is one of the rules: no results file without it)
+    except ImportError:
+        print("optuna is needed for its WilcoxonPruner rule: pip install -e .[bench]")
+        sys.exit(2)
+    out = args.out / RESULTS.name if args.out else RESULTS
+    if not args.out:
+        check(RESULTS)
+    command = f"python benchmarks/prune_protocol.py --runs {args.runs} --power-runs {args.power_runs}"
+    t0 = time.time()
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp))}
+        for i, effect in enumerate((0.01, 0.02, 0.05)):
+            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp))
+    aa = settings[0.0]
+    lines = [
+        "# prune=true under the real protocol (simulated tasks at their own paces)",
+        "",
+        *header(command),
+        "",
+        f"3 variants x {SEEDS} seeds, {len(EVAL_STEPS)} evaluations of {STEPS} steps, tasks arriving at their own "
+        "paces; the rules and the model are in the script's docstring. 'contest' is the production code.",
+        "",
+        f"## A/A: three equally good variants, {args.runs} runs (any variant pruned is a false decision)",
+        "",
+        "| rule | runs with a false prune | 95% interval | device-steps vs fixed |",
+        "|---|---:|---|---:|",
+    ]
+    for r in RULES:
+        x = aa[r]
+        lo, hi = x["false_ci"]
+        lines.append(f"| {r} | {x['false_rate']:.1%} | {lo:.1%}-{hi:.1%} | {x['device_steps_share']:.0%} |")
+    lines += [
+        "",
+        f"## A loser: the third variant worse by d nats per token, {args.power_runs} runs each",
+        "",
+        "| d | rule | loser pruned | an equal one pruned | winner not the loser | device-steps vs fixed |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for effect in (0.01, 0.02, 0.05):
+        for r in RULES:
+            x = settings[effect][r]
+            lines.append(
+                f"| {effect} | {r} | {x['caught_rate']:.0%} | {x['false_rate']:.1%} | {x['winner_rate']:.0%} | "
+                f"{x['device_steps_share']:.0%} |"
+            )
+    c = aa["contest"]
+    lines += [
+        "",
+        f"The contest rule pruned an equally good variant in {c['false_rate']:.1%} of {args.runs} A/A runs (95% "
+        f"interval {c['false_ci'][0]:.1%}-{c['false_ci'][1]:.1%}); the level is 5%.",
+        "",
+        f"Took {time.time() - t0:.0f} s.",
+    ]
+    write(out, "\n".join(lines) + "\n", {"settings": {str(k): v for k, v in settings.items()}})
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""dry_run=true under Slurm (launch/preview.py asks the run's backend): each stage's array script rendered as
+launcher=sbatch submits it, the report job, and RUN_DIR/submit-all.sh with the exact submit commands in order."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from slurm_router.rundir.layout import SUBMIT_ALL as SUBMIT_SCRIPT
+from slurm_router.rundir.spec import Stage
+
+
+def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
+    """Render each stage's array script (as launcher=sbatch submits it) and the report job, and write
+    RUN_DIR/submit-all.sh: the exact submit commands in order, each stage after the one before (afterok,
+    cancelled if that fails) and the report after the last (afterany). Returns the commands."""
+    from slurm_router.backends.slurm.common import KILL_ON_INVALID_DEP, REPORT_TIMEOUT_MIN, stage_devices
+    from slurm_router.backends.slurm.common import tasks_per_pack as per_pack_of
+    from slurm_router.backends.slurm.sbatch_launcher import report_script, sbatch_spec
+    from slurm_router.backends.slurm.sbatch_render import safe_job_name, write_sbatch
+
+    layout, run_dir = manifest.layout, str(manifest.layout.root)
+    per_pack = per_pack_of(cfg)
+    todo = [s for s in stages if not s.cached]
+    commands = ["set -euo pipefail"]
+    prev = None
+    for stage in todo:
+        n_arrays = -(-len(manifest.stage_tasks(stage.name)) // per_pack)
+        spec = sbatch_spec(cfg, run_dir, stage.name, n_arrays, stage_devices(stage), None)
+        last = stage.name == manifest.data["stages"][-1]["name"]
+        script = write_sbatch(spec, layout.sbatch_script(stage.name, last, 0))
+        var = f"JOB_{stage.name.upper().replace('-', '_')}"
+        dep: list[str] = [f"--dependency=afterok:${prev}", f"--{KILL_ON_INVALID_DEP}=yes"] if prev else []
+        commands.append(f"{var}=$(sbatch --parsable {' '.join(dep + [shlex.quote(str(script))])})")
+        prev = var
+    logs = str(layout.logs).replace("%", "%%")
+    report = shlex.join(
+        [
+            "sbatch",
+            "--parsable",
+            "--job-name",
+            safe_job_name(f"{cfg.experiment}-report"),
+            "--output",
+            f"{logs}/report-%j.out",
+            "--time",
+            str(REPORT_TIMEOUT_MIN),
+            *([f"--partition={cfg.launcher.partition}"] if cfg.launcher.partition else []),
+            "--wrap",
+            shlex.join(["bash", "-c", report_script(cfg, run_dir, None)]),
+        ]
+    )
+    commands.append(report.replace("sbatch --parsable", f"sbatch --parsable --dependency=afterany:${prev}", 1))
+    path = Path(run_dir) / SUBMIT_SCRIPT
+    path.write_text("#!/usr/bin/env bash\n# dry_run=true: the submit commands in order (run this file to submit)\n")
+    with path.open("a") as f:
+        f.write("\n".join(commands) + "\n")
+    path.chmod(0o755)
+    return commands[1:]
+
+
+def preview_lines(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
+    """The preview's lines for the Slurm launchers: how they submit, and each command."""
+    commands = slurm_scripts(cfg, manifest, stages)
+    how = (
+        "launcher=slurm submits the same arrays through submitit (one map_array per stage); as sbatch:"
+        if cfg.launcher.kind == "slurm"
+        else "submit commands, in order:"
+    )
+    run_dir = manifest.layout.root
+    return [how, *(f"  {c}" for c in commands), f"(all of them: bash {run_dir / SUBMIT_SCRIPT})"]

@@ -1,0 +1,7 @@
+"""The verdict's statistics, pure (numpy and scipy; no torch, no pandas, nothing of the package above): the
+intervals and p-values over seeds and eval batches (stats.py), prune=true's rule (pruning.py) and the verdict's
+sentences (sentences.py). The worker decides pruning with it below; the report (analysis/) uses it above."""
+
+LEVEL = 0.95  # every interval's coverage; 1 - LEVEL is the level a decision must reach
+# Below this a difference is float reduction order (routing changes it, never the math), not an effect.
+NEGLIGIBLE = 1e-4  # nats per token
