@@ -65,6 +65,8 @@ def print_table(summary: dict) -> None:
         console.print(row["sentence"], highlight=False)
     for line in summary.get("pruned", []):
         console.print(line, highlight=False)
+    if summary.get("auto_seeds"):  # seeds=auto: replicates run, and why the rest were not
+        console.print(summary["auto_seeds"]["line"], highlight=False)
     for line in summary.get("missing", []):
         console.print(f"missing: {line}", highlight=False)
     if summary.get("partial"):

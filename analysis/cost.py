@@ -127,7 +127,13 @@ def task_costs(tasks: list[Task], hours: dict[str, float | None], shares: dict[s
             "variant": None if t.stage == "base" else t.variant,
             "stage": t.stage,
             "seed": t.seed,
-            "state": "pruned" if t.pruned else "diverged" if t.diverged else t.meta.get("state"),
+            "state": "pruned"
+            if t.pruned
+            else "not_needed"
+            if t.not_needed
+            else "diverged"
+            if t.diverged
+            else t.meta.get("state"),
             "devices": devices,
             "share": share,
             "device_hours": dh,
@@ -143,8 +149,9 @@ def task_costs(tasks: list[Task], hours: dict[str, float | None], shares: dict[s
             "remaining_device_hours": 0.0,
         }
         pace = row["steps_per_s"] or paces.get(t.variant) or paces.get(None)  # pruned before its first step: its
-        if t.pruned and t.expected_steps and pace:  # variant's other replicates' pace, else every task's
-            stopped = t.pruned["step"] if t.pruned["step"] is not None else len(t.steps)
+        ended = t.pruned or t.not_needed  # a seeds=auto reserve never run: the fixed design trains it whole
+        if ended and t.expected_steps and pace:  # variant's other replicates' pace, else every task's
+            stopped = ended["step"] if ended["step"] is not None else len(t.steps)
             rest = max(0, t.expected_steps - stopped)
             skipped = len([s for s in eval_steps if stopped < s < t.expected_steps]) + 1  # + the final one
             mean_eval = group_eval.get(g, 0.0) / n_evals[g] if n_evals.get(g) else 0.0
@@ -230,7 +237,7 @@ def account(tasks: list[Task], per_task: dict[str, dict], winner: dict | None) -
     for name, c in costs.items():
         v = by_variant.setdefault(c["variant"] or "base", {k: 0.0 for k in keys} | {"tasks": [], "pruned": []})
         v["tasks"].append(name)
-        v["pruned"] += [name] if c["state"] == "pruned" else []
+        v["pruned"] += [name] if c["state"] in ("pruned", "not_needed") else []  # stopped early, or never run
         for k in keys:
             v[k] += c[k] or 0.0
     step = decision(tasks, winner)
@@ -275,7 +282,8 @@ def section(summary: dict) -> list[tuple]:
     lines.append(
         f"the fixed design (every seed of every variant trained to the end): {fixed:.4f} device-hours"
         + (
-            f", estimated from the {pruned} pruned tasks' own pace (the steps each did not train, at its steps/s; "
+            f", estimated from the {pruned} pruned (or seeds=auto not run) tasks' own pace (the steps each did not "
+            "train, at its steps/s or its variant's; "
             f"the evaluations it skipped, at its mean evaluation time); prune=true saved {c['saved_device_hours']:.4f} "
             f"({pct(c['saved_device_hours'] / fixed)})"
             if pruned

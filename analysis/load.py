@@ -84,7 +84,11 @@ class Task:
 
     @property
     def expected_steps(self) -> int | None:
-        return int(self.start["steps"]) if self.start and self.start.get("steps") is not None else None
+        if self.start and self.start.get("steps") is not None:
+            return int(self.start["steps"])
+        if self.not_needed and self.end and self.end.get("steps") is not None:  # a reserve never run: its end row
+            return int(self.end["steps"])
+        return None
 
     @property
     def diverged(self) -> dict | None:
@@ -108,6 +112,13 @@ class Task:
             "step": None if step is None else int(step),
             "detail": self.end.get("detail") or f"{self.name}: pruned at step {step}",
         }
+
+    @property
+    def not_needed(self) -> dict | None:
+        """{step: 0, detail} when this seeds=auto reserve never ran (worker/auto_seeds.py), else None."""
+        if not self.end or self.end.get("exit_state") != "not_needed":
+            return None
+        return {"step": 0, "detail": self.end.get("detail") or f"{self.name}: not needed"}
 
 
 def load_manifest(run_dir: Path) -> dict:

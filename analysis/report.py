@@ -34,7 +34,7 @@ from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import to_html, to_markdown
 from slurm_router.rundir.layout import ADAPTER_FILES, RunLayout
-from slurm_router.verdict import sentences
+from slurm_router.verdict import contest, sentences
 
 
 def _wall_s(task: Task, facts: dict) -> float | None:
@@ -239,8 +239,9 @@ def partial_line(run_dir: Path, manifest: dict, tasks: list[Task], facts: dict) 
 
 def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     """(summary, tasks, tables): everything the report shows, nothing written."""
-    manifest, tasks = load_run(run_dir)
-    facts = jobfacts.job_facts(manifest, tasks, runner)
+    manifest, every = load_run(run_dir)
+    tasks = [t for t in every if not t.not_needed]  # seeds=auto reserves that never ran: only the cost counts them
+    facts = jobfacts.job_facts(manifest, every, runner)
     summary: dict[str, Any] = {
         "experiment": manifest.get("experiment"),
         "run_dir": str(run_dir),
@@ -250,7 +251,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
         "base": {"val_loss": None},
         "variants": {},
     }
-    per_task = {t.name: summarize_task(t, facts[t.name], peak_tflops) for t in tasks}
+    per_task = {t.name: summarize_task(t, facts[t.name], peak_tflops) for t in every}
     for t in tasks:  # a fused group computes its variants' tokens together: the micro rows are in its leader's events
         leader = per_task.get(t.meta.get("fused_into") or "")
         if leader is not None and per_task[t.name].get("useful_token_fraction") is None:
@@ -272,6 +273,8 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     summary["diverged"] = [diverged_line(t.name, t.diverged) for t in tasks if t.diverged]
     summary["pruned"] = [t.pruned["detail"] for t in tasks if t.stage != "base" and t.pruned]
     summary["prune_looks"] = prune_looks(run_dir)  # the run's looks (verdict/contest.py), one line per look
+    if auto := auto_seeds(run_dir, every, summary["prune_looks"]):
+        summary["auto_seeds"] = auto
     adapters = {n: v["adapter"] for n, v in summary["variants"].items()}
     summary["by_variant"] = abtest.variant_table(tasks, adapters)
     primary = next((str(_task_config(run_dir, t.name).get("eval", {}).get("primary", "loss")) for t in tasks), "loss")
@@ -289,12 +292,12 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
         for table in (summary["by_variant"], summary["variants"]):  # a variant; its task when it has one seed
             if row["b"] == "base" and row["a"] in table:
                 table[row["a"]]["vs_base"] = vs_base
-    summary["missing"] = [line for s in per_task.values() for line in s["missing"]]
+    summary["missing"] = [line for t in tasks for line in per_task[t.name]["missing"]]
     summary["partial"] = partial_line(run_dir, manifest, tasks, facts)
     summary["header"] = run_header(manifest, per_task, tasks)
     summary["changed"] = variants_changed(run_dir, tasks)
     summary["caveat"] = sentences.one_seed_caveat(summary["ab"])
-    summary["cost"] = cost.account(tasks, per_task, summary["winner"])  # device-hours: in all, to the decision
+    summary["cost"] = cost.account(every, per_task, summary["winner"])  # device-hours: in all, to the decision
     members = fused.members(tasks)
     tables = {
         "steps_detail": pd.concat([metrics.per_step_table(t) for t in tasks] or [pd.DataFrame()]),
@@ -365,3 +368,17 @@ def prune_looks(run_dir: Path) -> list[dict]:
         return []
     keys = ("look", "step", "threshold", "looks", "rows", "pruned")
     return [{k: row[k] for k in keys if k in row} for row in looks]
+
+
+def auto_seeds(run_dir: Path, every: list[Task], looks: list[dict]) -> dict | None:
+    """seeds=auto's account: replicates run per variant, the reserves not run (why), and its one line."""
+    config = next((_task_config(run_dir, t.name) for t in every if t.stage != "base"), {})
+    if config.get("seeds") != "auto":
+        return None
+    ran: dict[str, int] = {}
+    for t in every:
+        if t.stage != "base":
+            ran[t.variant] = ran.get(t.variant, 0) + (0 if t.not_needed else 1)
+    not_run = [t.not_needed["detail"] for t in every if t.not_needed]
+    cap = int((config.get("auto_seeds") or {}).get("max", 6))
+    return {"cap": cap, "ran": ran, "not_run": not_run, "line": contest.auto_line(looks, ran, not_run, cap)}

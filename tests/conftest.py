@@ -210,12 +210,26 @@ if str(BENCHMARKS) not in sys.path:
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600, module: str = "slurm_router"
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: int = 600,
+    module: str = "slurm_router",
+    cores: int | None = None,
 ) -> subprocess.CompletedProcess:
-    """The real command, as a user types it."""
+    """The real command, as a user types it. cores: on that many of this machine's cores only (its affinity), as
+    on a smaller machine: a task's torch threads follow the cores it has (worker/cpu.py), and with AVX-512 kernels
+    a matmul's sums differ with the thread count, so a loss compared bit for bit needs the same count."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores]))
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=pin,
     )
 
 

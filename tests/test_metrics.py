@@ -130,7 +130,9 @@ def test_prune_decides_on_the_primary_metric(tmp_path):
     """prune=true with eval.primary=acc: a replicate of the variant that cannot learn is pruned at an evaluation,
     worse than `learns` in acc (its reason says so). One look, at step 20: at step 10 the two seeds' differences
     agreed less and p (0.0247, 1 df) sat at the level 0.025, so CI's run once went on instead."""
-    proc = run(tmp_path, *VARIANTS, "eval.primary=acc", "seeds=2", "prune=true", "train.steps=30", "train.eval_every=20")
+    proc = run(
+        tmp_path, *VARIANTS, "eval.primary=acc", "seeds=2", "prune=true", "train.steps=30", "train.eval_every=20"
+    )
     run_dir = run_dir_of(proc)
     results = [json.loads(p.read_text()) for p in run_dir.glob("tasks/stuck-s*/result.json")]
     pruned = [r for r in results if r.get("exit_state") == "pruned"]

@@ -13,6 +13,7 @@ from conftest import run_cli, run_dir_of, step_losses
 from verdict_calibration import band, prune_rates, simulate
 
 from slurm_router.verdict import contest, pruning
+from slurm_router.worker.cpu import available_cores
 from slurm_router.worker import prune
 
 
@@ -133,7 +134,8 @@ def test_a_real_run_prunes_the_loser_and_the_survivor_trains_as_alone(tmp_path, 
     assert len(decided) == 1 and all(f"the run's look {decided[0]['look']}" in r["reason"] for r in pruned.values())
     assert "prune=true looked" in (run_dir / "report" / "report.md").read_text()
 
-    alone = run_cli(*common, f"+variants={{{GOOD}}}", "seeds=[2]", cwd=tmp_path)
+    # alone, on 1 of the 2 cores: 1 torch thread, as each of the 6 tasks had with 2 of them side by side
+    alone = run_cli(*common, f"+variants={{{GOOD}}}", "seeds=[2]", cwd=tmp_path, cores=max(1, available_cores() // 2))
     assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
     assert step_losses(run_dir / "tasks" / "good-s2") == step_losses(run_dir_of(alone) / "tasks" / "good")
 

@@ -122,10 +122,12 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     """Train one task to the end, resuming from its newest valid checkpoint; returns its result (held-out
     loss, ...). Raises TaskStopped after a stop signal (checkpoint saved), TaskFailed if a worker died,
     CheckpointError if checkpoints exist and none is valid."""
-    from slurm_router.allocation.requeue import note_scheduler_restart
+    from slurm_router.allocation.requeue import note_scheduler_restart, task_event
     from slurm_router.allocation.srun_worker import run_srun_worker, srun_rank
+    from slurm_router.fileio import atomic_write_text
     from slurm_router.rundir.attempts import next_attempt
     from slurm_router.rundir.spec import TaskSpec
+    from slurm_router.worker import auto_seeds
 
     supervisor = supervisor or TaskSupervisor()
     spec = TaskSpec.load(task_file)
@@ -134,6 +136,17 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
         fused = f" and its {len(spec.members)} fused task(s)" if spec.members else ""
         print(f"{spec.name}: already completed ({paths.result}{fused})", flush=True)
         return json.loads(paths.result.read_text())
+    # seeds=auto: a reserve runs only while the contest is undecided (worker/auto_seeds.py)
+    unneeded = auto_seeds.wait_for_call(spec, stop=lambda: bool(supervisor.signum))
+    if supervisor.signum:
+        raise TaskStopped(checkpoint_step(spec), supervisor.signum)
+    if unneeded is not None:
+        if srun_rank() in (None, 0):
+            task_event(
+                spec, "end", exit_state=auto_seeds.NOT_NEEDED, detail=unneeded["reason"], step=0, steps=spec.steps
+            )
+            atomic_write_text(paths.result, json.dumps(unneeded, indent=1))
+        return unneeded
     resume = _newest_checkpoint(spec)  # a fused task's checkpoints hold every variant, in the leader's folder
     rank = srun_rank()
     _repair_events(spec, rank)

@@ -63,7 +63,7 @@ def _note(cls: type, name: str) -> tuple[str, str]:
 
 
 ANY_TYPES = {  # the schema's Any keys: what they take
-    "seeds": "int or list",
+    "seeds": "int, list or auto",
     "resources.fuse_variants": "int or auto",
     "model.lora.target_modules": "str or list",
     "launcher.mail_type": "str or list",

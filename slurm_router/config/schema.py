@@ -275,12 +275,22 @@ class TrackerConfig:
 
 
 @dataclass
+class AutoSeedsConfig:
+    """seeds=auto: how far the contest may add replicates (docs/decisions.md, "seeds=auto")."""
+
+    max: int = 6  # replicates per variant at most (2 to start with, one more per undecided round)
+    budget_device_hours: Optional[float] = None  # stop adding replicates once the run has spent this much
+
+
+@dataclass
 class Config:
     experiment: str = "default"  # the run's name: runs are written under run_root/<experiment>/<time>/
     seed: int = 0  # the base model's init and the held-out eval batches
     # training seeds (LoRA init, data order), one task per variant and seed: N (seed, seed+1, ..., seed+N-1) or a
-    # list [0, 5, 9]; 1 = one task per variant, named as the variant (training_seeds)
+    # list [0, 5, 9]; 1 = one task per variant, named as the variant (training_seeds); auto (with prune=true): 2
+    # seeds each, then one more at a time while the contest is undecided, up to auto_seeds.max (worker/auto_seeds.py)
     seeds: Any = 1
+    auto_seeds: AutoSeedsConfig = field(default_factory=AutoSeedsConfig)
     # stop a clear loser at an in-training evaluation (train.eval_every), by the verdict's statistics: prune.py
     prune: bool = False
     # print the plan (stages, tasks, devices, predicted memory, array sizes, worst-case device-hours; the Slurm

@@ -47,6 +47,7 @@ ONE_PER_RUN = {
     "seeds": "seeds=N already runs every variant once per training seed: set it once, e.g. seeds=3",
     "seed": "seed is the base model's init and the held-out eval batches, shared by every variant so that their "
     "losses compare: for replicates set seeds=3 (training seeds: LoRA init and data order)",
+    "auto_seeds": "seeds=auto's cap and budget hold for the run's contest: set them once, e.g. auto_seeds.max=6",
     "prune": "prune compares the variants with each other while they train: set it once, prune=true",
     "tracker": "a run's trackers log every variant: name several at once, e.g. tracker=[tensorboard,mlflow]",
     "resources.fuse_variants": "it groups the run's variants with each other, so it is one setting for the whole "

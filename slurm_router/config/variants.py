@@ -14,9 +14,14 @@ from slurm_router.config.checks import check_values, explain
 from slurm_router.config.metrics import check_eval_config
 from slurm_router.config.schema import NAME_RE
 from slurm_router.errors import UserError
+from slurm_router.verdict import AUTO_FIRST
 
-SEEDS_HINT = "seeds=N (N training seeds from seed on) or a list of distinct whole numbers >= 0, e.g. seeds=[0,5,9]"
+SEEDS_HINT = (
+    "seeds=N (N training seeds from seed on), a list of distinct whole numbers >= 0, e.g. seeds=[0,5,9], or "
+    "seeds=auto with prune=true"
+)
 MAX_SEEDS = 1000
+AUTO = "auto"
 
 
 def _whole(value: Any) -> bool:
@@ -25,9 +30,12 @@ def _whole(value: Any) -> bool:
 
 def training_seeds(cfg: DictConfig) -> list[int]:
     """A variant's training seeds, one task each (LoRA init and data order; cfg.seed keeps the base model's init
-    and the held-out eval batches): seeds=N gives seed, seed+1, ..., seed+N-1; seeds=[...] the list as given.
-    Raises UserError (one line naming seeds) for anything else."""
+    and the held-out eval batches): seeds=N gives seed, seed+1, ..., seed+N-1; seeds=[...] the list as given;
+    seeds=auto the first auto_seeds.max (each after the first 2 a reserve that runs only while the contest is
+    undecided). Raises UserError (one line naming seeds) for anything else."""
     value = cfg.seeds
+    if value == AUTO:
+        return [cfg.seed + i for i in range(auto_cap(cfg))]
     if OmegaConf.is_list(value) or isinstance(value, (list, tuple)):
         seeds, shown = list(value), "[" + ",".join(map(str, value)) + "]"
         if not seeds:
@@ -48,6 +56,21 @@ def training_seeds(cfg: DictConfig) -> list[int]:
             "seeds per variant), or a list such as seeds=[0,5,9]"
         )
     return [cfg.seed + i for i in range(value)]
+
+
+def auto_cap(cfg) -> int:
+    """seeds=auto's replicates per variant at most (auto_seeds.max), checked."""
+    cap = (cfg.get("auto_seeds") or {}).get("max", 6)
+    if not _whole(cap) or not AUTO_FIRST < cap <= MAX_SEEDS:
+        raise UserError(
+            f"auto_seeds.max={cap!r}: seeds=auto starts each variant with {AUTO_FIRST} seeds and adds reserves up "
+            f"to this cap: give a whole number from {AUTO_FIRST + 1} to {MAX_SEEDS}, e.g. auto_seeds.max=6"
+        )
+    return cap
+
+
+def is_auto(cfg) -> bool:
+    return cfg.get("seeds") == AUTO
 
 
 def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -115,6 +138,17 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
         check_values(vcfg, where=f"variants.{name}: ")
     if not variants:
         variants = {"main": cfg.copy()}
+    if is_auto(cfg) and not cfg.prune:
+        raise UserError(
+            "seeds=auto adds replicates only where the prune contest is undecided: set prune=true with it "
+            "(seeds=auto prune=true), or give a number, e.g. seeds=3"
+        )
+    budget = (cfg.get("auto_seeds") or {}).get("budget_device_hours")
+    if budget is not None and budget <= 0:  # a number: the schema types it
+        raise UserError(
+            f"auto_seeds.budget_device_hours={budget:g}: give a number of device-hours > 0, e.g. 2.5, or null "
+            "(no budget: reserves run until the contest is decided or auto_seeds.max)"
+        )
     if cfg.prune:
         check_prune(cfg, variants)
     return variants

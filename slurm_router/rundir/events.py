@@ -198,13 +198,13 @@ class EndRow(Row):
     """how an attempt ended"""
 
     KIND: ClassVar[str] = "end"
-    exit_state: str = _req("completed | interrupted | failed | diverged | pruned")
+    exit_state: str = _req("completed | interrupted | failed | diverged | pruned | not_needed")
     error: str = _opt()
-    detail: str | None = _opt("pruned (rank 0): why, in one sentence (prune.py)")
+    detail: str | None = _opt("pruned (rank 0), not_needed (a seeds=auto reserve): why, in one sentence")
     step: int | None = _opt("diverged: the step whose loss was not finite; pruned: the evaluation it stopped at")
     val_loss: float = _opt("rank 0 of a completed task")
     train_loss: float = _opt("rank 0 of a completed task")
-    steps: int = _opt("rank 0 of a completed task")
+    steps: int = _opt("rank 0 of a completed task; a not_needed reserve: the steps it would have trained")
 
 
 ROWS: dict[str, type[Row]] = {

@@ -5,3 +5,4 @@ sentences (sentences.py). The worker decides pruning with it below; the report (
 LEVEL = 0.95  # every interval's coverage; 1 - LEVEL is the level a decision must reach
 # Below this a difference is float reduction order (routing changes it, never the math), not an effect.
 NEGLIGIBLE = 1e-4  # nats per token
+AUTO_FIRST = 2  # seeds=auto: every variant starts with 2 replicates; later ones are reserves (verdict/contest.py Auto)

@@ -22,58 +22,102 @@ its next evaluation with that look's reason, and no later look sees it.
 
 from __future__ import annotations
 
-from slurm_router.verdict import LEVEL
+from dataclasses import dataclass
+
+from slurm_router.verdict import AUTO_FIRST, LEVEL
 from slurm_router.verdict.pruning import Decision, look_at, reason
 
 Tables = dict[int, dict[str, dict[int, dict]]]  # {step: {variant: {seed: row}}}, worker/prune.py read_steps
 
 
-def spend(look: int, n_looks: int, level: float = LEVEL) -> float:
-    """The level the run's `look`-th look may use: an equal share of 1 - level for each of the L planned looks."""
+@dataclass(frozen=True)
+class Auto:
+    """seeds=auto's contest (docs/design/pruning.md, "seeds=auto"): replicates come in rounds, the first with
+    AUTO_FIRST seeds per variant, each later one adding a seed to every variant still in the contest, up to `cap`.
+    A look is then keyed by (depth, step), depth being the fewest seeds a compared variant has there, and taken
+    when that key is past the last look's: at most L looks per depth. Half the level goes to depth 2's looks, the
+    other half in equal parts to depths 3..cap: L looks at each depth, so the shares still sum to 1 - LEVEL."""
+
+    cap: int
+
+    def spending(self, depth: int, n_looks: int) -> str:
+        """How a look at `depth` seeds got its level, in words: 'half of 5% / 2 looks at 2 seeds'."""
+        if depth <= AUTO_FIRST or self.cap == AUTO_FIRST + 1:
+            return f"half of 5% / {n_looks} looks at {min(depth, self.cap)} seeds"
+        return f"half of 5% / {self.cap - AUTO_FIRST} depths (3-{self.cap} seeds) / {n_looks} looks"
+
+
+def spend(look: int, n_looks: int, level: float = LEVEL, depth: int = 0, auto: Auto | None = None) -> float:
+    """The level the run's `look`-th look may use: an equal share of 1 - level for each of the L planned looks;
+    with seeds=auto, the share of the look's depth (Auto)."""
+    if auto is not None:
+        if depth <= AUTO_FIRST:
+            return (1 - level) / 2 / n_looks
+        return (1 - level) / 2 / max(1, auto.cap - AUTO_FIRST) / n_looks if depth <= auto.cap else 0.0
     return (1 - level) / n_looks if 1 <= look <= n_looks else 0.0
+
+
+def depth_at(here: dict[str, dict[int, dict]], variants: set[str] | list[str]) -> int:
+    """The fewest seeds any of `variants` with 2 or more seeds has at a step (0: none)."""
+    counts = [len(here.get(v, {})) for v in variants if len(here.get(v, {})) >= AUTO_FIRST]
+    return min(counts, default=0)
 
 
 def pruned_in(looks: list[dict]) -> set[str]:
     return {v for line in looks for v in line["pruned"]}
 
 
-def next_look(tables: Tables, ended: dict[tuple[str, int], int], looks: list[dict]) -> int | None:
+def next_look(
+    tables: Tables, ended: dict[tuple[str, int], int], looks: list[dict], auto: Auto | None = None
+) -> int | None:
     """The step the run looks at now, or None. ended: {(variant, seed): last step recorded} of replicates that
-    finished (their result is written): one is waited for only at steps it reached."""
+    finished (their result is written): one is waited for only at steps it reached. auto: seeds=auto, where a
+    step is looked at again once a later round has added seeds there."""
     out = set(pruned_in(looks))
     after = max((line["step"] for line in looks), default=-1)
+    last = max(((line.get("depth", 0), line["step"]) for line in looks), default=(0, -1))
     seen: dict[str, set[int]] = {}
     for step_rows in tables.values():
         for variant, side in step_rows.items():
             if variant not in out:
                 seen.setdefault(variant, set()).update(side)
     ready = []
-    for step in sorted(s for s in tables if s > after):
+    for step in sorted(s for s in tables if auto is not None or s > after):
         here = tables[step]
         due = [(v, s) for v, seeds in seen.items() for s in seeds if not ((v, s) in ended and ended[v, s] < step)]
         if not all(v in here and s in here[v] for v, s in due):
             continue
-        if sum(1 for v in seen if len(here.get(v, {})) >= 2) >= 2:
+        if sum(1 for v in seen if len(here.get(v, {})) >= 2) < 2:
+            continue
+        if auto is None or (depth_at(here, list(seen)), step) > last:
             ready.append(step)
+    if auto is not None and ready:  # the deepest, then latest, step: the most rows a look can hold
+        return max(ready, key=lambda s: (depth_at(tables[s], list(seen)), s))
     return ready[-1] if ready else None
 
 
-def take(tables: Tables, step: int, looks: list[dict], n_looks: int, metric: str = "loss") -> dict:
+def take(
+    tables: Tables, step: int, looks: list[dict], n_looks: int, metric: str = "loss", auto: Auto | None = None
+) -> dict:
     """The run's next look, at `step`: one line of decisions.jsonl (what was compared, at which level, who is
     pruned)."""
     out = pruned_in(looks)
     groups = {v: side for v, side in tables[step].items() if v not in out}
     number = len(looks) + 1
-    threshold = spend(number, n_looks)
+    depth = depth_at(groups, list(groups))
+    threshold = spend(number, n_looks, depth=depth, auto=auto)
     decisions = look_at(groups, step, threshold, n_looks, metric=metric) if threshold > 0 else {}
     for v, d in decisions.items():
         d.look = number
+        if auto is not None:
+            d.spending = auto.spending(depth, n_looks)
         d.reason = reason(v, d)
     return {
         "look": number,
         "step": step,
         "threshold": threshold,
         "looks": n_looks,
+        **({"depth": depth, "cap": auto.cap} if auto is not None else {}),
         "metric": metric,
         "rows": {v: sorted(side) for v, side in sorted(groups.items())},
         "pruned": sorted(decisions),
@@ -100,8 +144,72 @@ def looks_line(looks: list[dict]) -> str | None:
     steps = ", ".join(str(line["step"]) for line in looks)
     last = looks[-1]
     out = [f"{v} pruned at look {line['look']} (step {line['step']})" for line in looks for v in line["pruned"]]
+    if "depth" in last:  # seeds=auto: the level depends on the look's depth
+        steps = ", ".join(f"{line['step']} ({line['depth']} seeds)" for line in looks)
+        spending = f"at {last['looks']} looks per depth, half of 5% at 2 seeds and half over 3-{last['cap']} seeds"
+    else:
+        spending = f"each at {last['threshold']:.3g} = 5% / {last['looks']} looks"
     return (
         f"prune=true looked {len(looks)} time{'s' if len(looks) != 1 else ''} (step{'s' if len(looks) != 1 else ''} "
-        f"{steps}), each at {last['threshold']:.3g} = 5% / {last['looks']} looks: "
-        + ("; ".join(out) if out else "no variant pruned")
+        f"{steps}), {spending}: " + ("; ".join(out) if out else "no variant pruned")
     )
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """A task of the contest, as a seeds=auto reserve sees it: its variant, its place among that variant's seeds
+    (0-based), and whether it has ended (its result written, or failed)."""
+
+    variant: str
+    index: int
+    ended: bool
+
+
+RUN, WAIT, SKIP = "run", "wait", "skip"
+
+
+def reserve_call(
+    variant: str,
+    index: int,
+    replicates: list[Replicate],
+    looks: list[dict],
+    spent_device_hours: float = 0.0,
+    budget_device_hours: float | None = None,
+) -> tuple[str, str | None]:
+    """What seeds=auto's reserve replicate `index` of `variant` does now: (RUN, None) once every replicate before
+    it (a lower index) of each variant still in the contest has ended undecided; (SKIP, why) when its variant was
+    pruned, when the contest is decided (one variant left), or when the budget is spent; else (WAIT, None)."""
+    out = pruned_in(looks)
+    nth = f"{variant}'s replicate {index + 1}"
+    if variant in out:
+        line = next(line for line in looks if variant in line["pruned"])
+        return SKIP, f"{nth} not run: {variant} was pruned at look {line['look']} (step {line['step']})"
+    alive = sorted({r.variant for r in replicates} - out)
+    if len(alive) <= 1:
+        return SKIP, f"{nth} not run: the contest is decided, {variant} is the only variant left"
+    if budget_device_hours is not None and spent_device_hours >= budget_device_hours:
+        return SKIP, (
+            f"{nth} not run: auto_seeds.budget_device_hours={budget_device_hours:g} is spent "
+            f"({spent_device_hours:.3g} device-hours so far); {', '.join(alive)} undecided"
+        )
+    if all(r.ended for r in replicates if r.variant in alive and r.index < index):
+        return RUN, None
+    return WAIT, None
+
+
+def auto_line(looks: list[dict], ran: dict[str, int], not_run: list[str], cap: int) -> str:
+    """The report's one line on seeds=auto: how many replicates each variant ran, and what stopped adding them
+    (the contest decided, the budget spent, or the cap reached undecided)."""
+    out = pruned_in(looks)
+    alive = [v for v in ran if v not in out]
+    seeds = ", ".join(f"{v} {n}" for v, n in ran.items())
+    skipped = f"; {len(not_run)} reserve replicate{'s' if len(not_run) != 1 else ''} not run" if not_run else ""
+    if len(alive) <= 1:
+        why = f"the contest is decided: {alive[0]} is left" if alive else "the contest is decided"
+    elif any("budget_device_hours" in r for r in not_run):
+        why = f"auto_seeds.budget_device_hours was spent with {', '.join(alive)} undecided"
+    elif all(ran[v] >= cap for v in alive):
+        why = f"{', '.join(alive)} reached auto_seeds.max={cap} seeds undecided"
+    else:
+        why = f"{', '.join(alive)} undecided so far"
+    return f"seeds=auto (at most {cap} per variant): replicates run {seeds}; {why}{skipped}"

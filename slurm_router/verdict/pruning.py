@@ -44,6 +44,7 @@ class Decision:
     reason: str = ""
     metric: str = "loss"  # what it is worse in: held-out loss, or eval.primary's task metric
     look: int = 0  # the run's look that decided it (verdict/contest.py); 0: a table decided on its own
+    spending: str = ""  # how the threshold was set, when not 5% / looks (seeds=auto: verdict/contest.py Auto)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -144,8 +145,8 @@ def reason(who: str, d: Decision) -> str:
         seeds += f" at step {d.compared_step}, the run's look {d.look}"
     return (
         f"{who}: pruned at step {d.step}: worse than {d.best} by {d.diff:.{nd}f} {unit(d.metric)} (95% CI "
-        f"{d.ci_low:.{nd}f} to {d.ci_high:.{nd}f}, {_p(d.p)}; {family}below {d.threshold:.3g} = 5% / {d.looks} "
-        f"looks; {seeds})"
+        f"{d.ci_low:.{nd}f} to {d.ci_high:.{nd}f}, {_p(d.p)}; {family}below {d.threshold:.3g} = "
+        f"{d.spending or f'5% / {d.looks} looks'}; {seeds})"
     )
 
 

@@ -118,17 +118,25 @@ def decide_after(spec, step: int, n_looks: int) -> Decision | None:
     made one due, and recorded once for every replicate."""
     config = getattr(spec, "config", None) or {}
     metric = str((config.get("eval") or {}).get("primary") or LOSS)  # eval.primary decides
+    auto = auto_contest(config)
     layout = RunLayout(spec.run_dir)
     with short_lock(layout.decisions_lock):
         looks = read_looks(spec.run_dir)
         if spec.variant not in contest.pruned_in(looks):
             tables, ended = read_run(spec.run_dir, metric)
-            at = contest.next_look(tables, ended, looks)
+            at = contest.next_look(tables, ended, looks, auto)
             if at is not None:
-                line = contest.take(tables, at, looks, n_looks, metric)
+                line = contest.take(tables, at, looks, n_looks, metric, auto)
                 _append(layout.decisions, json.dumps(line) + "\n")
                 looks.append(line)
     return contest.decision_for(looks, spec.variant, step, task=spec.name)
+
+
+def auto_contest(config: dict) -> contest.Auto | None:
+    """seeds=auto's contest (its cap), or None for a fixed number of seeds."""
+    if config.get("seeds") != "auto":
+        return None
+    return contest.Auto(cap=int((config.get("auto_seeds") or {}).get("max", 6)))
 
 
 def decided(spec, step: int) -> Decision | None:

@@ -1,0 +1,132 @@
+"""seeds=auto's reserves, where the run's files are: a variant's replicates after the first two are reserves (queued
+last: launch/plan.py queue_order). Before its workers start, a reserve's job waits here until the contest says what
+it does (verdict/contest.py reserve_call): it runs once every earlier replicate of the variants still in the contest
+has ended undecided, or it ends at once, `not_needed`, when its variant was pruned, the contest is decided, or
+auto_seeds.budget_device_hours is spent. The call is recorded in tasks/<name>/reserve.json, taken once under
+RUN_DIR/decisions.lock: every rank of a multi-node reserve, and a requeued attempt, follow the same call
+(docs/design/pruning.md, "seeds=auto")."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from slurm_router.fileio import atomic_write_text
+from slurm_router.rundir.layout import RunLayout, TaskPaths
+from slurm_router.rundir.lock import short_lock
+from slurm_router.rundir.spec import TaskSpec
+from slurm_router.verdict import AUTO_FIRST
+from slurm_router.verdict.contest import RUN, SKIP, Replicate, reserve_call
+from slurm_router.worker.prune import read_looks
+
+RESERVE_FILE = "reserve.json"
+POLL_S = 1.0
+NOT_NEEDED = "not_needed"  # a reserve's exit_state when it never ran
+
+
+def reserve_index(spec) -> int | None:
+    """The replicate's place among its variant's seeds when it is a seeds=auto reserve (>= AUTO_FIRST), else
+    None (a base, a fused group, any other run)."""
+    config = spec.config or {}
+    if config.get("seeds") != "auto" or spec.stage != "variants" or spec.members or spec.fused_into:
+        return None
+    index = int(spec.seed) - int(config.get("seed", 0))
+    return index if index >= AUTO_FIRST else None
+
+
+def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float = POLL_S) -> dict | None:
+    """Block until the reserve's call is made: None to run it, or its not_needed result (the job writes it and
+    its end row: allocation/job.py). Any other task returns None at once; so does a reserve told to stop while
+    it waits (stop(): a signal came; the job then stops as before its workers start)."""
+    index = reserve_index(spec)
+    if index is None:
+        return None
+    paths = TaskPaths(spec.task_dir)
+    layout = RunLayout(spec.run_dir)
+    budget = ((spec.config.get("auto_seeds") or {}).get("budget_device_hours")) if spec.config else None
+    announced = False
+    while True:
+        with short_lock(layout.decisions_lock):
+            made = _read(paths.dir / RESERVE_FILE)
+            if made is None:
+                looks = read_looks(spec.run_dir)
+                call, why = reserve_call(
+                    spec.variant, index, replicates(spec.run_dir), looks, spent_device_hours(spec.run_dir), budget
+                )
+                if call != "wait":
+                    made = {"call": call, "reason": why, "index": index, "time": time.time()}
+                    atomic_write_text(paths.dir / RESERVE_FILE, json.dumps(made))
+        if made is not None:
+            if made["call"] == RUN:
+                print(f"{spec.name}: seeds=auto reserve {index + 1}: the contest is undecided, it runs", flush=True)
+                return None
+            assert made["call"] == SKIP
+            print(made["reason"], flush=True)
+            return {"exit_state": NOT_NEEDED, "reason": made["reason"], "steps": spec.steps}
+        if stop():
+            return None
+        if not announced:
+            print(f"{spec.name}: seeds=auto reserve {index + 1}: waiting for the earlier replicates", flush=True)
+            announced = True
+        time.sleep(poll_s)
+
+
+def replicates(run_dir) -> list[Replicate]:
+    """Every variants-stage task of the run as the contest sees it (its task.json), ended or not."""
+    out = []
+    for task_file in sorted(RunLayout(run_dir).tasks.glob("*/task.json")):
+        try:
+            spec = TaskSpec.load(str(task_file))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if spec.stage != "variants":
+            continue
+        index = int(spec.seed or 0) - int((spec.config or {}).get("seed", 0))
+        out.append(Replicate(spec.variant, index, ended(TaskPaths(task_file.parent))))
+    return out
+
+
+def ended(paths: TaskPaths) -> bool:
+    """Its result is written, or its last end row says it failed (a failed replicate is not waited for)."""
+    if paths.result.is_file():
+        return True
+    last = None
+    for row in _rows(paths.events(0)):
+        if row.get("event") == "end":
+            last = row.get("exit_state")
+    return last == "failed"
+
+
+def spent_device_hours(run_dir) -> float:
+    """Device-hours the run's tasks have used so far: each task's devices x its events' first to last row time
+    (a running task up to its last row)."""
+    total_s = 0.0
+    for paths in (TaskPaths(d) for d in sorted(RunLayout(run_dir).tasks.iterdir()) if d.is_dir()):
+        times = [row["time"] for row in _rows(paths.events(0)) if "time" in row]
+        if len(times) >= 2:
+            devices = _read(paths.task_file) or {}
+            total_s += int(devices.get("devices", 1)) * (max(times) - min(times))
+    return total_s / 3600
+
+
+def _rows(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None

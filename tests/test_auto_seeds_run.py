@@ -1,0 +1,92 @@
+"""seeds=auto through the real command, locally and on the real Slurm test cluster: a planted loser (r8 at lr
+1e-6) is pruned by its first two seeds and no reserve trains, each ending `not_needed` with why; two variants that
+cannot be told apart (the same settings under two names) add seeds round by round up to auto_seeds.max, and the
+report says the contest stayed undecided there. What the reserves would have cost is in the fixed design."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import run_cli, run_dir_of
+from test_prune import PLANTED
+
+pytestmark = pytest.mark.integration
+
+AUTO = [*(a for a in PLANTED if not a.startswith("seeds=")), "seeds=auto"]
+
+
+def results(run_dir) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "tasks").glob("*/result.json")}
+
+
+def check_loser_run(run_dir) -> None:
+    got = results(run_dir)
+    reserves = sorted(t for t in got if int(t.rsplit("-s", 1)[1]) >= 2)
+    assert reserves and all(got[t]["exit_state"] == "not_needed" for t in reserves), got
+    reasons = {t: got[t]["reason"] for t in reserves}
+    assert all(" not run: r8 was pruned at look " in r for t, r in reasons.items() if t.startswith("r8-")), reasons
+    assert all("the contest is decided, r32 is the only variant left" in r for t, r in reasons.items() if "r32" in t)
+    assert not any(
+        (run_dir / "tasks" / t / "events-rank0.jsonl").read_text().count('"event": "step"') for t in reserves
+    )
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    auto = summary["auto_seeds"]
+    assert auto["ran"] == {"r8": 2, "r32": 2} and len(auto["not_run"]) == len(reserves)
+    assert "the contest is decided: r32 is left" in auto["line"]
+    assert not any(t in line for line in summary["missing"] for t in reserves)  # never run: not "missing"
+    cost = summary["cost"]
+    assert cost["fixed_design_device_hours"] > cost["device_hours"]  # the reserves, priced at their variant's pace
+    assert all(cost["tasks"][t]["state"] == "not_needed" and cost["tasks"][t]["remaining_steps"] == 6 for t in reserves)
+    report = (run_dir / "report" / "report.md").read_text()
+    assert auto["line"] in report and "r32 is the only variant left" in report
+
+
+def test_a_clear_loser_is_decided_on_two_seeds_and_no_reserve_trains(tmp_path):
+    proc = run_cli(*AUTO, "auto_seeds.max=4", f"run_root={tmp_path}", cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "seeds=auto (at most 4 per variant): replicates run r8 2, r32 2" in proc.stdout
+    check_loser_run(run_dir_of(proc))
+
+
+def test_variants_that_cannot_be_told_apart_run_to_the_cap_and_the_report_says_so(tmp_path):
+    """r8 given r32's settings: the two train alike, no look can decide, so every round runs (3 seeds each) and
+    the later round is looked at again at each evaluation step (depth 3), its level in the decisions file."""
+    args = [a for a in AUTO if not a.startswith("variants.r8.train.lr")]
+    proc = run_cli(
+        *args, "variants.r8.model.lora.r=32", "variants.r8.model.lora.alpha=64", "auto_seeds.max=3",
+        f"run_root={tmp_path}", cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = run_dir_of(proc)
+    got = results(run_dir)
+    assert sorted(got) == [f"{v}-s{s}" for v in ("r32", "r8") for s in range(3)]
+    assert all(r.get("exit_state", "completed") == "completed" and r["steps"] == 6 for r in got.values()), got
+    looks = [json.loads(line) for line in (run_dir / "decisions.jsonl").read_text().splitlines()]
+    assert not any(line["pruned"] for line in looks)
+    assert [(line["depth"], line["step"]) for line in looks] == [(2, 2), (2, 4), (3, 2), (3, 4)]
+    assert looks[2]["threshold"] == pytest.approx(0.05 / 2 / 1 / 2)  # half, one later depth, 2 looks
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["auto_seeds"]["ran"] == {"r8": 3, "r32": 3}
+    assert summary["auto_seeds"]["line"].endswith("r8, r32 reached auto_seeds.max=3 seeds undecided")
+    assert (run_dir / "tasks" / "r8-s2" / "reserve.json").is_file()
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+)
+def test_under_slurm_the_reserves_of_a_decided_contest_end_not_needed(tmp_path):
+    """launcher=slurm, the whole array at once: the reserves' array tasks start beside the first round, wait for
+    it, then end at once (not_needed, exit 0); the run completes and the report is the local run's."""
+    proc = run_cli(
+        *AUTO, "auto_seeds.max=3", "launcher=slurm", "launcher.wait=true", "launcher.timeout_min=10",
+        f"run_root={tmp_path}", cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_dir = run_dir_of(proc)
+    check_loser_run(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["state"] == "completed", manifest["state"]
