@@ -1,0 +1,217 @@
+"""seeds=auto against fixed seed counts, on simulated runs that drive the production code: worker/prune.after_eval
+(the evaluation files, RUN_DIR/decisions.jsonl and its lock, verdict/contest.py's looks by depth) and
+verdict/contest.reserve_call (whether a reserve replicate runs). Writes benchmarks/results/auto_seeds.md (and .json).
+
+    python benchmarks/auto_seeds.py [--runs 2000] [--power-runs 500] [--cap 6]
+
+The model is benchmarks/prune_protocol.py's: 4 in-training evaluations (steps 10, 20, 30, 40 of 50), tasks that
+start at random within 1.5 evaluation periods of their round and evaluate every 0.7-1.4 periods, eval tables from
+benchmarks/verdict_calibration.py (lora_ab's noise sizes, 32 eval batches; one table of `cap` seeds per step).
+seeds=auto: round 1 runs 2 seeds of every variant; each later round adds one seed to each variant that
+reserve_call lets run, once every task of the round before has ended (the barrier worker/auto_seeds.py waits on);
+a pruned task stops at that evaluation (its result written, as the worker does).
+
+- **A/A** (--runs): three equally good variants, `cap` seeds at most: any variant pruned is a false decision.
+  The contest cannot end (no variant is worse), so every run goes to the cap: its cost is the price of asking.
+- **A loser** (--power-runs per effect): two variants, the second worse by d nats per token. A run *decides
+  correctly* when the loser is pruned (the contest decided) and the better one never is. The fixed design with
+  n seeds (every seed of both variants to the end) decides by the same rule at one look at 5% on its final
+  tables (verdict/pruning.look_at); it decides correctly when it names the loser. Device-steps: training steps
+  run (a pruned task stops at the evaluation that pruned it; a reserve not run costs nothing).
+
+The comparison the issue asks for: the fixed design that decides correctly at least as often as seeds=auto, at
+the fewest seeds, against seeds=auto's device-steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import check, header, write  # noqa: E402
+from prune_protocol import EVAL_STEPS, STEPS, clopper_pearson  # noqa: E402
+from verdict_calibration import simulate  # noqa: E402
+
+from slurm_router.rundir.layout import RESULT_FILE  # noqa: E402
+from slurm_router.verdict import AUTO_FIRST  # noqa: E402
+from slurm_router.verdict.contest import RUN, Replicate, pruned_in, reserve_call  # noqa: E402
+from slurm_router.verdict.pruning import look_at  # noqa: E402
+from slurm_router.worker import prune  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "auto_seeds.md"
+
+
+def tables(rng: np.random.Generator, variants: list[str], effects: tuple[float, ...], cap: int) -> dict:
+    """{step: {variant: {seed: {loss_sums, tokens}}}}: one draw of `cap` seeds per evaluation step."""
+    out = {}
+    for step in EVAL_STEPS:
+        sides = simulate(rng, cap, effects=effects)
+        out[step] = {
+            v: {
+                s: {"loss_sums": [float(x) for x in r["loss_sums"]], "tokens": [int(t) for t in r["tokens"]]}
+                for s, r in side.items()
+            }  # fmt: skip
+            for v, side in zip(variants, sides)
+        }
+    return out
+
+
+def auto_run(run: Path, rng: np.random.Generator, tabs: dict, variants: list[str], cap: int) -> dict:
+    """One seeds=auto run through the production code: {pruned, steps, seeds} (seeds: replicates run per
+    variant)."""
+    config = {"seed": 0, "seeds": "auto", "auto_seeds": {"max": cap}}
+    planned = {(v, i) for v in variants for i in range(cap)}
+    ended: set[tuple[str, int]] = set()
+    steps = 0
+    ran = {v: 0 for v in variants}
+    for index in range(AUTO_FIRST - 1, cap):
+        if index < AUTO_FIRST:
+            batch = [(v, i) for i in range(AUTO_FIRST) for v in variants]
+        else:
+            reps = [Replicate(v, i, (v, i) in ended) for v, i in sorted(planned)]
+            looks = prune.read_looks(run)
+            batch = [(v, index) for v in variants if reserve_call(v, index, reps, looks)[0] == RUN]
+        if not batch:
+            break
+        events = []
+        for v, i in batch:
+            start, period = rng.uniform(0, 1.5), rng.uniform(0.7, 1.4)
+            events += [(start + period * (k + 1), v, i, step) for k, step in enumerate(EVAL_STEPS)]
+        stopped: dict[tuple[str, int], int] = {}
+        for _, v, i, step in sorted(events):
+            if (v, i) in stopped:
+                continue
+            name = f"{v}-s{i}"
+            spec = SimpleNamespace(
+                task_dir=run / "tasks" / name, run_dir=run, variant=v, seed=i, name=name, config=config
+            )
+            spec.task_dir.mkdir(parents=True, exist_ok=True)
+            row = tabs[step][v][i]
+            if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], n_looks=len(EVAL_STEPS)) is not None:
+                stopped[v, i] = step
+            elif step == EVAL_STEPS[-1]:
+                stopped[v, i] = STEPS
+            if (v, i) in stopped:
+                (spec.task_dir / RESULT_FILE).write_text("{}")
+        for v, i in batch:
+            ended.add((v, i))
+            ran[v] += 1
+            steps += stopped.get((v, i), STEPS)
+    return {"pruned": pruned_in(prune.read_looks(run)), "steps": steps, "seeds": ran}
+
+
+def fixed_decides(tabs: dict, variants: list[str], n: int) -> set[str]:
+    """The fixed design with n seeds: the variants the rule prunes at one look at 5% on the final tables."""
+    last = tabs[EVAL_STEPS[-1]]
+    groups = {v: {s: last[v][s] for s in range(n)} for v in variants}
+    return set(look_at(groups, EVAL_STEPS[-1], 0.05, 1))
+
+
+def one_setting(n_runs: int, effect: float, seed: int, work: Path, cap: int) -> dict:
+    rng = np.random.default_rng(seed)
+    variants = ["v0", "v1", "v2"] if effect == 0 else ["v0", "v1"]
+    effects = tuple(0.0 for _ in variants) if effect == 0 else (0.0, effect)
+    loser = None if effect == 0 else "v1"
+    fixed_n = list(range(AUTO_FIRST, cap + 1))
+    out = {"false": 0, "correct": 0, "steps": 0, "seeds": 0, "fixed_correct": {n: 0 for n in fixed_n}}
+    for r in range(n_runs):
+        tabs = tables(rng, variants, effects, cap)
+        run = work / f"{seed}-{r}"
+        got = auto_run(run, rng, tabs, variants, cap)
+        out["false"] += bool(got["pruned"] - {loser})
+        out["correct"] += loser is not None and got["pruned"] == {loser}
+        out["steps"] += got["steps"]
+        out["seeds"] += sum(got["seeds"].values())
+        for n in fixed_n:
+            out["fixed_correct"][n] += loser is not None and fixed_decides(tabs, variants, n) == {loser}
+    per_run = len(variants) * STEPS
+    return {
+        "variants": len(variants),
+        "false_rate": out["false"] / n_runs,
+        "false_ci": clopper_pearson(out["false"], n_runs),
+        "correct_rate": out["correct"] / n_runs,
+        "correct_ci": clopper_pearson(out["correct"], n_runs),
+        "device_steps": out["steps"] / n_runs,
+        "seeds_per_variant": out["seeds"] / n_runs / len(variants),
+        "fixed": {n: {"correct_rate": out["fixed_correct"][n] / n_runs, "device_steps": n * per_run} for n in fixed_n},
+    }
+
+
+def matching_fixed(setting: dict) -> tuple[int, float] | None:
+    """(n, device-steps ratio fixed/auto) of the fixed design with the fewest seeds that decides correctly at
+    least as often as seeds=auto, or None when none does."""
+    for n, f in setting["fixed"].items():
+        if f["correct_rate"] >= setting["correct_rate"]:
+            return n, f["device_steps"] / setting["device_steps"]
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=2000, help="A/A runs")
+    parser.add_argument("--power-runs", type=int, default=500, help="runs per loser effect")
+    parser.add_argument("--cap", type=int, default=6, help="auto_seeds.max")
+    parser.add_argument("--out", type=Path, help="write here instead of benchmarks/results/ (any tree state)")
+    args = parser.parse_args()
+    out = args.out / RESULTS.name if args.out else RESULTS
+    if not args.out:
+        check(RESULTS)
+    command = f"python benchmarks/auto_seeds.py --runs {args.runs} --power-runs {args.power_runs} --cap {args.cap}"
+    t0 = time.time()
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp), args.cap)}
+        for i, effect in enumerate((0.01, 0.02, 0.05)):
+            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp), args.cap)
+    aa = settings[0.0]
+    lines = [
+        "# seeds=auto against fixed seed counts (simulated runs, production decision code)",
+        "",
+        *header(command),
+        "",
+        f"{len(EVAL_STEPS)} evaluations of {STEPS} steps per task; seeds=auto starts at {AUTO_FIRST} seeds and adds "
+        f"rounds up to {args.cap}; the model and rules are in the script's docstring.",
+        "",
+        f"## A/A: three equally good variants, {args.runs} runs",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| runs with a variant pruned (a false decision) | {aa['false_rate']:.1%} "
+        f"(95% interval {aa['false_ci'][0]:.1%}-{aa['false_ci'][1]:.1%}) |",
+        f"| seeds run per variant (mean) | {aa['seeds_per_variant']:.2f} |",
+        f"| device-steps per run (mean) | {aa['device_steps']:.0f} |",
+        "",
+        f"## A loser: two variants, the second worse by d nats per token, {args.power_runs} runs each",
+        "",
+        "| d | seeds=auto decides correctly | its device-steps | seeds per variant | "
+        + " | ".join(f"fixed {n} seeds" for n in settings[0.02]["fixed"])
+        + " | fewest fixed seeds as good | device-steps, that fixed design / seeds=auto |",
+        "|---:|---:|---:|---:|" + "---:|" * len(settings[0.02]["fixed"]) + "---:|---:|",
+    ]
+    for effect in (0.01, 0.02, 0.05):
+        s = settings[effect]
+        match = matching_fixed(s)
+        fixed = " | ".join(f"{f['correct_rate']:.0%} ({f['device_steps']})" for f in s["fixed"].values())
+        lines.append(
+            f"| {effect} | {s['correct_rate']:.0%} | {s['device_steps']:.0f} | {s['seeds_per_variant']:.2f} | {fixed} | "
+            + (f"{match[0]} | {match[1]:.2f}x |" if match else "none up to the cap | - |")
+        )
+    lines += [
+        "",
+        "A fixed column: the share of runs whose final tables decide correctly, and (in brackets) its device-steps.",
+        "",
+        f"Took {time.time() - t0:.0f} s.",
+    ]
+    write(out, "\n".join(lines) + "\n", {"settings": {str(k): v for k, v in settings.items()}})
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
