@@ -324,6 +324,37 @@ for _effect in ("0.01", "0.02", "0.05"):
 OTHERS["prune_protocol.json:steps_0.05"] = functools.partial(_protocol, "0.05", "contest", "device_steps_share")
 
 
+def _auto(effect: str, key: str) -> str:
+    """benchmarks/results/auto_seeds.json: seeds=auto's figures, and the fixed designs' beside them."""
+    x = j("auto_seeds.json")["settings"][effect]
+    if key == "false_ci":
+        return "-".join(f"{100 * v:.1f}%" for v in x[key])
+    if key == "false_rate":
+        return f"{100 * x[key]:.1f}%"
+    if key in ("correct_rate",):
+        return f"{100 * x[key]:.0f}%"
+    if key == "seeds_per_variant":
+        return f"{x[key]:.2f}"
+    if key == "device_steps":
+        return f"{x[key]:.0f}"
+    fixed = x["fixed"]
+    if key.startswith("fixed_"):  # fixed_<n>: its correct rate and device-steps
+        f = fixed[key.split("_")[1]]
+        return f"{100 * f['correct_rate']:.0f}% ({f['device_steps']})"
+    if key == "match":  # the fewest fixed seeds deciding correctly as often, and its device-steps over auto's
+        n = next((n for n, f in fixed.items() if f["correct_rate"] >= x["correct_rate"]), None)
+        return f"{n} seeds, {fixed[n]['device_steps'] / x['device_steps']:.2f}x" if n else "none up to the cap"
+    if key == "cap_ratio":  # every seed to the cap against seeds=auto
+        return f"{fixed[max(fixed, key=int)]['device_steps'] / x['device_steps']:.2f}x"
+    raise KeyError(key)
+
+
+for _key in ("false_rate", "false_ci", "seeds_per_variant"):
+    OTHERS[f"auto_seeds.json:aa_{_key}"] = functools.partial(_auto, "0.0", _key)
+for _effect in ("0.01", "0.02", "0.05"):
+    for _key in ("correct_rate", "device_steps", "seeds_per_variant", "match", "cap_ratio", "fixed_3"):
+        OTHERS[f"auto_seeds.json:{_key}_{_effect}"] = functools.partial(_auto, _effect, _key)
+
 def _drift_span(steps: int) -> str:
     return f"{dict(j('long_run_drift.json')['spans'])[steps]:.1e}"
 

@@ -472,6 +472,10 @@ CASES = [
     (["seeds=1.5"], "seeds=1.5 is not a whole number: seeds=N (N training seeds from seed on), a list"),
     (["seeds=auto"], "seeds=auto adds replicates only where the prune contest is undecided: set prune=true"),
     (["seeds=auto", "prune=true", "auto_seeds.max=2"], "auto_seeds.max=2: seeds=auto starts each variant with 2"),
+    (
+        ["+experiment=lora_ab", "seeds=auto", "prune=true", "resources.fuse_variants=2"],
+        "seeds=auto with resources.fuse_variants=2: a fused group trains its variants' seeds together",
+    ),
     (["seeds=three"], "seeds='three' is not a whole number"),
     (["seeds=[0,x]"], "seeds=[0,x]: 'x' is not a whole number >= 0"),
     (["seeds=[1,-1]"], "seeds=[1,-1]: -1 is not a whole number >= 0"),
