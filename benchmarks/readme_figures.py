@@ -355,6 +355,7 @@ for _effect in ("0.01", "0.02", "0.05"):
     for _key in ("correct_rate", "device_steps", "seeds_per_variant", "match", "cap_ratio", "fixed_3"):
         OTHERS[f"auto_seeds.json:{_key}_{_effect}"] = functools.partial(_auto, _effect, _key)
 
+
 def _drift_span(steps: int) -> str:
     return f"{dict(j('long_run_drift.json')['spans'])[steps]:.1e}"
 

@@ -13,8 +13,8 @@ from conftest import run_cli, run_dir_of, step_losses
 from verdict_calibration import band, prune_rates, simulate
 
 from slurm_router.verdict import contest, pruning
-from slurm_router.worker.cpu import available_cores
 from slurm_router.worker import prune
+from slurm_router.worker.cpu import available_cores
 
 
 def groups(rng, effects, n_seeds=3, names=("a", "b", "c")) -> dict:
