@@ -21,7 +21,6 @@ from slurm_router.config.schema import (
     FUSE_AUTO,
     LAUNCHER_SCHEMAS,
     RANGES,
-    fuse_width_problem,
     launcher_schema,
     valid_keys,
 )
@@ -361,3 +360,13 @@ def check_job_values(launcher: DictConfig, where: str = "") -> None:
             f"({Path(os.path.expanduser(image)).absolute()}): give the path of a .sif image, or a URI "
             "such as docker://... that apptainer pulls"
         )
+
+
+def fuse_width_problem(width: Any) -> str | None:
+    """Why resources.fuse_variants=width is neither K (an int; its range is RANGES') nor auto, or None."""
+    if width == FUSE_AUTO or (isinstance(width, int) and not isinstance(width, bool)):
+        return None
+    return (
+        f"resources.fuse_variants={width!r}: give K, the most variants fused into one task (e.g. "
+        "resources.fuse_variants=4; 1: off), or auto (launcher=local: K chosen from its slots and memory)"
+    )

@@ -28,16 +28,6 @@ def fusing(cfg) -> bool:
     return width == FUSE_AUTO or int(width) >= 2
 
 
-def fuse_width_problem(width: Any) -> str | None:
-    """Why resources.fuse_variants=width is neither K (an int; its range is RANGES') nor auto, or None."""
-    if width == FUSE_AUTO or (isinstance(width, int) and not isinstance(width, bool)):
-        return None
-    return (
-        f"resources.fuse_variants={width!r}: give K, the most variants fused into one task (e.g. "
-        "resources.fuse_variants=4; 1: off), or auto (launcher=local: K chosen from its slots and memory)"
-    )
-
-
 @dataclass
 class LoraConfig:
     enabled: bool = True  # False: no LoRA, the whole model trains
@@ -275,9 +265,7 @@ class TrackerConfig:
 
 
 @dataclass
-class AutoSeedsConfig:
-    """seeds=auto: how far the contest may add replicates (docs/decisions.md, "seeds=auto")."""
-
+class AutoSeedsConfig:  # seeds=auto: how far the contest may add replicates (docs/decisions.md, "seeds=auto")
     max: int = 6  # replicates per variant at most (2 to start with, one more per undecided round)
     budget_device_hours: Optional[float] = None  # stop adding replicates once the run has spent this much
 
