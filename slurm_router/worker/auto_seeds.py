@@ -23,6 +23,7 @@ from slurm_router.worker.prune import read_looks
 
 RESERVE_FILE = "reserve.json"
 POLL_S = 1.0
+TAIL_BYTES = 65536  # where a task's last end row is
 NOT_NEEDED = "not_needed"  # a reserve's exit_state when it never ran
 
 
@@ -46,15 +47,15 @@ def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float 
     paths = TaskPaths(spec.task_dir)
     layout = RunLayout(spec.run_dir)
     budget = ((spec.config.get("auto_seeds") or {}).get("budget_device_hours")) if spec.config else None
+    plan = planned(spec.run_dir)  # read once: which tasks the run has; each poll only asks which have ended
     announced = False
     while True:
         with short_lock(layout.decisions_lock):
             made = _read(paths.dir / RESERVE_FILE)
             if made is None:
-                looks = read_looks(spec.run_dir)
-                call, why = reserve_call(
-                    spec.variant, index, replicates(spec.run_dir), looks, spent_device_hours(spec.run_dir), budget
-                )
+                reps = [Replicate(v, i, ended(p)) for v, i, p in plan]
+                spent = spent_device_hours(spec.run_dir) if budget is not None else 0.0
+                call, why = reserve_call(spec.variant, index, reps, read_looks(spec.run_dir), spent, budget)
                 if call != "wait":
                     made = {"call": call, "reason": why, "index": index, "time": time.time()}
                     atomic_write_text(paths.dir / RESERVE_FILE, json.dumps(made))
@@ -73,19 +74,23 @@ def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float 
         time.sleep(poll_s)
 
 
-def replicates(run_dir) -> list[Replicate]:
-    """Every variants-stage task of the run as the contest sees it (its task.json), ended or not."""
+def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
+    """(variant, replicate index, its folder) of every variants-stage task of the run (their task.json)."""
     out = []
     for task_file in sorted(RunLayout(run_dir).tasks.glob("*/task.json")):
         try:
             spec = TaskSpec.load(str(task_file))
         except (OSError, ValueError, TypeError, KeyError):
             continue
-        if spec.stage != "variants":
-            continue
-        index = int(spec.seed or 0) - int((spec.config or {}).get("seed", 0))
-        out.append(Replicate(spec.variant, index, ended(TaskPaths(task_file.parent))))
+        if spec.stage == "variants":
+            index = int(spec.seed or 0) - int((spec.config or {}).get("seed", 0))
+            out.append((spec.variant, index, TaskPaths(task_file.parent)))
     return out
+
+
+def replicates(run_dir) -> list[Replicate]:
+    """Every variants-stage task of the run as the contest sees it, ended or not."""
+    return [Replicate(v, i, ended(p)) for v, i, p in planned(run_dir)]
 
 
 def ended(paths: TaskPaths) -> bool:
@@ -93,7 +98,7 @@ def ended(paths: TaskPaths) -> bool:
     if paths.result.is_file():
         return True
     last = None
-    for row in _rows(paths.events(0)):
+    for row in _rows(paths.events(0), tail_bytes=TAIL_BYTES):  # a long task's events: only their end is read
         if row.get("event") == "end":
             last = row.get("exit_state")
     return last == "failed"
@@ -111,9 +116,13 @@ def spent_device_hours(run_dir) -> float:
     return total_s / 3600
 
 
-def _rows(path: Path) -> list[dict]:
+def _rows(path: Path, tail_bytes: int | None = None) -> list[dict]:
+    """The file's JSON lines (its last tail_bytes only: a cut first line is skipped like a torn one)."""
     try:
-        lines = path.read_text().splitlines()
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - tail_bytes) if tail_bytes is not None else 0)
+            lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return []
     out = []
