@@ -13,7 +13,7 @@ from slurm_router.rundir.events import StartRow
 from slurm_router.rundir.progress import setup_failure
 from slurm_router.scheduler.base import Runner
 from slurm_router.scheduler.registry import run_backend
-from slurm_router.scheduler.task_status import LOCAL_STATES, normalize_state
+from slurm_router.scheduler.task_view import LOCAL_STATES, normalize_state
 
 
 def _event_facts(task: Task) -> dict:

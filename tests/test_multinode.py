@@ -133,7 +133,7 @@ def _sacct_state(env: dict, job_id: str) -> str:
 
 def _still_in_slurm(env: dict, run_dir: Path) -> list:
     """The run's tasks that Slurm still holds (what resume= refuses on: slurm_status.live_tasks), on this cluster."""
-    from slurm_router.backends.slurm.status import live_tasks
+    from slurm_router.backends.slurm.queries import live_tasks
 
     def runner(argv: list[str]) -> str:
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=60)

@@ -80,7 +80,7 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert set(summary["variants"]) == {"r8", "r32"} and summary["base"]["val_loss"] > 0
     # launcher.wait=true waits for the whole run, the report job included (squeue first: sacct lags)
-    from slurm_router.backends.slurm.status import TERMINAL_STATES, query_slurm
+    from slurm_router.backends.slurm.queries import TERMINAL_STATES, query_slurm
 
     squeue, sacct = query_slurm(manifest["report_job_id"])
     report_row = squeue.get(manifest["report_job_id"]) or sacct.get(manifest["report_job_id"])

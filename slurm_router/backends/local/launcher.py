@@ -35,7 +35,7 @@ from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskSta
 from slurm_router.rundir.lock import LOCK_FD_ENV
 from slurm_router.rundir.lock import held as held_lock
 from slurm_router.rundir.spec import Stage, TaskSpec
-from slurm_router.scheduler.task_status import TaskStatus, local_tasks
+from slurm_router.scheduler.task_view import TaskView, local_tasks
 from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
 
@@ -151,7 +151,7 @@ class LocalLauncher(Launcher):
     synchronous = True
 
     @classmethod
-    def task_states(cls, manifest: dict) -> list[TaskStatus]:
+    def task_states(cls, manifest: dict) -> list[TaskView]:
         return local_tasks(manifest)
 
     @classmethod

@@ -21,7 +21,7 @@ from slurm_router.config.schema import FUSE_AUTO, fusing, launcher_setting
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs
 from slurm_router.rundir.spec import Stage
-from slurm_router.scheduler.task_status import TaskStatus
+from slurm_router.scheduler.task_view import TaskView
 
 REPORT_TIMEOUT_MIN = 30  # the report job reads events and sacct: minutes at most
 KILL_ON_INVALID_DEP = "kill-on-invalid-dep"  # sbatch's option: cancel a job whose dependency cannot be met
@@ -150,14 +150,14 @@ class SlurmLauncher(Launcher):
     new_snapshot: bool = False  # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
 
     @classmethod
-    def task_states(cls, manifest: dict) -> list[TaskStatus]:
-        from slurm_router.backends.slurm.status import slurm_states
+    def task_states(cls, manifest: dict) -> list[TaskView]:
+        from slurm_router.backends.slurm.queries import slurm_states
 
         return slurm_states(manifest)
 
     @classmethod
     def cancel(cls, manifest: dict) -> str | None:
-        from slurm_router.backends.slurm.status import cancel_run
+        from slurm_router.backends.slurm.queries import cancel_run
 
         ids = cancel_run(manifest)
         return f"scancel {' '.join(ids)}" if ids else None
@@ -190,7 +190,7 @@ class SlurmLauncher(Launcher):
         on a failed stage will never run: they are cancelled (one line), and resume= submits them again."""
         if not self.manifest.data.get("job_ids") and not self.manifest.data.get("jobs"):
             return
-        from slurm_router.backends.slurm.status import live_tasks
+        from slurm_router.backends.slurm.queries import live_tasks
 
         cancelled = self.cancel_never_runnable("resume", report_too=True)  # sacct lags the scancel
         live = [t for t in live_tasks(self.manifest.data) if t.job_id not in cancelled]
@@ -205,7 +205,7 @@ class SlurmLauncher(Launcher):
     def cancel_never_runnable(self, who: str, report_too: bool = False) -> set[str]:
         """scancel what waits on a dependency that can never be satisfied (a stage it waits on failed); one line.
         Returns the job ids of the tasks cancelled."""
-        from slurm_router.backends.slurm.status import cancel_never_runnable
+        from slurm_router.backends.slurm.queries import cancel_never_runnable
 
         stuck, report = cancel_never_runnable(self.manifest.data, report_too=report_too)
         if stuck:
@@ -246,7 +246,7 @@ class SlurmLauncher(Launcher):
         if it did not, say so and write it here: by then nothing else writes report/)."""
         from slurm_router.analysis.console import print_table
         from slurm_router.analysis.report import write_report
-        from slurm_router.backends.slurm.status import SUCCESS_STATES, wait_for_job, wait_for_run
+        from slurm_router.backends.slurm.queries import SUCCESS_STATES, wait_for_job, wait_for_run
 
         progress = self.progress()  # a bar per task on a terminal, plain lines in a log: as a local run shows
         try:
