@@ -57,7 +57,7 @@ def _spec(runtime: str, **changes) -> SbatchSpec:
         partition="gpu",
         python="python3",
         container=container,
-        task_argv=("-m", "slurm_router.allocation.job", "--run-dir", RUN, "--stage", "variants"),
+        task_argv=("-m", "slurm_router.supervise.job", "--run-dir", RUN, "--stage", "variants"),
         setup=("module load cuda/12.1", "source /opt/venvs/lab/bin/activate"),
         pythonpath=f"{RUN}/code",
         mail_type="END,FAIL",
@@ -71,7 +71,7 @@ def test_golden_apptainer_sbatch():
     _golden("array-apptainer.sbatch", text)
     assert (
         "exec --nv --bind /scratch/runs/lora_ab/2024-01-01_12-00-00,/data/corpus,/scratch/shared:/shared "
-        "'/images/pytorch 24.01.sif' python3 -m slurm_router.allocation.job" in text
+        "'/images/pytorch 24.01.sif' python3 -m slurm_router.supervise.job" in text
     )
     assert "#SBATCH --signal=B:USR2@120" in text  # the batch shell, outside, gets it and passes it on
 
@@ -83,7 +83,7 @@ def test_golden_pyxis_sbatch_srun_workers():
         "srun --ntasks=2 --cpus-per-task=4 --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=0 --gpus-per-task=1 "
         "'--container-image=nvcr.io#nvidia/pytorch:24.01-py3' --container-mounts="
         f"{RUN}:{RUN},/data/corpus:/data/corpus,/scratch/shared:/shared --container-workdir={RUN} "
-        "python3 -m slurm_router.allocation.job"
+        "python3 -m slurm_router.supervise.job"
     ) in text
     one = render_sbatch(_spec("pyxis"))  # one task: still a step (pyxis is srun's), with the job's GPUs
     assert "\nsrun --ntasks=1 --cpus-per-task=4 '--container-image=" in one and "--gpus-per-task" not in one
@@ -279,7 +279,7 @@ def _assert_requeued_in_the_image(run_dir: Path, rt: Path, packed: bool) -> None
     for call in made:
         assert call["nv"] and call["binds"] == [str(run_dir), str(run_dir.parents[2] / "extra")], call
         assert call["image"] == str(run_dir.parents[2] / "images" / "lab.sif")
-        assert call["command"][:3] == [sys.executable, "-m", "slurm_router.allocation.job"], call
+        assert call["command"][:3] == [sys.executable, "-m", "slurm_router.supervise.job"], call
         assert call["env"]["SETUP_MARK"] == "from-setup"  # launcher.setup ran first, outside
         assert call["slurm_router"] == str(run_dir / "code" / "slurm_router" / "__init__.py")  # the snapshot
         assert call["env"]["PYTHONPATH"].split(":")[0] == str(run_dir / "code")

@@ -222,7 +222,7 @@ def test_a_task_json_written_before_fusion_loads(tmp_path):
 
 
 def test_a_group_is_done_only_when_every_variant_has_its_result(tmp_path):
-    from slurm_router.allocation.job import _unfinished, run_task
+    from slurm_router.supervise.job import _unfinished, run_task
 
     manifest = _fused_run(tmp_path)
     leader_file = manifest.layout.task("r4").task_file
@@ -236,7 +236,7 @@ def test_a_group_is_done_only_when_every_variant_has_its_result(tmp_path):
 
 
 def test_a_failure_ends_every_unfinished_variant_of_the_group(tmp_path):
-    from slurm_router.allocation.job import _end_failed
+    from slurm_router.supervise.job import _end_failed
 
     cfg, stages = _plan(tmp_path, "model.lora.r=4,8,16", "resources.fuse_variants=3")
     manifest = create_run_dir(cfg, "run", tmp_path / "run", stages, "local")
@@ -393,7 +393,7 @@ def test_fused_tasks_pack_into_array_tasks(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "one Slurm array of 1 task(s) (2 tasks packed each)" in proc.stdout
-    from slurm_router.allocation.pack import pack_task_files
+    from slurm_router.supervise.pack import pack_task_files
 
     run_dir = run_dir_of(proc)
     files = pack_task_files(str(run_dir), "variants", 0, 2)

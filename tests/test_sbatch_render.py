@@ -47,7 +47,7 @@ def golden_spec() -> SbatchSpec:
         dependency_job_id="1234",
         extra_sbatch=(("nice", "10"),),
         python="/opt/venv/bin/python",
-        task_argv=("-m", "slurm_router.allocation.job", "--run-dir", run_dir, "--stage", "variants"),
+        task_argv=("-m", "slurm_router.supervise.job", "--run-dir", run_dir, "--stage", "variants"),
         env=(("OMP_NUM_THREADS", "4"),),
     )
 
@@ -165,7 +165,7 @@ def test_hostile_values_cannot_inject_shell(tmp_path, ntasks):
     )
     fake_srun.chmod(0o755)
 
-    argv = ("-m", "slurm_router.allocation.job", "--run-dir", str(run_dir), "--variant", hostile, "", "$HOME", "*")
+    argv = ("-m", "slurm_router.supervise.job", "--run-dir", str(run_dir), "--variant", hostile, "", "$HOME", "*")
     spec = SbatchSpec(
         job_name="job $(touch pwned) 'q' `touch pwned` ;#",
         run_dir=str(run_dir),

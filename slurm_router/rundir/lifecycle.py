@@ -16,7 +16,7 @@ import signal
 from typing import cast
 
 # The stop signals: Slurm's time-limit warning or a preemption (USR2), kill (TERM), Ctrl-C (INT). Each one makes a
-# task finish its step, checkpoint and stop (slurm_router.allocation.supervisor, worker.state).
+# task finish its step, checkpoint and stop (slurm_router.supervise.supervisor, worker.state).
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 EXIT_OK = 0

@@ -49,7 +49,7 @@ class StubLauncher(Launcher):
         tasks = [
             {
                 "name": t.name,
-                "argv": [sys.executable, "-m", "slurm_router.allocation.job", str(self.layout.task(t.name).task_file)],
+                "argv": [sys.executable, "-m", "slurm_router.supervise.job", str(self.layout.task(t.name).task_file)],
                 "log_path": str(self.layout.logs / f"{t.name}.out"),
                 "err_path": str(self.layout.logs / f"{t.name}.err"),
             }

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
 
-from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
 from slurm_router.config.schema import FUSE_AUTO, LocalLauncherConfig
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
@@ -36,6 +35,7 @@ from slurm_router.rundir.lock import LOCK_FD_ENV
 from slurm_router.rundir.lock import held as held_lock
 from slurm_router.rundir.spec import Stage, TaskSpec
 from slurm_router.scheduler.task_view import TaskView, local_tasks
+from slurm_router.supervise.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
 from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
 
@@ -366,7 +366,7 @@ def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, 
         env[LOCK_FD_ENV] = str(lock.fd)
     with open(log, "ab") as f:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_router.allocation.job", str(layout.task(spec.name).task_file)],
+            [sys.executable, "-m", "slurm_router.supervise.job", str(layout.task(spec.name).task_file)],
             stdout=f,
             stderr=subprocess.STDOUT,
             env=env,

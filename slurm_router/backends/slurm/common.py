@@ -7,7 +7,7 @@ a later stage waits with --dependency=afterok and --kill-on-invalid-dep=yes (if 
 Slurm cancels it rather than keep it PENDING forever: DependencyNeverSatisfied); a last small job writes the
 report once every stage has ended (afterany), so a failed stage still gets a report saying what happened.
 Both ask Slurm for USR2 launcher.signal_delay_s before the time limit and allow requeues: the task
-checkpoints at its step end and is requeued into the same run dir (slurm_router.allocation.job, slurm_router.allocation.requeue).
+checkpoints at its step end and is requeued into the same run dir (slurm_router.supervise.job, slurm_router.supervise.requeue).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def check_packing(cfg) -> None:
             "a packed array task runs its tasks side by side on the same GPUs"
         )
     # resources.fuse_variants with tasks_per_gpu=N packs N fused tasks (their leaders) into an array task: the pack
-    # runs each leader's task.json as any task's (allocation/pack.py)
+    # runs each leader's task.json as any task's (supervise/pack.py)
     fuse = cfg.resources.get("fuse_variants", 1)
     if fuse == FUSE_AUTO:
         raise UserError(

@@ -1,5 +1,5 @@
 """launcher=sbatch: each stage is rendered to RUN_DIR/submit[-<stage>].sbatch from sbatch_templates/ and
-submitted with sbatch; its array tasks run `python -m slurm_router.allocation.job --run-dir RUN_DIR --stage NAME`.
+submitted with sbatch; its array tasks run `python -m slurm_router.supervise.job --run-dir RUN_DIR --stage NAME`.
 launcher.dry_run=true renders the scripts and submits nothing. A resumed run submits only the unfinished
 tasks' array indices, to submit[-<stage>]-resume<N>.sbatch: an array index always means the same task.
 How the task's command is formed (launcher.setup, .python, .container, .snapshot): sbatch_render, container."""
@@ -72,7 +72,7 @@ def sbatch_spec(
         nodes=srun_layout(cfg, devices)[0] if lc.srun_workers else 1,
         extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
         python=task_python(cfg, in_container=container is not None),
-        task_argv=("-m", "slurm_router.allocation.job", "--run-dir", run_dir, "--stage", stage)
+        task_argv=("-m", "slurm_router.supervise.job", "--run-dir", run_dir, "--stage", stage)
         + (("--pack", str(per_pack)) if per_pack > 1 else ()),
         setup=tuple(str(line) for line in launcher_setting(lc, "setup") or ()),
         pythonpath=pythonpath,

@@ -1,12 +1,12 @@
 """launcher=slurm: each stage is one submitit map_array (one sbatch call); the callables are job.TaskRunner,
-or allocation.pack.PackRunner for K packed tasks, and analysis.report.write_report_job for the report (backends/slurm/common.py).
+or supervise.pack.PackRunner for K packed tasks, and analysis.report.write_report_job for the report (backends/slurm/common.py).
 
 How the job's command is formed, as Hydra's submitit launcher does it: launcher.setup is submitit's `setup`
 (shell lines before srun, as written), then the snapshot first on PYTHONPATH, with PYTHONSAFEPATH=1 so that
 `python -m` does not put the submission directory (often the checkout itself) before it; launcher.python is
 the executor's `python`. launcher.container (container.py):
 apptainer wraps the task inside the callable (a PackRunner of one runs `apptainer exec ... python3 -m
-slurm_router.allocation.job TASK_FILE`), so submitit's own process stays outside and requeues; pyxis adds
+slurm_router.supervise.job TASK_FILE`), so submitit's own process stays outside and requeues; pyxis adds
 --container-image/--container-mounts to submitit's srun (`srun_args`): its process then runs in the image."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import ContainerSpec, container_spec, task_python
 from slurm_router.rundir.spec import Stage
 
-# slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.allocation.requeue: the same rule for both
+# slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.supervise.requeue: the same rule for both
 # Slurm launchers), so submitit's own count must never be the one that stops a requeue.
 SUBMITIT_MAX_TIMEOUTS = 10_000
 
@@ -175,8 +175,8 @@ class SubmititLauncher(SlurmLauncher):
         return ex
 
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
-        from slurm_router.allocation.job import TaskRunner
-        from slurm_router.allocation.pack import PackRunner
+        from slurm_router.supervise.job import TaskRunner
+        from slurm_router.supervise.pack import PackRunner
 
         run_dir = str(self.layout.root)
         ex = self._executor(

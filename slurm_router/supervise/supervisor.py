@@ -207,7 +207,7 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
     here, blocked too, and that has imported WORKER_PRELOAD once: each worker skips those seconds of imports.
     The forkserver never touches CUDA or a thread pool, so each child starts as clean as a spawned one; it keeps
     the stop signals blocked all its life (Slurm signals every process of a step: it must not die of a USR2),
-    and ends with this process, at once (slurm_router.allocation.forkserver_tie). This process never imports torch (1.5 s of
+    and ends with this process, at once (slurm_router.supervise.forkserver_tie). This process never imports torch (1.5 s of
     CPU per task)."""
     import tempfile
     from multiprocessing import resource_tracker
@@ -232,13 +232,13 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
 
 def _start_forkserver(ctx) -> None:
     """This process's forkserver, started now (in the calling thread: call from the main thread, which lives as
-    long as the process) with slurm_router.allocation.forkserver_tie imported first, so that it dies with this process.
+    long as the process) with slurm_router.supervise.forkserver_tie imported first, so that it dies with this process.
     The tie reads this process's pid from the environment, set only while the forkserver starts."""
     from multiprocessing import forkserver
 
-    from slurm_router.allocation.forkserver_tie import FORKSERVER_PARENT_ENV
+    from slurm_router.supervise.forkserver_tie import FORKSERVER_PARENT_ENV
 
-    ctx.set_forkserver_preload(["slurm_router.allocation.forkserver_tie", *WORKER_PRELOAD])
+    ctx.set_forkserver_preload(["slurm_router.supervise.forkserver_tie", *WORKER_PRELOAD])
     os.environ[FORKSERVER_PARENT_ENV] = str(os.getpid())
     try:
         forkserver.ensure_running()
@@ -309,7 +309,7 @@ class Workers:
 class TaskSupervisor:
     """One job process's (or pack runner's) supervision: the first stop signal and the children it goes to.
 
-    Children are anything with forward(signum): Workers, or allocation.pack.Pack."""
+    Children are anything with forward(signum): Workers, or supervise.pack.Pack."""
 
     def __init__(self):
         self.signum = 0
@@ -387,7 +387,7 @@ class TaskSupervisor:
 
 
 class Supervised:
-    """Mixin for the callables submitit runs (job.TaskRunner, allocation.pack.PackRunner): a TaskSupervisor on the
+    """Mixin for the callables submitit runs (job.TaskRunner, supervise.pack.PackRunner): a TaskSupervisor on the
     instance, made on first use and never pickled (submitit pickles the callable again to requeue it)."""
 
     def __getstate__(self) -> dict:

@@ -1,7 +1,7 @@
 """Variant packing inside one Slurm allocation (resources.tasks_per_gpu=K with launcher=slurm|sbatch).
 
 Small LoRA tasks leave most of a big GPU idle, so one array task runs K task specs at once on the GPU(s)
-Slurm gave it: each is an ordinary `python -m slurm_router.allocation.job TASK_FILE` child sharing CUDA_VISIBLE_DEVICES
+Slurm gave it: each is an ordinary `python -m slurm_router.supervise.job TASK_FILE` child sharing CUDA_VISIBLE_DEVICES
 and an equal share of the allocation's cores (slurm_router.worker.cpu). A TaskSupervisor forwards every stop signal
 to every child (Slurm signals the whole step too); each child checkpoints and asks requeue.after_stop on its
 own. A child whose verdict is a requeue exits EXIT_REQUEUE instead of asking Slurm itself, so the allocation
@@ -20,9 +20,9 @@ import time
 
 from submitit.helpers import Checkpointable
 
-from slurm_router.allocation.supervisor import Supervised, TaskSupervisor
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_STOPPED, TaskOutcome
+from slurm_router.supervise.supervisor import Supervised, TaskSupervisor
 from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
 PACKED_ENV = "SLURM_ROUTER_PACKED"  # tells a child job process that this runner requeues, once
@@ -54,7 +54,7 @@ class Pack:
             THREADS_ENV: str(threads_per_worker(_workers_side_by_side(task_files))),
         }
         python = python or [sys.executable]  # or the words that run it in a container (launch/container.py)
-        self.procs = [subprocess.Popen([*python, "-m", "slurm_router.allocation.job", f], env=env) for f in task_files]
+        self.procs = [subprocess.Popen([*python, "-m", "slurm_router.supervise.job", f], env=env) for f in task_files]
         self.codes: dict[int, int] = {}
 
     def _reap(self) -> None:
@@ -103,8 +103,8 @@ def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) ->
     outcome = pack_outcome(codes)
     print(f"pack of {len(task_files)} task(s): exit codes {codes}: {outcome.value}", flush=True)
     if outcome is TaskOutcome.REQUEUE:
-        from slurm_router.allocation.requeue import request_requeue_outside
         from slurm_router.scheduler.registry import job_environment
+        from slurm_router.supervise.requeue import request_requeue_outside
 
         if request_requeue_outside(f"pack of {len(task_files)} task(s)"):  # in a container: the script does
             return outcome.exit_code

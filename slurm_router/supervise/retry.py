@@ -33,14 +33,15 @@ import sys
 import time
 from pathlib import Path
 
-# attempts.json is requeue.py's file: its reader and writer (load_attempts, save_attempts) keep one format
-from slurm_router.allocation.requeue import RequeueDecision, requeue_self
-from slurm_router.allocation.supervisor import TaskFailed
 from slurm_router.config.schema import launcher_setting
+
+# attempts.json is requeue.py's file: its reader and writer (load_attempts, save_attempts) keep one format
 from slurm_router.rundir.attempts import load_attempts, save_attempts
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 from slurm_router.scheduler.base import JobEnvironment
 from slurm_router.scheduler.registry import job_environment
+from slurm_router.supervise.requeue import RequeueDecision, requeue_self
+from slurm_router.supervise.supervisor import TaskFailed
 
 # How supervisor.Workers._describe names a worker that died of a signal (the other causes say "raised" or
 # "exit code"): "worker rank 0 (pid 123) killed by SIGKILL"
@@ -131,7 +132,7 @@ def _record(spec, cause: str, node: str | None, limit: int, env: JobEnvironment,
 
 def _retriable_here(env: JobEnvironment) -> bool:
     """In a scheduler's job, as one task's own job process (not a pack's task, not an srun worker)."""
-    from slurm_router.allocation.pack import PACKED_ENV
+    from slurm_router.supervise.pack import PACKED_ENV
 
     return bool(env.job_id()) and not os.environ.get(PACKED_ENV) and env.worker_rank() is None
 
@@ -143,7 +144,7 @@ def after_failure(spec, error: str, step: int | None, env: JobEnvironment | None
     """A worker died (the supervisor's line `error`): requeue this task if it was killed by a signal and
     launcher.max_failures allows. Returns the TaskRetried to raise if it was requeued (this attempt then ends:
     exit 75, or 76 in a container, whose batch script requeues it), else None (it fails as before)."""
-    from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV, request_requeue_outside
+    from slurm_router.supervise.requeue import REQUEUE_REQUEST_ENV, request_requeue_outside
 
     env = env or job_environment()
     cause = signal_death(error)
