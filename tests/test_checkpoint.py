@@ -241,15 +241,15 @@ def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
             signal.signal(s, h)
 
 
-def test_a_stop_before_the_start_stops_the_task_or_reaches_a_pack():
+def test_a_stop_before_the_start_stops_the_task_or_reaches_colocated_tasks():
     from slurm_router.supervise.supervisor import TaskStopped, TaskSupervisor
 
     sup = TaskSupervisor()
     sup.on_signal(signal.SIGTERM)
     with pytest.raises(TaskStopped):
         sup.start(lambda: pytest.fail("a stopped task spawns nothing"))
-    pack = sup.start(_Children, stop_early=False)  # a pack's children each ask the after-stop policy
-    assert pack.got == [signal.SIGTERM]
+    group = sup.start(_Children, stop_early=False)  # co-located children each ask the after-stop policy
+    assert group.got == [signal.SIGTERM]
 
 
 def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
@@ -268,13 +268,13 @@ def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
     monkeypatch.setattr(
         slurm_job, "run_slurm", lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0)
     )
-    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.REQUEUE and not calls
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "colocated") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "submitit") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "self") is TaskOutcome.STOPPED
     assert calls == [["scontrol", "requeue", "123"]]
     monkeypatch.setattr(requeue, "time_left_s", lambda: 10.0)  # the time limit, over budget
     spec.config["launcher"] = {"max_requeues": 0}
-    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.FAILED
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "colocated") is TaskOutcome.FAILED
     rows = [json.loads(line) for line in TaskPaths(spec.task_dir).events(0).read_text().splitlines()]
     assert [(r["event"], r.get("exit_state")) for r in rows] == [("end", "interrupted")] + [("requeue", None)] * 3 + [
         ("end", "failed")

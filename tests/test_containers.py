@@ -92,7 +92,7 @@ def test_golden_pyxis_sbatch_srun_workers():
 @pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
 def test_golden_submitit_parameters(runtime, tmp_path):
     """What launcher=slurm hands submitit: the executor's parameters, the interpreter submitit runs on, and (apptainer)
-    the words the PackRunner of one starts the task with inside the image."""
+    the words the ColocatedRunner of one starts the task with inside the image."""
     from slurm_router.backends.slurm.submitit_launcher import submitit_params, submitit_python, task_runner_python
     from slurm_router.config.compose import compose
     from slurm_router.launch.container import container_spec
@@ -273,7 +273,7 @@ def _run_in_container(tmp_path: Path, launcher: str, signal_args: list[str]) -> 
     return run_dir, rt, job
 
 
-def _assert_requeued_in_the_image(run_dir: Path, rt: Path, packed: bool) -> None:
+def _assert_requeued_in_the_image(run_dir: Path, rt: Path, colocated: bool) -> None:
     made = calls(rt)
     assert len(made) == 2 and not any(c["errors"] for c in made), made  # the first attempt and the requeued one
     for call in made:
@@ -283,7 +283,7 @@ def _assert_requeued_in_the_image(run_dir: Path, rt: Path, packed: bool) -> None
         assert call["env"]["SETUP_MARK"] == "from-setup"  # launcher.setup ran first, outside
         assert call["slurm_router"] == str(run_dir / "code" / "slurm_router" / "__init__.py")  # the snapshot
         assert call["env"]["PYTHONPATH"].split(":")[0] == str(run_dir / "code")
-        assert bool(call["env"]["SLURM_ROUTER_PACKED"]) == packed
+        assert bool(call["env"]["SLURM_ROUTER_COLOCATED"]) == colocated
         # the job's end (launcher.timeout_min=10), worked out outside: squeue fails in there
         assert 0 < int(call["env"]["SLURM_ROUTER_JOB_END_TIME"]) - time.time() <= 600, call["env"]
     assert not [c for c in slurm_calls(rt) if c.startswith("scontrol")], "scontrol ran inside the image"
@@ -303,7 +303,7 @@ def test_sbatch_task_in_a_container_is_requeued_from_outside(tmp_path):
     """launcher=sbatch: USR2 to the batch shell (what --signal=B:USR2@N sends) goes on to the task in the image;
     it checkpoints, writes the request and exits 76; the batch shell requeues its array task; the task resumes."""
     run_dir, rt, job = _run_in_container(tmp_path, "sbatch", ["--batch"])
-    _assert_requeued_in_the_image(run_dir, rt, packed=False)
+    _assert_requeued_in_the_image(run_dir, rt, colocated=False)
     log = (run_dir / "logs" / f"{job}.out").read_text()
     assert "requeued" in log and "resuming from" in log, log[-2000:]
 
@@ -311,10 +311,10 @@ def test_sbatch_task_in_a_container_is_requeued_from_outside(tmp_path):
 @pytest.mark.slurm
 @SLURM
 def test_submitit_task_in_a_container_is_requeued_from_outside(tmp_path):
-    """launcher=slurm: submitit's own process stays outside the image and starts the task in it (a PackRunner of
+    """launcher=slurm: submitit's own process stays outside the image and starts the task in it (a ColocatedRunner of
     one); USR2 to the step; the task asks with exit 76 and submitit requeues; the task resumes."""
     run_dir, rt, _ = _run_in_container(tmp_path, "slurm", [])
-    _assert_requeued_in_the_image(run_dir, rt, packed=True)
+    _assert_requeued_in_the_image(run_dir, rt, colocated=True)
 
 
 @pytest.mark.slurm

@@ -377,7 +377,7 @@ def test_the_preview_shows_the_groups_and_the_first_lines_count_them(tmp_path):
 
 
 def test_fused_tasks_pack_into_array_tasks(tmp_path):
-    """resources.tasks_per_gpu=2 under Slurm packs two fused tasks (their leaders) into one array task."""
+    """resources.tasks_per_gpu=2 under Slurm co-locates two fused tasks (their leaders) in one array task."""
     proc = run_cli(
         *FAST,
         "-m",
@@ -392,11 +392,11 @@ def test_fused_tasks_pack_into_array_tasks(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "one Slurm array of 1 task(s) (2 tasks packed each)" in proc.stdout
-    from slurm_router.supervise.pack import pack_task_files
+    assert "one Slurm array of 1 task(s) (2 tasks co-located each)" in proc.stdout
+    from slurm_router.supervise.colocate import colocated_task_files
 
     run_dir = run_dir_of(proc)
-    files = pack_task_files(str(run_dir), "variants", 0, 2)
+    files = colocated_task_files(str(run_dir), "variants", 0, 2)
     assert [Path(f).parent.name for f in files] == ["r8-s0", "r8-s1"]  # the leaders; each trains its members
 
 

@@ -96,7 +96,7 @@ def spec(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     for key in (
         "SLURM_RESTART_COUNT",
-        "SLURM_ROUTER_PACKED",
+        "SLURM_ROUTER_COLOCATED",
         "SLURM_NTASKS",
         "SLURM_PROCID",
         "SLURM_ROUTER_REQUEUE_REQUEST",
@@ -176,14 +176,14 @@ def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, 
 
 
 def test_no_retry_outside_slurm_or_for_a_packed_task(spec, monkeypatch):
-    from slurm_router.supervise.pack import PACKED_ENV
+    from slurm_router.supervise.colocate import COLOCATED_ENV
 
-    monkeypatch.setenv(PACKED_ENV, "1")  # a pack's task: a requeue would restart the pack's other tasks
+    monkeypatch.setenv(COLOCATED_ENV, "1")  # a co-located task: a requeue would restart the other co-located tasks
     assert (
         retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(FakeSlurm()))
         is None
     )
-    monkeypatch.delenv(PACKED_ENV)
+    monkeypatch.delenv(COLOCATED_ENV)
     monkeypatch.delenv("SLURM_JOB_ID")
     assert (
         retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(FakeSlurm()))

@@ -42,7 +42,7 @@ class LogFollower:
         seen: set[str] = set()
         for t in tasks:
             for path, tag in ((t.log_path, t.variant), (t.err_path, f"{t.variant}:err")):
-                if path and path not in seen:  # packed tasks share their array task's logs
+                if path and path not in seen:  # co-located tasks share their array task's logs
                     seen.add(path)
                     start = "end" if first and t.terminal else "backlog" if first else "start"
                     self._read(path, tag, start)

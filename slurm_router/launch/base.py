@@ -31,7 +31,7 @@ from slurm_router.scheduler.task_view import TaskView
 
 @dataclass(frozen=True)
 class TaskJob:
-    """Where Slurm runs one task: its job id (JOB_INDEX for an array task; packed tasks share one) and logs."""
+    """Where Slurm runs one task: its job id (JOB_INDEX for an array task; co-located tasks share one) and logs."""
 
     job_id: str
     log_path: str

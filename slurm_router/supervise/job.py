@@ -2,7 +2,7 @@
 
     python -m slurm_router.supervise.job runs/lora_ab/<timestamp>/tasks/r8/task.json
     python -m slurm_router.supervise.job --run-dir RUN_DIR --stage variants      # in an sbatch array task
-    python -m slurm_router.supervise.job --run-dir RUN_DIR --stage variants --pack 4   # 4 tasks share this array task's GPUs
+    python -m slurm_router.supervise.job --run-dir RUN_DIR --stage variants --colocate 4   # 4 tasks share its GPUs
 
 Locally the launcher runs this as a subprocess with CUDA_VISIBLE_DEVICES pinned to the task's GPUs; under
 Slurm submitit calls TaskRunner (run_task) in the array task, where Slurm has already set CUDA_VISIBLE_DEVICES.
@@ -27,7 +27,7 @@ A fused task (resources.fuse_variants: a leader's spec names its members) trains
 one process (worker/fused.py); it is done only when each of them has its result.json, its checkpoints (every
 variant's state in one file) are in the leader's folder, and a failure's `end` row reaches every unfinished one.
 
-Exit codes (slurm_router.rundir.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a packed task asks for a
+Exit codes (slurm_router.rundir.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a co-located task asks for a
 requeue, 1 failed, 2 bad arguments or unusable checkpoints.
 """
 
@@ -207,29 +207,29 @@ class TaskRunner(Supervised, Checkpointable):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """TASK_FILE, or --run-dir RUN_DIR --stage NAME [--pack K] (an sbatch array task: SLURM_ARRAY_TASK_ID picks
+    """TASK_FILE, or --run-dir RUN_DIR --stage NAME [--colocate K] (an sbatch array task: SLURM_ARRAY_TASK_ID picks
     the task(s)). Bad arguments: argparse's usage line and SystemExit(2)."""
     p = argparse.ArgumentParser(
-        prog="python -m slurm_router.supervise.job", description="Run one task (or a pack of K)."
+        prog="python -m slurm_router.supervise.job", description="Run one task (or K co-located ones)."
     )
     p.add_argument("task_file", nargs="?", help="RUN_DIR/tasks/NAME/task.json")
     p.add_argument("--run-dir", help="the run directory (with --stage)")
     p.add_argument("--stage", help="the stage whose array task this is (with --run-dir)")
-    p.add_argument("--pack", type=int, default=1, metavar="K", help="K tasks share this array task's GPUs")
+    p.add_argument("--colocate", type=int, default=1, metavar="K", help="K tasks share this array task's GPUs")
     args = p.parse_args(argv)
     if args.task_file is not None:
-        if args.run_dir or args.stage or args.pack != 1:
-            p.error("give either TASK_FILE or --run-dir/--stage/--pack, not both")
+        if args.run_dir or args.stage or args.colocate != 1:
+            p.error("give either TASK_FILE or --run-dir/--stage/--colocate, not both")
         if not Path(args.task_file).is_file():
             p.error(f"no such task file: {args.task_file}")
-    elif not (args.run_dir and args.stage) or args.pack < 1:
-        p.error("give TASK_FILE, or --run-dir RUN_DIR --stage NAME [--pack K>=1]")
+    elif not (args.run_dir and args.stage) or args.colocate < 1:
+        p.error("give TASK_FILE, or --run-dir RUN_DIR --stage NAME [--colocate K>=1]")
     return args
 
 
 def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None) -> int:
-    """Exit codes: 0 done, 75 stopped on a signal after a checkpoint (requeued under Slurm on USR2), 76 a packed
-    task asks its pack for a requeue, 1 a worker failed, 2 unusable checkpoints or bad arguments."""
+    """Exit codes: 0 done, 75 stopped on a signal after a checkpoint (requeued under Slurm on USR2), 76 a co-located
+    task asks its runner for a requeue, 1 a worker failed, 2 unusable checkpoints or bad arguments."""
     supervisor = supervisor or TaskSupervisor().install()  # from here on a stop signal is a clean stop
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -237,12 +237,12 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
         return EXIT_USAGE if e.code else EXIT_OK
     task_file = args.task_file
     if task_file is None:
-        from slurm_router.supervise.pack import pack_task_files, run_pack
+        from slurm_router.supervise.colocate import colocated_task_files, run_colocated
 
         index = job_environment().array_index()
-        files = pack_task_files(args.run_dir, args.stage, index, args.pack)
-        if args.pack > 1:
-            return run_pack(files, supervisor)
+        files = colocated_task_files(args.run_dir, args.stage, index, args.colocate)
+        if args.colocate > 1:
+            return run_colocated(files, supervisor)
         task_file = files[0]
     from slurm_router.errors import UserError
     from slurm_router.rundir.lock import release_all
@@ -326,16 +326,16 @@ def _record_own_end(task_file: str, code: int, launcher_pid: int) -> None:
 
 
 def _after_stop(task_file: str, stopped: TaskStopped) -> int:
-    """Checkpointed after a signal: requeue.after_stop decides (the pack runner requeues a packed task's
+    """Checkpointed after a signal: requeue.after_stop decides (the co-location runner requeues a co-located task's
     allocation, once; this process does otherwise)."""
     from slurm_router.rundir.spec import TaskSpec
-    from slurm_router.supervise.pack import PACKED_ENV
+    from slurm_router.supervise.colocate import COLOCATED_ENV
     from slurm_router.supervise.requeue import after_stop
     from slurm_router.supervise.srun_worker import srun_rank
 
     if (srun_rank() or 0) != 0:
         return EXIT_OK  # srun_workers: rank 0 speaks for the task; exit 0 so srun does not kill it
-    requeue_by = "pack" if os.environ.get(PACKED_ENV) else "self"
+    requeue_by = "colocated" if os.environ.get(COLOCATED_ENV) else "self"
     return after_stop(TaskSpec.load(task_file), stopped.signum, stopped.step, requeue_by).exit_code
 
 

@@ -19,8 +19,8 @@ works the same as true):
   in one line. With max_failures=0 (the default) nothing is counted: Slurm's own requeue runs as it always did.
 The failures are kept in tasks/<name>/attempts.json ("failures", one record each: cause, node, what was
 excluded, whether it was retried): they survive requeues; resume= gives the task N retries afresh (the user
-chose to go on), as it does launcher.max_requeues. Packed tasks (resources.tasks_per_gpu>1) and srun_workers
-are not retried: a requeue would restart the pack's other tasks, and srun ends a step itself; resume= continues
+chose to go on), as it does launcher.max_requeues. Co-located tasks (resources.tasks_per_gpu>1) and srun_workers
+are not retried: a requeue would restart the other co-located tasks, and srun ends a step itself; resume= continues
 them.
 """
 
@@ -131,10 +131,10 @@ def _record(spec, cause: str, node: str | None, limit: int, env: JobEnvironment,
 
 
 def _retriable_here(env: JobEnvironment) -> bool:
-    """In a scheduler's job, as one task's own job process (not a pack's task, not an srun worker)."""
-    from slurm_router.supervise.pack import PACKED_ENV
+    """In a scheduler's job, as one task's own job process (not a co-located task, not an srun worker)."""
+    from slurm_router.supervise.colocate import COLOCATED_ENV
 
-    return bool(env.job_id()) and not os.environ.get(PACKED_ENV) and env.worker_rank() is None
+    return bool(env.job_id()) and not os.environ.get(COLOCATED_ENV) and env.worker_rank() is None
 
 
 # ---------------------------------------------------------------- what the job process calls

@@ -1,5 +1,5 @@
 """The job side of a task's lifecycle (docs/ARCHITECTURE.md): a TaskSupervisor starts the processes that do
-the work (the D workers of one task, or the K job processes of a pack), watches them, forwards every stop
+the work (the D workers of one task, or the K job processes of co-located tasks), watches them, forwards every stop
 signal to them and, after a stop, asks the one after-stop policy (requeue.after_stop) what comes next.
 
 No stop signal is ever lost (the Ctrl-C race of issue 11: a signal handled while the workers were being
@@ -307,9 +307,9 @@ class Workers:
 
 
 class TaskSupervisor:
-    """One job process's (or pack runner's) supervision: the first stop signal and the children it goes to.
+    """One job process's (or co-location runner's) supervision: the first stop signal and the children it goes to.
 
-    Children are anything with forward(signum): Workers, or supervise.pack.Pack."""
+    Children are anything with forward(signum): Workers, or supervise.colocate.Colocated."""
 
     def __init__(self):
         self.signum = 0
@@ -360,7 +360,7 @@ class TaskSupervisor:
         """Spawn the children with stop signals blocked and know them before any signal is handled again: a
         signal during the spawn is forwarded to them as soon as the spawn returns. A signal that came earlier
         stops the task before it starts (TaskStopped: nothing spawned), or with stop_early=False is forwarded
-        to the new children at once (a pack: each of its job processes decides for itself)."""
+        to the new children at once (co-located tasks: each job process decides for itself)."""
         with stop_signals_blocked():
             if self.signum and stop_early:
                 raise TaskStopped(None, self.signum)
@@ -387,7 +387,7 @@ class TaskSupervisor:
 
 
 class Supervised:
-    """Mixin for the callables submitit runs (job.TaskRunner, supervise.pack.PackRunner): a TaskSupervisor on the
+    """Mixin for the callables submitit runs (job.TaskRunner, supervise.colocate.ColocatedRunner): a TaskSupervisor on the
     instance, made on first use and never pickled (submitit pickles the callable again to requeue it)."""
 
     def __getstate__(self) -> dict:

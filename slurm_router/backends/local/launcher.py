@@ -63,12 +63,12 @@ class Running:
 
 
 def device_pool(cfg) -> tuple[list[str], bool]:
-    """Device slots: each GPU id appears once per task it may hold (variant packing), or CPU worker slots."""
+    """Device slots: each GPU id appears once per task it may hold (co-located tasks), or CPU worker slots."""
     gpus = detect_gpus()
     if gpus:
         per_gpu = cfg.resources.tasks_per_gpu or packable_tasks(cfg, gpu_total_bytes(gpus[0]))
         if per_gpu > 1:
-            print(f"variant packing: up to {per_gpu} tasks per GPU")
+            print(f"co-location: up to {per_gpu} tasks per GPU")
         return [g for g in gpus for _ in range(per_gpu)], True
     # resume=RUN_DIR launcher=local of a Slurm run: its config has no cpu_slots (the schema's default then)
     slots = cfg.launcher.get("cpu_slots") or os.cpu_count() or 1
@@ -139,7 +139,7 @@ def auto_fuse_variants(cfg, n_tasks: int, limit: int = 64) -> tuple[int, str]:
 
 
 def _take(free: list[str], n: int) -> list[str] | None:
-    """n slots on n different devices, emptiest devices first (spread before packing); None if impossible."""
+    """n slots on n different devices, emptiest devices first (spread before co-locating); None if impossible."""
     order = sorted(dict.fromkeys(free), key=lambda d: -free.count(d))
     return order[:n] if len(order) >= n else None
 

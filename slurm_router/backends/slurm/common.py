@@ -1,8 +1,8 @@
-"""What both Slurm launchers share: the checks, the one-line rejection, packing, and the end of a run
+"""What both Slurm launchers share: the checks, the one-line rejection, co-location, and the end of a run
 (print the job ids; with launcher.wait=true wait for every task AND the report job, then print the report
 that job wrote: one writer of report/ at a time).
 
-Every stage is ONE array job (one array task per variant, or per pack of resources.tasks_per_gpu variants);
+Every stage is ONE array job (one array task per variant, or per resources.tasks_per_gpu co-located variants);
 a later stage waits with --dependency=afterok and --kill-on-invalid-dep=yes (if the stage it waits on fails,
 Slurm cancels it rather than keep it PENDING forever: DependencyNeverSatisfied); a last small job writes the
 report once every stage has ended (afterany), so a failed stage still gets a report saying what happened.
@@ -69,20 +69,20 @@ def user_gpu_request(keys) -> list[str]:
 def job_cpus(cfg, devices: int) -> int:
     """--cpus-per-task of a stage's Slurm task, by one rule: the user's launcher.cpus_per_task when set; else
     launcher.cpus_per_device for each worker process the task runs: one (launcher.srun_workers: a srun task is
-    one worker), or devices x tasks per pack (one process starts a worker per device, for each packed task)."""
+    one worker), or devices x co-located tasks (one process starts a worker per device, for each co-located task)."""
     lc = cfg.launcher
     if lc.get("cpus_per_task") is not None:
         return int(lc.cpus_per_task)
-    workers = 1 if lc.get("srun_workers") else devices * tasks_per_pack(cfg)
+    workers = 1 if lc.get("srun_workers") else devices * colocated_tasks(cfg)
     return max(1, workers) * int(launcher_setting(lc, "cpus_per_device"))
 
 
-def tasks_per_pack(cfg) -> int:
-    """Tasks per array task under Slurm (resources.tasks_per_gpu); checked by check_packing."""
+def colocated_tasks(cfg) -> int:
+    """Tasks per array task under Slurm (resources.tasks_per_gpu); checked by check_colocation."""
     return max(1, int(cfg.resources.tasks_per_gpu))
 
 
-def check_packing(cfg) -> None:
+def check_colocation(cfg) -> None:
     if cfg.resources.tasks_per_gpu == 0:
         raise UserError(
             "resources.tasks_per_gpu=0 (pack by predicted memory) works with launcher=local only: "
@@ -91,10 +91,10 @@ def check_packing(cfg) -> None:
     if cfg.resources.tasks_per_gpu > 1 and cfg.launcher.srun_workers:
         raise UserError(
             "resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
-            "a packed array task runs its tasks side by side on the same GPUs"
+            "a co-located array task runs its tasks side by side on the same GPUs"
         )
-    # resources.fuse_variants with tasks_per_gpu=N packs N fused tasks (their leaders) into an array task: the pack
-    # runs each leader's task.json as any task's (supervise/pack.py)
+    # resources.fuse_variants with tasks_per_gpu=N co-locates N fused tasks (their leaders) in an array task: the runner
+    # runs each leader's task.json as any task's (supervise/colocate.py)
     fuse = cfg.resources.get("fuse_variants", 1)
     if fuse == FUSE_AUTO:
         raise UserError(
@@ -168,7 +168,7 @@ class SlurmLauncher(Launcher):
 
         if not cfg.get("dry_run"):  # dry_run=true only renders and prints: no Slurm needed here
             check_slurm()
-        check_packing(cfg)
+        check_colocation(cfg)
         check_nodes(cfg)
         resolve_container(cfg)
 

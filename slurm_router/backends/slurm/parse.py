@@ -200,7 +200,7 @@ def parse_sacct(text: str, expect: Expect | None = None) -> dict[str, SlurmRow]:
 
 def task_job_id(job: dict, task: dict) -> str:
     """The Slurm id of one manifest task: JOB_INDEX for an array job, JOB otherwise (as recorded at submission:
-    packed tasks share their array task's id)."""
+    co-located tasks share their array task's id)."""
     if task.get("job_id"):
         return str(task["job_id"])
     if job.get("array") and task.get("array_index") is not None:
