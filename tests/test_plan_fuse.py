@@ -376,7 +376,7 @@ def test_the_preview_shows_the_groups_and_the_first_lines_count_them(tmp_path):
     assert sorted(manifest["tasks"]) == ["r32-s0", "r32-s1", "r8-s0", "r8-s1"]
 
 
-def test_fused_tasks_pack_into_array_tasks(tmp_path):
+def test_fused_tasks_colocate_in_array_tasks(tmp_path):
     """resources.tasks_per_gpu=2 under Slurm co-locates two fused tasks (their leaders) in one array task."""
     proc = run_cli(
         *FAST,

@@ -175,7 +175,7 @@ def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, 
     assert _failures(spec)[0]["excluded"] == []
 
 
-def test_no_retry_outside_slurm_or_for_a_packed_task(spec, monkeypatch):
+def test_no_retry_outside_slurm_or_for_a_colocated_task(spec, monkeypatch):
     from slurm_router.supervise.colocate import COLOCATED_ENV
 
     monkeypatch.setenv(COLOCATED_ENV, "1")  # a co-located task: a requeue would restart the other co-located tasks

@@ -189,7 +189,7 @@ def test_variants_colocated_in_one_allocation(tmp_path, launcher):
     assert all(summary["variants"][v]["steps"] == 6 for v in ("v0", "v1", "v2"))
 
 
-def test_pack_by_memory_needs_local(tmp_path):
+def test_colocate_by_memory_needs_local(tmp_path):
     proc = run_cli(
         "base.enabled=false",
         "launcher=slurm",
