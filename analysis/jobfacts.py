@@ -13,7 +13,7 @@ from slurm_router.rundir.events import StartRow
 from slurm_router.rundir.progress import setup_failure
 from slurm_router.scheduler.base import Runner
 from slurm_router.scheduler.registry import run_backend
-from slurm_router.scheduler.task_status import LOCAL_STATES, normalize_state
+from slurm_router.scheduler.task_view import LOCAL_STATES, normalize_state
 
 
 def _event_facts(task: Task) -> dict:
@@ -69,7 +69,10 @@ def advice(f: dict, s: dict) -> list[str]:
     on_gpu = f.get("device_type") == "cuda"
     peak, total = f.get("device_mem_peak_bytes"), f.get("device_mem_total_bytes")
     if on_gpu and peak and total and peak / total < 0.5:
-        out.append(f"GPU memory peak {peak / total:.0%} of the allocation: pack variants or ask for a smaller GPU")
+        out.append(
+            f"GPU memory peak {peak / total:.0%} of the allocation: "
+            "co-locate variants (resources.tasks_per_gpu) or ask for a smaller GPU"
+        )
     if on_gpu and f.get("util_mean") is not None and f["util_mean"] < 50:
         out.append(
             f"GPU utilisation {f['util_mean']:.0f}% on average: the steps are data-, sync- or "

@@ -47,7 +47,7 @@ COMMON = [
 
 
 def run(shape: str, k: int, steps: int, fuse: int | str, layout: str, tmp: Path, gpu: bool = False) -> Path:
-    """On a GPU the separate tasks share it as processes (resources.tasks_per_gpu=K, the local launcher's packing).
+    """On a GPU the separate tasks share it as processes (resources.tasks_per_gpu=K, the local launcher's co-location).
     fuse="auto": the command chooses K (resources.fuse_variants=auto: the tasks spread over the slots it runs at
     once; one GPU is one slot)."""
     tmp.mkdir(parents=True, exist_ok=True)

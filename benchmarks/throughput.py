@@ -1,5 +1,5 @@
 """Throughput: the same model, data and batches through (a) a bare transformers + peft loop and (b) a
-slurm_router job on one device, then (c) the job with its speed switches on; and variant packing.
+slurm_router job on one device, then (c) the job with its speed switches on; and co-located variants.
 
     python benchmarks/throughput.py                 # GPU if present (GPT-2-small shape), else CPU (small shape)
     python benchmarks/throughput.py --quick         # fewer steps (smoke)

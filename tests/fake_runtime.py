@@ -37,7 +37,7 @@ if not command:
 env = {{**os.environ, "PATH": os.path.join(HERE, "no-slurm") + os.pathsep + os.environ.get("PATH", "")}}
 where = subprocess.run([command[0], "-c", "import slurm_router; print(slurm_router.__file__)"], env=env,
                        capture_output=True, text=True).stdout.strip() if command else ""
-keep = ("SETUP_MARK", "PYTHONPATH", "SLURM_ROUTER_REQUEUE_REQUEST", "SLURM_ROUTER_PACKED", "SLURM_RESTART_COUNT",
+keep = ("SETUP_MARK", "PYTHONPATH", "SLURM_ROUTER_REQUEUE_REQUEST", "SLURM_ROUTER_COLOCATED", "SLURM_RESTART_COUNT",
         "SLURM_ROUTER_JOB_END_TIME")
 with open(os.path.join(HERE, "calls.jsonl"), "a") as f:
     f.write(json.dumps({{"argv": sys.argv, "nv": nv, "binds": binds, "image": image, "command": command,

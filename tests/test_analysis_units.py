@@ -113,7 +113,10 @@ def test_job_facts_from_sacct_and_plain_advice():
         {"balance_ratio": 1.4, "devices": 2, "policy": "round_robin"},
     )
     text = "\n".join(tips)
-    assert "GPU memory peak 21% of the allocation: pack variants or ask for a smaller GPU" in text
+    assert (
+        "GPU memory peak 21% of the allocation: co-locate variants (resources.tasks_per_gpu) or ask for a smaller GPU"
+        in text
+    )
     assert "1 of 2 allocated devices computed no sample" in text and "try router=balanced" in text
     assert "used 7% of the 60 min time limit" in text
     assert "hit its time limit" in "\n".join(jobfacts.advice(r32, {}))

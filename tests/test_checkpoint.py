@@ -149,7 +149,7 @@ def _spec(tmp_path, **launcher) -> TaskSpec:
 
 
 def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monkeypatch):
-    from slurm_router.allocation import requeue
+    from slurm_router.supervise import requeue
 
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
@@ -168,8 +168,8 @@ def test_requeue_rule_time_limits_are_capped_preemptions_are_not(tmp_path, monke
 
 
 def test_attempts_count_and_slurm_restarts_are_logged_once(tmp_path, monkeypatch):
-    from slurm_router.allocation import requeue
     from slurm_router.rundir import attempts
+    from slurm_router.supervise import requeue
 
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
@@ -183,7 +183,7 @@ def test_attempts_count_and_slurm_restarts_are_logged_once(tmp_path, monkeypatch
 
 
 def test_a_torn_last_event_line_is_dropped_before_appending(tmp_path):
-    from slurm_router.allocation.requeue import repair_torn_tail
+    from slurm_router.supervise.requeue import repair_torn_tail
 
     p = tmp_path / "events-rank0.jsonl"
     p.write_bytes(b'{"event":"step"}\n{"event":"mi')
@@ -220,7 +220,7 @@ class _Children:
 def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
     """The Ctrl-C race: a signal that lands while the workers are being spawned (blocked, delivered as soon as
     the mask is restored) must be forwarded to them, not only remembered."""
-    from slurm_router.allocation.supervisor import TaskSupervisor
+    from slurm_router.supervise.supervisor import TaskSupervisor
 
     old = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
     try:
@@ -241,20 +241,20 @@ def test_a_stop_signal_during_the_spawn_reaches_the_new_children():
             signal.signal(s, h)
 
 
-def test_a_stop_before_the_start_stops_the_task_or_reaches_a_pack():
-    from slurm_router.allocation.supervisor import TaskStopped, TaskSupervisor
+def test_a_stop_before_the_start_stops_the_task_or_reaches_colocated_tasks():
+    from slurm_router.supervise.supervisor import TaskStopped, TaskSupervisor
 
     sup = TaskSupervisor()
     sup.on_signal(signal.SIGTERM)
     with pytest.raises(TaskStopped):
         sup.start(lambda: pytest.fail("a stopped task spawns nothing"))
-    pack = sup.start(_Children, stop_early=False)  # a pack's children each ask the after-stop policy
-    assert pack.got == [signal.SIGTERM]
+    group = sup.start(_Children, stop_early=False)  # co-located children each ask the after-stop policy
+    assert group.got == [signal.SIGTERM]
 
 
 def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
-    from slurm_router.allocation import requeue
     from slurm_router.rundir.lifecycle import TaskOutcome
+    from slurm_router.supervise import requeue
 
     spec = _spec(tmp_path)
     spec.task_dir.mkdir(parents=True)
@@ -268,13 +268,13 @@ def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
     monkeypatch.setattr(
         slurm_job, "run_slurm", lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0)
     )
-    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.REQUEUE and not calls
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "colocated") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "submitit") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "self") is TaskOutcome.STOPPED
     assert calls == [["scontrol", "requeue", "123"]]
     monkeypatch.setattr(requeue, "time_left_s", lambda: 10.0)  # the time limit, over budget
     spec.config["launcher"] = {"max_requeues": 0}
-    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "pack") is TaskOutcome.FAILED
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "colocated") is TaskOutcome.FAILED
     rows = [json.loads(line) for line in TaskPaths(spec.task_dir).events(0).read_text().splitlines()]
     assert [(r["event"], r.get("exit_state")) for r in rows] == [("end", "interrupted")] + [("requeue", None)] * 3 + [
         ("end", "failed")
@@ -288,7 +288,7 @@ def test_a_job_process_spawned_with_stop_signals_blocked_never_dies_of_an_early_
     import subprocess
     import sys
 
-    from slurm_router.allocation.supervisor import stop_signals_blocked
+    from slurm_router.supervise.supervisor import stop_signals_blocked
 
     spec = _spec(tmp_path)
     paths = TaskPaths(spec.task_dir)
@@ -296,7 +296,7 @@ def test_a_job_process_spawned_with_stop_signals_blocked_never_dies_of_an_early_
     paths.task_file.write_text(spec.to_json())
     with stop_signals_blocked():
         proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_router.allocation.job", str(paths.task_file)],
+            [sys.executable, "-m", "slurm_router.supervise.job", str(paths.task_file)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

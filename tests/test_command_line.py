@@ -65,7 +65,7 @@ def test_status_subcommand_lists_runs(tmp_path):
 
 def test_one_word_per_state_interrupted_in_the_run_list_and_the_task_table():
     from slurm_router.cli.run_list import run_state
-    from slurm_router.scheduler.task_status import TERMINAL_STATES, local_tasks
+    from slurm_router.scheduler.task_view import TERMINAL_STATES, local_tasks
 
     manifest = {
         "state": "interrupted",

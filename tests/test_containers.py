@@ -57,7 +57,7 @@ def _spec(runtime: str, **changes) -> SbatchSpec:
         partition="gpu",
         python="python3",
         container=container,
-        task_argv=("-m", "slurm_router.allocation.job", "--run-dir", RUN, "--stage", "variants"),
+        task_argv=("-m", "slurm_router.supervise.job", "--run-dir", RUN, "--stage", "variants"),
         setup=("module load cuda/12.1", "source /opt/venvs/lab/bin/activate"),
         pythonpath=f"{RUN}/code",
         mail_type="END,FAIL",
@@ -71,7 +71,7 @@ def test_golden_apptainer_sbatch():
     _golden("array-apptainer.sbatch", text)
     assert (
         "exec --nv --bind /scratch/runs/lora_ab/2024-01-01_12-00-00,/data/corpus,/scratch/shared:/shared "
-        "'/images/pytorch 24.01.sif' python3 -m slurm_router.allocation.job" in text
+        "'/images/pytorch 24.01.sif' python3 -m slurm_router.supervise.job" in text
     )
     assert "#SBATCH --signal=B:USR2@120" in text  # the batch shell, outside, gets it and passes it on
 
@@ -83,7 +83,7 @@ def test_golden_pyxis_sbatch_srun_workers():
         "srun --ntasks=2 --cpus-per-task=4 --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=0 --gpus-per-task=1 "
         "'--container-image=nvcr.io#nvidia/pytorch:24.01-py3' --container-mounts="
         f"{RUN}:{RUN},/data/corpus:/data/corpus,/scratch/shared:/shared --container-workdir={RUN} "
-        "python3 -m slurm_router.allocation.job"
+        "python3 -m slurm_router.supervise.job"
     ) in text
     one = render_sbatch(_spec("pyxis"))  # one task: still a step (pyxis is srun's), with the job's GPUs
     assert "\nsrun --ntasks=1 --cpus-per-task=4 '--container-image=" in one and "--gpus-per-task" not in one
@@ -92,7 +92,7 @@ def test_golden_pyxis_sbatch_srun_workers():
 @pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
 def test_golden_submitit_parameters(runtime, tmp_path):
     """What launcher=slurm hands submitit: the executor's parameters, the interpreter submitit runs on, and (apptainer)
-    the words the PackRunner of one starts the task with inside the image."""
+    the words the ColocatedRunner of one starts the task with inside the image."""
     from slurm_router.backends.slurm.submitit_launcher import submitit_params, submitit_python, task_runner_python
     from slurm_router.config.compose import compose
     from slurm_router.launch.container import container_spec
@@ -273,17 +273,17 @@ def _run_in_container(tmp_path: Path, launcher: str, signal_args: list[str]) -> 
     return run_dir, rt, job
 
 
-def _assert_requeued_in_the_image(run_dir: Path, rt: Path, packed: bool) -> None:
+def _assert_requeued_in_the_image(run_dir: Path, rt: Path, colocated: bool) -> None:
     made = calls(rt)
     assert len(made) == 2 and not any(c["errors"] for c in made), made  # the first attempt and the requeued one
     for call in made:
         assert call["nv"] and call["binds"] == [str(run_dir), str(run_dir.parents[2] / "extra")], call
         assert call["image"] == str(run_dir.parents[2] / "images" / "lab.sif")
-        assert call["command"][:3] == [sys.executable, "-m", "slurm_router.allocation.job"], call
+        assert call["command"][:3] == [sys.executable, "-m", "slurm_router.supervise.job"], call
         assert call["env"]["SETUP_MARK"] == "from-setup"  # launcher.setup ran first, outside
         assert call["slurm_router"] == str(run_dir / "code" / "slurm_router" / "__init__.py")  # the snapshot
         assert call["env"]["PYTHONPATH"].split(":")[0] == str(run_dir / "code")
-        assert bool(call["env"]["SLURM_ROUTER_PACKED"]) == packed
+        assert bool(call["env"]["SLURM_ROUTER_COLOCATED"]) == colocated
         # the job's end (launcher.timeout_min=10), worked out outside: squeue fails in there
         assert 0 < int(call["env"]["SLURM_ROUTER_JOB_END_TIME"]) - time.time() <= 600, call["env"]
     assert not [c for c in slurm_calls(rt) if c.startswith("scontrol")], "scontrol ran inside the image"
@@ -303,7 +303,7 @@ def test_sbatch_task_in_a_container_is_requeued_from_outside(tmp_path):
     """launcher=sbatch: USR2 to the batch shell (what --signal=B:USR2@N sends) goes on to the task in the image;
     it checkpoints, writes the request and exits 76; the batch shell requeues its array task; the task resumes."""
     run_dir, rt, job = _run_in_container(tmp_path, "sbatch", ["--batch"])
-    _assert_requeued_in_the_image(run_dir, rt, packed=False)
+    _assert_requeued_in_the_image(run_dir, rt, colocated=False)
     log = (run_dir / "logs" / f"{job}.out").read_text()
     assert "requeued" in log and "resuming from" in log, log[-2000:]
 
@@ -311,10 +311,10 @@ def test_sbatch_task_in_a_container_is_requeued_from_outside(tmp_path):
 @pytest.mark.slurm
 @SLURM
 def test_submitit_task_in_a_container_is_requeued_from_outside(tmp_path):
-    """launcher=slurm: submitit's own process stays outside the image and starts the task in it (a PackRunner of
+    """launcher=slurm: submitit's own process stays outside the image and starts the task in it (a ColocatedRunner of
     one); USR2 to the step; the task asks with exit 76 and submitit requeues; the task resumes."""
     run_dir, rt, _ = _run_in_container(tmp_path, "slurm", [])
-    _assert_requeued_in_the_image(run_dir, rt, packed=True)
+    _assert_requeued_in_the_image(run_dir, rt, colocated=True)
 
 
 @pytest.mark.slurm

@@ -111,12 +111,12 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     },
     "launcher.srun_workers": {"slurm": (SLURM, "if lc.srun_workers:"), "sbatch": (SBATCH, "if lc.srun_workers else")},
     "launcher.wait": (COMMON, "self.cfg.launcher.wait"),
-    "launcher.max_requeues": ("allocation/requeue.py", 'launcher_setting(launcher, "max_requeues")'),
+    "launcher.max_requeues": ("supervise/requeue.py", 'launcher_setting(launcher, "max_requeues")'),
     "launcher.signal_delay_s": {
         "slurm": (SLURM, "slurm_signal_delay_s=lc.signal_delay_s"),
         "sbatch": (SBATCH, "signal_delay_s=lc.signal_delay_s"),
     },
-    "launcher.max_failures": ("allocation/retry.py", '"max_failures")'),
+    "launcher.max_failures": ("supervise/retry.py", '"max_failures")'),
     "launcher.setup": {
         "slurm": (SLURM, 'launcher_setting(cfg.launcher, "setup")'),
         "sbatch": (SBATCH, 'launcher_setting(lc, "setup")'),

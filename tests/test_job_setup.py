@@ -90,7 +90,7 @@ def test_both_launchers_take_the_same_options():
     assert spec.setup == ("module load cuda/12.1", "source ~/venv/bin/activate")
     text = render_sbatch(spec)
     assert "#SBATCH --mail-type=END,FAIL\n#SBATCH --mail-user=someone@example.org\n" in text
-    assert "\nexec '/opt/py 3/bin/python' -m slurm_router.allocation.job --run-dir /r --stage variants\n" in text
+    assert "\nexec '/opt/py 3/bin/python' -m slurm_router.supervise.job --run-dir /r --stage variants\n" in text
     report = report_script(cfg, "/r", "/r/code")  # the report job: the same setup, snapshot and interpreter
     lines = report.splitlines()
     at = lines.index("module load cuda/12.1")  # as written, each after the number of its line

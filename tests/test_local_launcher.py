@@ -64,7 +64,7 @@ def test_more_gpus_than_the_machine_has_is_refused(tmp_path):
 
 
 @pytest.mark.integration
-def test_variant_packing_shares_a_gpu_but_spreads_first(tmp_path):
+def test_colocated_variants_share_a_gpu_but_spread_first(tmp_path):
     proc = run_cli(
         *TINY,
         *VARIANTS[:3],
@@ -78,18 +78,18 @@ def test_variant_packing_shares_a_gpu_but_spreads_first(tmp_path):
     assert "up to 2 tasks per GPU" in proc.stdout
     manifest = json.loads((run_dir_of(proc) / "manifest.json").read_text())
     placed = [manifest["tasks"][f"v{i}"]["devices"] for i in range(3)]
-    assert placed[0] != placed[1], "the first two tasks should spread over both GPUs before packing"
+    assert placed[0] != placed[1], "the first two tasks should spread over both GPUs before sharing one"
     assert all(len(p) == 1 and p[0] in ("0", "1") for p in placed)
 
 
-def test_packing_count_follows_predicted_memory():
+def test_colocated_count_follows_predicted_memory():
     from omegaconf import OmegaConf
 
     from slurm_router.backends.local.launcher import packable_tasks
     from slurm_router.config.schema import Config
 
     cfg = OmegaConf.structured(Config)
-    small = packable_tasks(cfg, 80 << 30)  # a tiny GPT on an 80 GiB GPU: packs to the limit
+    small = packable_tasks(cfg, 80 << 30)  # a tiny GPT on an 80 GiB GPU: co-locates to the limit
     assert small == 8
     cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size = 12, 768, 12, 50257
     cfg.train.global_batch_size, cfg.data.max_len = 64, 512

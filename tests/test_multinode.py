@@ -29,8 +29,8 @@ from typing import Iterator
 import pytest
 from conftest import run_cli, run_dir_of, wait_until
 
-from slurm_router.allocation.srun_worker import wait_for_master
-from slurm_router.allocation.supervisor import TaskFailed
+from slurm_router.supervise.srun_worker import wait_for_master
+from slurm_router.supervise.supervisor import TaskFailed
 
 
 def cluster_test(fn):
@@ -133,7 +133,7 @@ def _sacct_state(env: dict, job_id: str) -> str:
 
 def _still_in_slurm(env: dict, run_dir: Path) -> list:
     """The run's tasks that Slurm still holds (what resume= refuses on: slurm_status.live_tasks), on this cluster."""
-    from slurm_router.backends.slurm.status import live_tasks
+    from slurm_router.backends.slurm.queries import live_tasks
 
     def runner(argv: list[str]) -> str:
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
@@ -346,7 +346,7 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
 
 def test_who_records_the_end_when_a_peer_is_lost(monkeypatch):
     """Rank 0 records a lost peer; when rank 0's node is the one lost, the lowest rank on another node does."""
-    from slurm_router.allocation.srun_worker import _speaks_for_the_task
+    from slurm_router.supervise.srun_worker import _speaks_for_the_task
 
     monkeypatch.setenv("SLURM_JOB_ID", "1")  # inside a Slurm job: its job environment gives the task count
     monkeypatch.setenv("SLURM_JOB_ID", "123")  # a Slurm job (scheduler/registry.py job_environment) of 4 workers

@@ -222,7 +222,7 @@ def test_a_task_json_written_before_fusion_loads(tmp_path):
 
 
 def test_a_group_is_done_only_when_every_variant_has_its_result(tmp_path):
-    from slurm_router.allocation.job import _unfinished, run_task
+    from slurm_router.supervise.job import _unfinished, run_task
 
     manifest = _fused_run(tmp_path)
     leader_file = manifest.layout.task("r4").task_file
@@ -236,7 +236,7 @@ def test_a_group_is_done_only_when_every_variant_has_its_result(tmp_path):
 
 
 def test_a_failure_ends_every_unfinished_variant_of_the_group(tmp_path):
-    from slurm_router.allocation.job import _end_failed
+    from slurm_router.supervise.job import _end_failed
 
     cfg, stages = _plan(tmp_path, "model.lora.r=4,8,16", "resources.fuse_variants=3")
     manifest = create_run_dir(cfg, "run", tmp_path / "run", stages, "local")
@@ -376,8 +376,8 @@ def test_the_preview_shows_the_groups_and_the_first_lines_count_them(tmp_path):
     assert sorted(manifest["tasks"]) == ["r32-s0", "r32-s1", "r8-s0", "r8-s1"]
 
 
-def test_fused_tasks_pack_into_array_tasks(tmp_path):
-    """resources.tasks_per_gpu=2 under Slurm packs two fused tasks (their leaders) into one array task."""
+def test_fused_tasks_colocate_in_array_tasks(tmp_path):
+    """resources.tasks_per_gpu=2 under Slurm co-locates two fused tasks (their leaders) in one array task."""
     proc = run_cli(
         *FAST,
         "-m",
@@ -392,11 +392,11 @@ def test_fused_tasks_pack_into_array_tasks(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "one Slurm array of 1 task(s) (2 tasks packed each)" in proc.stdout
-    from slurm_router.allocation.pack import pack_task_files
+    assert "one Slurm array of 1 task(s) (2 tasks co-located each)" in proc.stdout
+    from slurm_router.supervise.colocate import colocated_task_files
 
     run_dir = run_dir_of(proc)
-    files = pack_task_files(str(run_dir), "variants", 0, 2)
+    files = colocated_task_files(str(run_dir), "variants", 0, 2)
     assert [Path(f).parent.name for f in files] == ["r8-s0", "r8-s1"]  # the leaders; each trains its members
 
 

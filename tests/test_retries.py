@@ -1,5 +1,5 @@
 """launcher.max_failures: a task that failed for a reason not its own runs again from its checkpoint, away from
-the node it failed on, up to N times; its own error never does (slurm_router.allocation.retry).
+the node it failed on, up to N times; its own error never does (slurm_router.supervise.retry).
 
 Unit tests for the decisions (which failures count, the budget in attempts.json, which nodes to exclude, NODE_FAIL
 found in sacct), then the real single-node Slurm cluster: a worker killed with SIGKILL mid-run makes its task
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from conftest import event_rows, run_cli, run_dir_of
 
-from slurm_router.allocation import retry
 from slurm_router.backends.slurm import job as slurm_job
 from slurm_router.backends.slurm.job import SlurmJobEnvironment
 from slurm_router.config.schema import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.rundir.spec import TaskSpec
+from slurm_router.supervise import retry
 
 
 def test_only_a_worker_killed_by_a_signal_is_not_its_own_error():
@@ -96,7 +96,7 @@ def spec(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     for key in (
         "SLURM_RESTART_COUNT",
-        "SLURM_ROUTER_PACKED",
+        "SLURM_ROUTER_COLOCATED",
         "SLURM_NTASKS",
         "SLURM_PROCID",
         "SLURM_ROUTER_REQUEUE_REQUEST",
@@ -164,8 +164,8 @@ def test_a_signal_death_is_retried_within_the_budget_and_its_own_error_never(spe
 def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, tmp_path):
     """Inside a container (no scontrol there) the task writes the request file its batch script acts on and
     ends with exit 76; the node is not excluded then."""
-    from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV
     from slurm_router.rundir.lifecycle import EXIT_REQUEUE
+    from slurm_router.supervise.requeue import REQUEUE_REQUEST_ENV
 
     monkeypatch.setenv(REQUEUE_REQUEST_ENV, str(tmp_path / "requeue.json"))
     slurm = FakeSlurm()
@@ -175,15 +175,15 @@ def test_in_a_container_the_batch_script_is_asked_to_requeue(spec, monkeypatch, 
     assert _failures(spec)[0]["excluded"] == []
 
 
-def test_no_retry_outside_slurm_or_for_a_packed_task(spec, monkeypatch):
-    from slurm_router.allocation.pack import PACKED_ENV
+def test_no_retry_outside_slurm_or_for_a_colocated_task(spec, monkeypatch):
+    from slurm_router.supervise.colocate import COLOCATED_ENV
 
-    monkeypatch.setenv(PACKED_ENV, "1")  # a pack's task: a requeue would restart the pack's other tasks
+    monkeypatch.setenv(COLOCATED_ENV, "1")  # a co-located task: a requeue would restart the other co-located tasks
     assert (
         retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(FakeSlurm()))
         is None
     )
-    monkeypatch.delenv(PACKED_ENV)
+    monkeypatch.delenv(COLOCATED_ENV)
     monkeypatch.delenv("SLURM_JOB_ID")
     assert (
         retry.after_failure(spec, "worker rank 0 (pid 9) killed by SIGKILL", 4, SlurmJobEnvironment(FakeSlurm()))

@@ -296,7 +296,7 @@ def test_two_resumes_of_a_slurm_run_at_once_submit_it_once(tmp_path):
         assert len(errors) == 1 and ("is in use by pid" in errors[0] or "still in Slurm" in errors[0]), err
         jobs = read_json(run_dir / "manifest.json")["jobs"]
         assert len(jobs) == 2, jobs  # the run's own array job and one resubmission
-        from slurm_router.backends.slurm.status import query_slurm
+        from slurm_router.backends.slurm.queries import query_slurm
 
         squeue, _ = query_slurm(jobs[0]["job_id"] + "," + jobs[1]["job_id"])
         live = {k: r.state for k, r in squeue.items() if r.state in ("PENDING", "RUNNING")}

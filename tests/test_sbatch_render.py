@@ -47,7 +47,7 @@ def golden_spec() -> SbatchSpec:
         dependency_job_id="1234",
         extra_sbatch=(("nice", "10"),),
         python="/opt/venv/bin/python",
-        task_argv=("-m", "slurm_router.allocation.job", "--run-dir", run_dir, "--stage", "variants"),
+        task_argv=("-m", "slurm_router.supervise.job", "--run-dir", run_dir, "--stage", "variants"),
         env=(("OMP_NUM_THREADS", "4"),),
     )
 
@@ -165,7 +165,7 @@ def test_hostile_values_cannot_inject_shell(tmp_path, ntasks):
     )
     fake_srun.chmod(0o755)
 
-    argv = ("-m", "slurm_router.allocation.job", "--run-dir", str(run_dir), "--variant", hostile, "", "$HOME", "*")
+    argv = ("-m", "slurm_router.supervise.job", "--run-dir", str(run_dir), "--variant", hostile, "", "$HOME", "*")
     spec = SbatchSpec(
         job_name="job $(touch pwned) 'q' `touch pwned` ;#",
         run_dir=str(run_dir),
@@ -257,7 +257,7 @@ def test_the_command_renders_the_users_gres_once_and_cpus_for_every_worker(tmp_p
         (["resources.devices_per_task=2", "launcher.cpus_per_device=3"], 6),
         (["resources.devices_per_task=2", "launcher.cpus_per_task=5"], 5),  # the user's own number wins
         (["resources.devices_per_task=2", "launcher.srun_workers=true", "launcher.cpus_per_device=2"], 2),
-        (["resources.devices_per_task=2", "resources.tasks_per_gpu=2"], 4),  # 2 packed tasks x 2 workers
+        (["resources.devices_per_task=2", "resources.tasks_per_gpu=2"], 4),  # 2 co-located tasks x 2 workers
     ],
 )
 def test_cpus_per_task_follow_the_workers_of_a_task(args, cpus):

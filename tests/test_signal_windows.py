@@ -44,7 +44,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
 
 SPAWN_MASK = textwrap.dedent("""
     import sys
-    from slurm_router.allocation.supervisor import spawn_blocked, stop_signals_blocked
+    from slurm_router.supervise.supervisor import spawn_blocked, stop_signals_blocked
 
     def report(rank, path):
         with open("/proc/self/status") as f:

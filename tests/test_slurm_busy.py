@@ -17,9 +17,9 @@ import pytest
 from test_slurm_status import manifest_for
 
 from slurm_router.backends.slurm import commands
-from slurm_router.backends.slurm import status as st
+from slurm_router.backends.slurm import queries as st
 from slurm_router.errors import SchedulerUnavailable
-from slurm_router.scheduler.task_status import TaskStatus, poll
+from slurm_router.scheduler.task_view import TaskView, poll
 
 SQUEUE_COLS = "JobArrayID:|,State:|"
 
@@ -33,7 +33,7 @@ def runner_for(squeue: str, sacct: str, calls: list[str] | None = None):
     return run
 
 
-def one_task(squeue: str, sacct: str) -> TaskStatus:
+def one_task(squeue: str, sacct: str) -> TaskView:
     (task,) = st.collect_status(manifest_for("7", 1), runner_for(squeue, sacct))
     return task
 
@@ -136,9 +136,9 @@ def test_a_wait_says_an_unreachable_controller_and_carries_on(capsys):
     answers = iter(
         [SchedulerUnavailable("squeue failed 5 time(s) over 31 s (Socket timed out on send/recv operation)")]
     )
-    done = TaskStatus(stage="s", variant="v", job_id="7", state="COMPLETED")
+    done = TaskView(stage="s", variant="v", job_id="7", state="COMPLETED")
 
-    def collect() -> list[TaskStatus]:
+    def collect() -> list[TaskView]:
         for error in answers:
             raise error
         return [done]

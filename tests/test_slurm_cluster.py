@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_router.backends.slurm import status as st
+from slurm_router.backends.slurm import queries as st
 from slurm_router.backends.slurm.sbatch_render import SbatchSpec, submit_sbatch, write_sbatch
 from slurm_router.rundir.manifest import Manifest
 

@@ -29,7 +29,7 @@ SMALL = [
 ]
 # Steps long enough (router.device_slowdown: a sleep in proportion to each step's compute, so a loaded machine slows
 # both alike) that tasks started together are still training when the other starts: they really run at once. Seen
-# here: the two array tasks' start rows 0.05 s apart, each then training 10 s; two packed tasks' 0.2-1.8 s apart,
+# here: the two array tasks' start rows 0.05 s apart, each then training 10 s; two co-located tasks' 0.2-1.8 s apart,
 # each training 5-7 s with a slowdown of 4 (their steps are slower: three tasks share the cores).
 HELD = "router.device_slowdown=[15.0]"
 HELD_PACKED = "router.device_slowdown=[8.0]"
@@ -80,7 +80,7 @@ def test_lora_ab_on_slurm(tmp_path, launcher):
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert set(summary["variants"]) == {"r8", "r32"} and summary["base"]["val_loss"] > 0
     # launcher.wait=true waits for the whole run, the report job included (squeue first: sacct lags)
-    from slurm_router.backends.slurm.status import TERMINAL_STATES, query_slurm
+    from slurm_router.backends.slurm.queries import TERMINAL_STATES, query_slurm
 
     squeue, sacct = query_slurm(manifest["report_job_id"])
     report_row = squeue.get(manifest["report_job_id"]) or sacct.get(manifest["report_job_id"])
@@ -153,7 +153,7 @@ def test_srun_workers_one_gpu_each(tmp_path, launcher):
 
 
 @pytest.mark.parametrize("launcher", ["sbatch", "slurm"])
-def test_variant_packing_in_one_allocation(tmp_path, launcher):
+def test_variants_colocated_in_one_allocation(tmp_path, launcher):
     """resources.tasks_per_gpu=2: 3 variants become 2 array tasks; the first runs two variants side by side on
     the one GPU Slurm gave it, and every variant completes."""
     variants = [f"+variants.v{i}.train.lr={1e-3 * (i + 1)}" for i in range(3)]
@@ -180,16 +180,16 @@ def test_variant_packing_in_one_allocation(tmp_path, launcher):
     assert ids["v0"] == ids["v1"] == f"{job['job_id']}_0" and ids["v2"] == f"{job['job_id']}_1", ids
     assert set(_sacct(job["job_id"]).values()) == {"COMPLETED"}
     spans = task_spans(run_dir)
-    assert spans["v0"][2] == spans["v1"][2], "packed tasks must share their array task's GPU"
+    assert spans["v0"][2] == spans["v1"][2], "co-located tasks must share their array task's GPU"
     # side by side: each started before the other ended (no slack: their steps are long, HELD_PACKED)
     assert spans["v0"][0] < spans["v1"][1] and spans["v1"][0] < spans["v0"][1], (
-        f"packed tasks ran one after another: {spans}"
+        f"co-located tasks ran one after another: {spans}"
     )
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert all(summary["variants"][v]["steps"] == 6 for v in ("v0", "v1", "v2"))
 
 
-def test_pack_by_memory_needs_local(tmp_path):
+def test_colocate_by_memory_needs_local(tmp_path):
     proc = run_cli(
         "base.enabled=false",
         "launcher=slurm",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import failed_base_manifest
 
-from slurm_router.backends.slurm import status as st
+from slurm_router.backends.slurm import queries as st
 from slurm_router.cli import status as cli_status
 
 OUT = Path(__file__).parent / "golden" / "slurm_outputs"
@@ -67,7 +67,7 @@ def test_parse_duration(raw, seconds):
 
 
 def test_format_duration_takes_the_local_launchers_float_seconds():
-    from slurm_router.scheduler.task_status import format_duration
+    from slurm_router.scheduler.task_view import format_duration
 
     assert format_duration(3725.6) == "1:02:06" and format_duration(59) == "0:00:59" and format_duration(None) == "-"
 

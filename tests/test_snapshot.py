@@ -106,14 +106,14 @@ def test_this_checkout_imports_whole_from_its_snapshot(tmp_path):
     checkout = tmp_path / "checkout"
     (checkout / "slurm_router").mkdir(parents=True)
     (checkout / "slurm_router" / "__init__.py").write_text("raise ImportError('the checkout was imported')\n")
-    probe = ["-m", "slurm_router.allocation.job", "--no-such-option"]  # imports the package, then a usage error
+    probe = ["-m", "slurm_router.supervise.job", "--no-such-option"]  # imports the package, then a usage error
     env = {"PYTHONPATH": record["pythonpath"], "PATH": "/usr/bin:/bin"}
     unsafe = subprocess.run([sys.executable, *probe], cwd=checkout, env=env, capture_output=True, text=True)
     assert "the checkout was imported" in unsafe.stderr
     safe = subprocess.run(
         [sys.executable, *probe], cwd=checkout, env={**env, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True
     )
-    assert safe.returncode == 2 and "usage: python -m slurm_router.allocation.job" in safe.stderr, safe.stderr
+    assert safe.returncode == 2 and "usage: python -m slurm_router.supervise.job" in safe.stderr, safe.stderr
 
 
 # ---- the real cluster ------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def _source_copy(root: Path) -> Path:
     subprocess.run([*GIT, "init", "-q", str(root)], check=True)
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "the source as submitted")
-    job = root / "slurm_router" / "allocation" / "job.py"
+    job = root / "slurm_router" / "supervise" / "job.py"
     text = job.read_text()
     at = text.rindex('if __name__ == "__main__":')
     job.write_text(text[:at] + f"print({MARK!r} + __file__, flush=True)\n\n\n" + text[at:])
@@ -183,7 +183,7 @@ def test_resume_after_an_edit_runs_the_submitted_code(tmp_path):
     assert "torch==" in (run_dir / "pip-freeze.txt").read_text()
 
     # the user edits the checkout while the task runs; then an operator cancels the task
-    job = src / "slurm_router" / "allocation" / "job.py"
+    job = src / "slurm_router" / "supervise" / "job.py"
     job.write_text(job.read_text().replace(f"print({MARK!r} + __file__, flush=True)", 'print("EDITED AFTER SUBMIT")'))
     first = manifest["tasks"]["main"]["job_id"]
     wait_until(lambda: max(_steps(run_dir), default=-1) >= 3, "step 3", timeout=180, poll_s=0.3)
@@ -205,7 +205,7 @@ def test_resume_after_an_edit_runs_the_submitted_code(tmp_path):
 
     logs = {p.name: p.read_text() for p in (run_dir / "logs").glob("*.out")}
     for job_id in (first, again):
-        assert f"{MARK}{run_dir / 'code' / 'slurm_router' / 'allocation' / 'job.py'}" in logs[f"{job_id}.out"], logs
+        assert f"{MARK}{run_dir / 'code' / 'slurm_router' / 'supervise' / 'job.py'}" in logs[f"{job_id}.out"], logs
     assert not any("EDITED AFTER SUBMIT" in text for text in logs.values()), "a job ran the edited checkout"
-    assert "EDITED" not in (run_dir / "code" / "slurm_router" / "allocation" / "job.py").read_text()
+    assert "EDITED" not in (run_dir / "code" / "slurm_router" / "supervise" / "job.py").read_text()
     assert len(_steps(run_dir)) == 10

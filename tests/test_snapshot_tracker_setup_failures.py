@@ -86,7 +86,7 @@ def _refused_then_renewed(tmp_path: Path, run_dir: Path) -> None:
     first = manifest["snapshot"]
     assert (
         first["code"] == str(run_dir / "code")
-        and (run_dir / "code" / "slurm_router" / "allocation" / "job.py").is_file()
+        and (run_dir / "code" / "slurm_router" / "supervise" / "job.py").is_file()
     )
     _cancel_all(manifest)
     shutil.rmtree(run_dir / "code")
@@ -107,7 +107,7 @@ def _refused_then_renewed(tmp_path: Path, run_dir: Path) -> None:
     assert manifest["snapshot"] == first, "the submission's snapshot record was rewritten"
     [record] = manifest["resume_snapshots"]
     assert record["code"] == str(code) and record["resume"] == 1 and "was missing" in record["why"]
-    assert (code / "slurm_router" / "allocation" / "job.py").is_file() and not (run_dir / "code").exists()
+    assert (code / "slurm_router" / "supervise" / "job.py").is_file() and not (run_dir / "code").exists()
     script = (run_dir / "submit-resume1.sbatch").read_text()
     assert f"export PYTHONPATH={code}" in script, "the resubmitted job does not import the new snapshot"
     _cancel_all(manifest)

@@ -23,7 +23,7 @@ from conftest import event_rows, run_cli, start_cli, wait_until
 from slurm_router.cli import run_list
 from slurm_router.cli import status as cli_status
 from slurm_router.rundir.progress import last_rows, pace, read_progress
-from slurm_router.scheduler.task_status import TaskStatus
+from slurm_router.scheduler.task_view import TaskView
 
 
 def _row(kind: str, **fields) -> str:
@@ -59,8 +59,8 @@ def test_log_follower_prefixes_new_lines_and_starts_where_a_user_expects(tmp_pat
     running.write_text("".join(f"old {i}\n" for i in range(30)))
     ended.write_text("finished long ago\n")
     tasks = [
-        TaskStatus(stage="variants", variant="a", job_id="1_0", state="RUNNING", log_path=str(running)),
-        TaskStatus(stage="variants", variant="b", job_id="1_1", state="COMPLETED", log_path=str(ended)),
+        TaskView(stage="variants", variant="a", job_id="1_0", state="RUNNING", log_path=str(running)),
+        TaskView(stage="variants", variant="b", job_id="1_1", state="COMPLETED", log_path=str(ended)),
     ]
     out = io.StringIO()
     follower = cli_status.LogFollower(out, backlog=3)

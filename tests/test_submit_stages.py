@@ -43,7 +43,7 @@ class FakeSlurm(Launcher):
 
     @classmethod
     def task_states(cls, manifest):  # what `status` would show: the states the manifest records
-        from slurm_router.scheduler.task_status import local_status
+        from slurm_router.scheduler.task_view import local_status
 
         return local_status(manifest)
 
@@ -221,21 +221,21 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
     """launcher.wait=true: the run's tasks, then the report job; the report it wrote is printed, not written
     again (one writer of report/); if it failed, say so and write it here."""
     from slurm_router.analysis import console, report
-    from slurm_router.backends.slurm import status as slurm_status
+    from slurm_router.backends.slurm import queries as slurm_queries
     from slurm_router.backends.slurm.submitit_launcher import SubmititLauncher
-    from slurm_router.scheduler.task_status import TaskStatus
+    from slurm_router.scheduler.task_view import TaskView
 
     cfg, manifest, _ = _run(tmp_path)
     cfg.launcher.wait = True
     order, written = [], []
     monkeypatch.setattr(
-        slurm_status,
+        slurm_queries,
         "wait_for_run",
         lambda m, poll_s, on_poll=None: (
-            order.append("tasks") or [TaskStatus(stage="variants", variant="v0", job_id="100_0", state="COMPLETED")]
+            order.append("tasks") or [TaskView(stage="variants", variant="v0", job_id="100_0", state="COMPLETED")]
         ),
     )
-    monkeypatch.setattr(slurm_status, "wait_for_job", lambda job_id, poll_s: order.append(job_id) or report_state)
+    monkeypatch.setattr(slurm_queries, "wait_for_job", lambda job_id, poll_s: order.append(job_id) or report_state)
     monkeypatch.setattr(report, "write_report", lambda run_dir: written.append(run_dir) or {"from": "here"})
     monkeypatch.setattr(console, "print_table", lambda summary: print(f"table {summary}"))
     manifest.layout.report.mkdir()

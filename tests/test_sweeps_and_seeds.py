@@ -181,7 +181,7 @@ def test_the_manifest_records_each_tasks_seed_and_variant(tmp_path):
         "r32-s1": ("r32", 1),
     }
     assert json.loads((tmp_path / "run" / "tasks" / "r32-s1" / "task.json").read_text())["seed"] == 1
-    from slurm_router.scheduler.task_status import local_status
+    from slurm_router.scheduler.task_view import local_status
 
     assert [t.variant for t in local_status(manifest.data)] == list(tasks)  # one status row per task
 

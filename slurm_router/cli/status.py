@@ -1,6 +1,6 @@
 """python -m slurm_router.status [RUN_DIR] [--wait] [--follow] [--cancel] [--json] [--run-root DIR]: each task's
 state, progress and log tail, as a table or JSON; wait for, follow or cancel a run's tasks. The states come
-from the run's launcher backend (slurm_router.backends.slurm.status: squeue, sacct, or a local run's manifest);
+from the run's launcher backend (slurm_router.backends.slurm.queries: squeue, sacct, or a local run's manifest);
 without RUN_DIR the recent runs (slurm_router.cli.run_list)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from slurm_router.errors import SchedulerUnavailable, UserError
 from slurm_router.launch.base import Launcher
 from slurm_router.rundir.manifest import Manifest
 from slurm_router.scheduler.registry import launcher_class
-from slurm_router.scheduler.task_status import (
+from slurm_router.scheduler.task_view import (
     FAILED_STATES,
     SUCCESS_STATES,
     TAIL_LINES,
-    TaskStatus,
+    TaskView,
     describe,
     format_duration,
     never_runs,
@@ -38,11 +38,11 @@ class LogFollower:
         self.offsets: dict[str, int] = {}
         self.partial: dict[str, bytes] = {}
 
-    def poll(self, tasks: list[TaskStatus], first: bool = False) -> None:
+    def poll(self, tasks: list[TaskView], first: bool = False) -> None:
         seen: set[str] = set()
         for t in tasks:
             for path, tag in ((t.log_path, t.variant), (t.err_path, f"{t.variant}:err")):
-                if path and path not in seen:  # packed tasks share their array task's logs
+                if path and path not in seen:  # co-located tasks share their array task's logs
                     seen.add(path)
                     start = "end" if first and t.terminal else "backlog" if first else "start"
                     self._read(path, tag, start)
@@ -82,17 +82,17 @@ def run_launcher(manifest: dict) -> type[Launcher]:
     return launcher_class(str(manifest.get("launcher") or "slurm"))
 
 
-def collect(manifest: dict) -> list[TaskStatus]:
+def collect(manifest: dict) -> list[TaskView]:
     """Each task's state from the run's launcher, with its logs and progress."""
     return describe(manifest, run_launcher(manifest).task_states(manifest))
 
 
-def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, timeout_s: float | None = None) -> list[TaskStatus]:
+def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, timeout_s: float | None = None) -> list[TaskView]:
     """--follow: print the tasks' new log lines until every task has ended (or timeout_s); the last statuses."""
     follower = LogFollower(out)
     first = True
 
-    def show(tasks: list[TaskStatus]) -> None:
+    def show(tasks: list[TaskView]) -> None:
         nonlocal first
         follower.poll(tasks, first)
         first = False
@@ -105,20 +105,20 @@ def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, timeout_s: f
 # ---------------------------------------------------------------- presentation
 
 
-def _summary(tasks: list[TaskStatus]) -> str:
+def _summary(tasks: list[TaskView]) -> str:
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t.state] = counts.get(t.state, 0) + 1
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no tasks"
 
 
-def _steps(t: TaskStatus) -> str:
+def _steps(t: TaskView) -> str:
     """'7/12' (steps done of the task's total), '-/12' before its first step."""
     done, total = t.progress.step, t.progress.steps
     return "-" if done is None and total is None else f"{'-' if done is None else done}/{total or '?'}"
 
 
-def render_table(manifest: dict, tasks: list[TaskStatus]) -> None:
+def render_table(manifest: dict, tasks: list[TaskView]) -> None:
     header = f"run {manifest.get('run_id', '?')} ({manifest.get('experiment', '?')}, launcher={manifest.get('launcher', '?')}): {_summary(tasks)}"
     columns = ("stage", "variant", "job", "state", "step", "ETA", "elapsed", "requeues", "exit", "node", "log")
     rows = [
@@ -208,7 +208,7 @@ JSON_ORDER = (
 )
 
 
-def task_json(t: TaskStatus) -> dict:
+def task_json(t: TaskView) -> dict:
     """One task as status --json prints it: Slurm's view (state, job_id, elapsed_s, requeues, exit_code, node,
     reason, log_path, err_path) and its progress (step, steps, train_loss, val_loss, val_step, tokens_per_s: the
     report's figure, rundir/throughput.py; pace_tokens_per_s: the newest steps' wall time, which eta_s uses; eta_s,
@@ -238,7 +238,7 @@ def exit_status(raw: str | int | None) -> tuple[int | None, int | None]:
         return None, None
 
 
-def to_json(manifest: dict, tasks: list[TaskStatus]) -> str:
+def to_json(manifest: dict, tasks: list[TaskView]) -> str:
     return json.dumps(
         {
             "run_id": manifest.get("run_id"),
@@ -340,7 +340,7 @@ def _main(argv: list[str] | None) -> int:
         return 0 if tasks and all(t.state in SUCCESS_STATES for t in tasks) else 1
     if args.wait:
 
-        def progress(tasks: list[TaskStatus]) -> None:
+        def progress(tasks: list[TaskView]) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {_summary(tasks)}", file=sys.stderr, flush=True)
 
         tasks = poll(

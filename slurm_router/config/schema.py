@@ -139,10 +139,10 @@ class SlurmLauncherConfig(LauncherConfig):
     additional_parameters: Dict[str, Any] = field(default_factory=dict)  # more #SBATCH options, e.g. {nice: 10}
     srun_workers: bool = False  # run a task's D workers as D srun tasks, one GPU each
     wait: bool = False  # return once every task AND the report job have ended
-    max_requeues: int = 3  # time-limit requeues per task (slurm_router.allocation.requeue)
+    max_requeues: int = 3  # time-limit requeues per task (slurm_router.supervise.requeue)
     signal_delay_s: int = 120  # USR2 this long before the time limit: checkpoint, then requeue
     # a task that failed for a reason not its own (a worker killed by a signal, NODE_FAIL) runs again from its
-    # checkpoint, away from that node, up to this many times (slurm_router.allocation.retry)
+    # checkpoint, away from that node, up to this many times (slurm_router.supervise.retry)
     max_failures: int = 0
     # How the job runs (launch/container.py, launch/snapshot.py). setup: shell lines the job runs before the
     # task (module load, source a venv, export), as written: shell by design, trusted like your own sbatch
@@ -234,7 +234,7 @@ class BaseStageConfig:
 @dataclass
 class ResourcesConfig:
     devices_per_task: int = 1  # devices (GPUs, or CPU workers) per task; the router splits each batch over them
-    # Variant packing: tasks sharing one GPU (small LoRA jobs leave most of a big GPU idle).
+    # Co-located variants: tasks sharing one GPU (small LoRA jobs leave most of a big GPU idle).
     # 1 = a GPU per task; N = up to N tasks per GPU; 0 = as many as their predicted memory fits.
     tasks_per_gpu: int = 1
     # Nodes a task's devices spread over, devices_per_task/N on each (Slurm launchers with launcher.srun_workers:

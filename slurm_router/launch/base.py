@@ -26,12 +26,12 @@ from slurm_router.errors import SchedulerUnavailable, UserError
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import TaskState, raise_if_stop_dropped
 from slurm_router.rundir.spec import Stage, TaskSpec
-from slurm_router.scheduler.task_status import TaskStatus
+from slurm_router.scheduler.task_view import TaskView
 
 
 @dataclass(frozen=True)
 class TaskJob:
-    """Where Slurm runs one task: its job id (JOB_INDEX for an array task; packed tasks share one) and logs."""
+    """Where Slurm runs one task: its job id (JOB_INDEX for an array task; co-located tasks share one) and logs."""
 
     job_id: str
     log_path: str
@@ -112,8 +112,8 @@ class Launcher(ABC):
     # ---- what status, --wait, --cancel and resume= ask of the scheduler that runs a run's tasks ------------------
     @classmethod
     @abstractmethod
-    def task_states(cls, manifest: dict) -> list[TaskStatus]:
-        """Each task of a run this launcher ran, in scheduler/task_status.py's words (task_status.describe adds the
+    def task_states(cls, manifest: dict) -> list[TaskView]:
+        """Each task of a run this launcher ran, in scheduler/task_view.py's words (task_view.describe adds the
         logs and progress): the local launcher's from the manifest it keeps; a launcher that returns before its
         tasks end asks its scheduler (the Slurm launchers: squeue and sacct)."""
 

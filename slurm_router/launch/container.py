@@ -1,9 +1,9 @@
 """launcher.container: how a task's command is wrapped to run inside an image (docs/design/jobs.md, "How a
 job runs"). Pure: argv lists, no I/O but os.path.
 
-    apptainer   apptainer exec [--nv] --bind RUN_DIR,DATA,...  IMAGE  python3 -m slurm_router.allocation.job ...
+    apptainer   apptainer exec [--nv] --bind RUN_DIR,DATA,...  IMAGE  python3 -m slurm_router.supervise.job ...
     pyxis       srun ... --container-image=IMAGE --container-mounts=RUN_DIR:RUN_DIR,... --container-workdir=RUN_DIR
-                         python3 -m slurm_router.allocation.job ...
+                         python3 -m slurm_router.supervise.job ...
 
 Requeue from inside a container: images seldom carry Slurm's client, so the task never calls `scontrol` there.
 Whatever runs outside the container does it:
@@ -12,8 +12,8 @@ Whatever runs outside the container does it:
   (76) when its verdict (requeue.after_stop) is a requeue; the shell then runs `scontrol requeue` for its own
   array task and exits 75.
 - launcher=slurm, apptainer: submitit's own process runs outside, on the submitting interpreter, and starts
-  the task as a child `apptainer exec ... python3 -m slurm_router.allocation.job TASK_FILE` (allocation.pack.PackRunner with
-  one task); the child asks for the requeue with exit 76 and submitit requeues, as for a pack.
+  the task as a child `apptainer exec ... python3 -m slurm_router.supervise.job TASK_FILE` (supervise.colocate.ColocatedRunner with
+  one task); the child asks for the requeue with exit 76 and submitit requeues, as for co-located tasks.
 - launcher=slurm, pyxis: pyxis wraps srun steps, and submitit's process is the step, so it runs inside the
   image: the image needs submitit, and `scontrol` for requeues (else use launcher=sbatch).
 

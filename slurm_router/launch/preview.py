@@ -98,7 +98,7 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
 
     backend = backend_of(cfg.launcher.kind)
     queued = backend.queued  # a scheduler's arrays, each job with its time limit
-    per_pack = backend.tasks_per_pack(cfg)
+    per_array_task = backend.colocated_tasks(cfg)
     kind, total, source = _device_memory(cfg)
     limit_h = backend.time_limit_h(cfg)
     lines = [f"launcher={cfg.launcher.kind}; devices are {kind}: {source}" + (f", {_gib(total)}" if total else "")]
@@ -109,9 +109,9 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             lines.append(f"stage {stage.name}: cached (an earlier run trained it): not run")
             continue
         devices = max(int(t.devices) for t in stage.tasks)
-        arrays = -(-len(stage.tasks) // per_pack)
+        arrays = -(-len(stage.tasks) // per_array_task)
         array = f"; one {backend.name.capitalize()} array of {arrays} task(s)" + (
-            f" ({per_pack} tasks packed each)" if per_pack > 1 else ""
+            f" ({per_array_task} tasks co-located each)" if per_array_task > 1 else ""
         )
         lines.append(
             f"stage {i + 1} {stage.name}{after}: {len(stage.tasks)} task(s) x {devices} device(s)"

@@ -90,7 +90,7 @@ class Progress:
             print(f"  {self.tasks[name].stage}/{name}: step {step}/{total}  {self._info(name)}", flush=True)
 
     def follow(self, statuses: list) -> None:
-        """launcher.wait=true's poll (a Slurm run's TaskStatus rows): every task's bar or line, and one line for
+        """launcher.wait=true's poll (a Slurm run's TaskView rows): every task's bar or line, and one line for
         each task as it ends, in Slurm's word (COMPLETED, FAILED, TIMEOUT...)."""
         self.update()
         for t in statuses:

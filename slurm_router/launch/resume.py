@@ -149,8 +149,8 @@ def check_config_unchanged(manifest: Manifest) -> None:
 def renew_timeout_budget(specs: list[TaskSpec]) -> None:
     """A resume is the user's decision to go on: each task gets launcher.max_requeues time-limit requeues and
     launcher.max_failures retries afresh (its attempt count, requeue and failure history stay)."""
-    from slurm_router.allocation.retry import renew
     from slurm_router.rundir.attempts import reset_timeouts
+    from slurm_router.supervise.retry import renew
 
     for spec in specs:
         reset_timeouts(spec.task_dir)

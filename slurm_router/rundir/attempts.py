@@ -1,6 +1,6 @@
 """A task's attempts, kept in RUN_DIR/tasks/<name>/attempts.json (stable across requeues): every start of a task is
 a new attempt (0, 1, ...), and the time-limit hits, requeues and failures counted against launcher.max_requeues
-and launcher.max_failures (slurm_router.allocation.requeue and retry decide; this module only keeps the count)."""
+and launcher.max_failures (slurm_router.supervise.requeue and retry decide; this module only keeps the count)."""
 
 from __future__ import annotations
 

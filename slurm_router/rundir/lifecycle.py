@@ -6,7 +6,8 @@ records, the exit codes a task process ends with, and the outcome each code mean
 
 Every state here is one that something writes: the local queue and the Slurm launchers (manifest), and
 `status` maps Slurm's own words onto them for display. The exit codes are shared by the job process, the
-pack runner and the local queue, so they all read a child's end the same way (TaskOutcome.from_exit_code).
+co-location runner and the local queue, so they all read a child's end the same way
+(TaskOutcome.from_exit_code).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import signal
 from typing import cast
 
 # The stop signals: Slurm's time-limit warning or a preemption (USR2), kill (TERM), Ctrl-C (INT). Each one makes a
-# task finish its step, checkpoint and stop (slurm_router.allocation.supervisor, worker.state).
+# task finish its step, checkpoint and stop (slurm_router.supervise.supervisor, worker.state).
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a worker died or raised
 EXIT_USAGE = 2  # the user's mistake (bad config, unusable checkpoints): one line said why
 EXIT_STOPPED = 75  # stopped on a signal after a checkpoint; resume continues (EX_TEMPFAIL)
-EXIT_REQUEUE = 76  # stopped after a checkpoint, asks its pack (or, in a container, its batch script) to requeue
+EXIT_REQUEUE = 76  # stopped after a checkpoint, asks its runner (co-located, or in a container its script) to requeue
 EXIT_INTERRUPTED = 130  # the launcher itself after Ctrl-C (128 + SIGINT, as shells report it)
 
 
@@ -95,11 +96,11 @@ _SLURM_WORDS = {
 
 
 class TaskOutcome(str, enum.Enum):
-    """How one task process (or a pack of them) ended."""
+    """How one task process (or K co-located ones) ended."""
 
     COMPLETED = "completed"
     STOPPED = "stopped"  # checkpointed after a signal; not requeued
-    REQUEUE = "requeue"  # checkpointed and wants its allocation requeued (packed tasks)
+    REQUEUE = "requeue"  # checkpointed and wants its allocation requeued (co-located tasks)
     FAILED = "failed"
 
     @classmethod
@@ -110,7 +111,7 @@ class TaskOutcome(str, enum.Enum):
 
     @classmethod
     def combine(cls, outcomes: list["TaskOutcome"]) -> "TaskOutcome":
-        """A pack's outcome: any failure fails it; else any requeue request requeues it (once); else stopped if
+        """Co-located tasks' outcome: any failure fails it; else any requeue request requeues it (once); else stopped if
         any stopped."""
         for worst in (cls.FAILED, cls.REQUEUE, cls.STOPPED):
             if worst in outcomes:

@@ -121,7 +121,7 @@ class Backend:
         """The shortest interval between two polls of this scheduler (`status --wait`, `--follow`)."""
         return 0.0
 
-    def tasks_per_pack(self, cfg: DictConfig) -> int:
+    def colocated_tasks(self, cfg: DictConfig) -> int:
         """Tasks per job (resources.tasks_per_gpu on a queue); 1 where each task is its own job."""
         return 1
 

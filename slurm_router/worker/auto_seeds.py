@@ -39,7 +39,7 @@ def reserve_index(spec) -> int | None:
 
 def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float = POLL_S) -> dict | None:
     """Block until the reserve's call is made: None to run it, or its not_needed result (the job writes it and
-    its end row: allocation/job.py). Any other task returns None at once; so does a reserve told to stop while
+    its end row: supervise/job.py). Any other task returns None at once; so does a reserve told to stop while
     it waits (stop(): a signal came; the job then stops as before its workers start)."""
     index = reserve_index(spec)
     if index is None:

@@ -1,6 +1,6 @@
 """CPU threads per worker, decided once, by whoever starts workers side by side (docs/ARCHITECTURE.md).
 
-The local queue knows how many CPU workers of a stage can run at once, the pack runner how many tasks share
+The local queue knows how many CPU workers of a stage can run at once, the co-location runner how many tasks share
 its allocation; each passes the answer to its children in SLURM_ROUTER_THREADS, and a worker only reads it.
 Without it (an sbatch or srun task started by Slurm) a worker divides the cores it may use by the workers
 beside it. A single variant on an idle machine gets every core.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs, TaskJob
 from slurm_router.rundir.spec import Stage
-from slurm_router.scheduler.task_status import TaskStatus
+from slurm_router.scheduler.task_view import TaskView
 from stub_backend import StubLauncherConfig
 from stub_backend.cluster import read_state
 
@@ -49,7 +49,7 @@ class StubLauncher(Launcher):
         tasks = [
             {
                 "name": t.name,
-                "argv": [sys.executable, "-m", "slurm_router.allocation.job", str(self.layout.task(t.name).task_file)],
+                "argv": [sys.executable, "-m", "slurm_router.supervise.job", str(self.layout.task(t.name).task_file)],
                 "log_path": str(self.layout.logs / f"{t.name}.out"),
                 "err_path": str(self.layout.logs / f"{t.name}.err"),
             }
@@ -76,13 +76,13 @@ class StubLauncher(Launcher):
         return 0 if all(t.state == "COMPLETED" for t in states) else 1
 
     @classmethod
-    def task_states(cls, manifest: dict) -> list[TaskStatus]:
+    def task_states(cls, manifest: dict) -> list[TaskView]:
         out = []
         for name, info in (manifest.get("tasks") or {}).items():
             job_id = str(info.get("job_id") or "")
             state = read_state(manifest["run_dir"], job_id) if job_id else {"state": "PENDING"}
             out.append(
-                TaskStatus(
+                TaskView(
                     stage=str(info.get("stage", "")),
                     variant=name,
                     job_id=job_id or "-",

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
 
-from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
 from slurm_router.config.schema import FUSE_AUTO, LocalLauncherConfig
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
@@ -35,7 +34,8 @@ from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskSta
 from slurm_router.rundir.lock import LOCK_FD_ENV
 from slurm_router.rundir.lock import held as held_lock
 from slurm_router.rundir.spec import Stage, TaskSpec
-from slurm_router.scheduler.task_status import TaskStatus, local_tasks
+from slurm_router.scheduler.task_view import TaskView, local_tasks
+from slurm_router.supervise.supervisor import LAUNCHER_PID_ENV, pause_for_tests, stop_signals_blocked
 from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
 
@@ -63,12 +63,12 @@ class Running:
 
 
 def device_pool(cfg) -> tuple[list[str], bool]:
-    """Device slots: each GPU id appears once per task it may hold (variant packing), or CPU worker slots."""
+    """Device slots: each GPU id appears once per task it may hold (co-located tasks), or CPU worker slots."""
     gpus = detect_gpus()
     if gpus:
         per_gpu = cfg.resources.tasks_per_gpu or packable_tasks(cfg, gpu_total_bytes(gpus[0]))
         if per_gpu > 1:
-            print(f"variant packing: up to {per_gpu} tasks per GPU")
+            print(f"co-location: up to {per_gpu} tasks per GPU")
         return [g for g in gpus for _ in range(per_gpu)], True
     # resume=RUN_DIR launcher=local of a Slurm run: its config has no cpu_slots (the schema's default then)
     slots = cfg.launcher.get("cpu_slots") or os.cpu_count() or 1
@@ -139,7 +139,7 @@ def auto_fuse_variants(cfg, n_tasks: int, limit: int = 64) -> tuple[int, str]:
 
 
 def _take(free: list[str], n: int) -> list[str] | None:
-    """n slots on n different devices, emptiest devices first (spread before packing); None if impossible."""
+    """n slots on n different devices, emptiest devices first (spread before co-locating); None if impossible."""
     order = sorted(dict.fromkeys(free), key=lambda d: -free.count(d))
     return order[:n] if len(order) >= n else None
 
@@ -151,7 +151,7 @@ class LocalLauncher(Launcher):
     synchronous = True
 
     @classmethod
-    def task_states(cls, manifest: dict) -> list[TaskStatus]:
+    def task_states(cls, manifest: dict) -> list[TaskView]:
         return local_tasks(manifest)
 
     @classmethod
@@ -366,7 +366,7 @@ def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, 
         env[LOCK_FD_ENV] = str(lock.fd)
     with open(log, "ab") as f:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_router.allocation.job", str(layout.task(spec.name).task_file)],
+            [sys.executable, "-m", "slurm_router.supervise.job", str(layout.task(spec.name).task_file)],
             stdout=f,
             stderr=subprocess.STDOUT,
             env=env,

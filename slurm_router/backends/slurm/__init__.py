@@ -49,10 +49,10 @@ class SlurmBackend(Backend):
 
         return poll_floor_s()
 
-    def tasks_per_pack(self, cfg: DictConfig) -> int:
-        from slurm_router.backends.slurm.common import tasks_per_pack
+    def colocated_tasks(self, cfg: DictConfig) -> int:
+        from slurm_router.backends.slurm.common import colocated_tasks
 
-        return tasks_per_pack(cfg)
+        return colocated_tasks(cfg)
 
     def time_limit_h(self, cfg: DictConfig) -> float | None:
         return float(cfg.launcher.timeout_min) / 60

@@ -44,7 +44,7 @@ MAX_RETRY_WAIT_S = 60.0
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: try again later
 TRIES_ENV, RETRY_S_ENV = "SLURM_ROUTER_SLURM_TRIES", "SLURM_ROUTER_SLURM_RETRY_S"
 # The shortest wait between two polls of a run's jobs (status --wait/--follow, launcher.wait, the report job's
-# wait): each poll is one squeue and at most one sacct for all of them (backends/slurm/status.py)
+# wait): each poll is one squeue and at most one sacct for all of them (backends/slurm/queries.py)
 POLL_MIN_ENV, POLL_MIN_S = "SLURM_ROUTER_POLL_MIN_S", 2.0
 # submitit's sbatch runs in a child process (below): its retry lines are appended here for the parent to print
 SAY_FILE_ENV = "SLURM_ROUTER_SLURM_SAY_FILE"

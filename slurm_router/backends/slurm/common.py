@@ -1,13 +1,13 @@
-"""What both Slurm launchers share: the checks, the one-line rejection, packing, and the end of a run
+"""What both Slurm launchers share: the checks, the one-line rejection, co-location, and the end of a run
 (print the job ids; with launcher.wait=true wait for every task AND the report job, then print the report
 that job wrote: one writer of report/ at a time).
 
-Every stage is ONE array job (one array task per variant, or per pack of resources.tasks_per_gpu variants);
+Every stage is ONE array job (one array task per variant, or per resources.tasks_per_gpu co-located variants);
 a later stage waits with --dependency=afterok and --kill-on-invalid-dep=yes (if the stage it waits on fails,
 Slurm cancels it rather than keep it PENDING forever: DependencyNeverSatisfied); a last small job writes the
 report once every stage has ended (afterany), so a failed stage still gets a report saying what happened.
 Both ask Slurm for USR2 launcher.signal_delay_s before the time limit and allow requeues: the task
-checkpoints at its step end and is requeued into the same run dir (slurm_router.allocation.job, slurm_router.allocation.requeue).
+checkpoints at its step end and is requeued into the same run dir (slurm_router.supervise.job, slurm_router.supervise.requeue).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from slurm_router.config.schema import FUSE_AUTO, fusing, launcher_setting
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs
 from slurm_router.rundir.spec import Stage
-from slurm_router.scheduler.task_status import TaskStatus
+from slurm_router.scheduler.task_view import TaskView
 
 REPORT_TIMEOUT_MIN = 30  # the report job reads events and sacct: minutes at most
 KILL_ON_INVALID_DEP = "kill-on-invalid-dep"  # sbatch's option: cancel a job whose dependency cannot be met
@@ -69,20 +69,20 @@ def user_gpu_request(keys) -> list[str]:
 def job_cpus(cfg, devices: int) -> int:
     """--cpus-per-task of a stage's Slurm task, by one rule: the user's launcher.cpus_per_task when set; else
     launcher.cpus_per_device for each worker process the task runs: one (launcher.srun_workers: a srun task is
-    one worker), or devices x tasks per pack (one process starts a worker per device, for each packed task)."""
+    one worker), or devices x co-located tasks (one process starts a worker per device, for each co-located task)."""
     lc = cfg.launcher
     if lc.get("cpus_per_task") is not None:
         return int(lc.cpus_per_task)
-    workers = 1 if lc.get("srun_workers") else devices * tasks_per_pack(cfg)
+    workers = 1 if lc.get("srun_workers") else devices * colocated_tasks(cfg)
     return max(1, workers) * int(launcher_setting(lc, "cpus_per_device"))
 
 
-def tasks_per_pack(cfg) -> int:
-    """Tasks per array task under Slurm (resources.tasks_per_gpu); checked by check_packing."""
+def colocated_tasks(cfg) -> int:
+    """Tasks per array task under Slurm (resources.tasks_per_gpu); checked by check_colocation."""
     return max(1, int(cfg.resources.tasks_per_gpu))
 
 
-def check_packing(cfg) -> None:
+def check_colocation(cfg) -> None:
     if cfg.resources.tasks_per_gpu == 0:
         raise UserError(
             "resources.tasks_per_gpu=0 (pack by predicted memory) works with launcher=local only: "
@@ -91,10 +91,10 @@ def check_packing(cfg) -> None:
     if cfg.resources.tasks_per_gpu > 1 and cfg.launcher.srun_workers:
         raise UserError(
             "resources.tasks_per_gpu>1 and launcher.srun_workers=true do not combine: "
-            "a packed array task runs its tasks side by side on the same GPUs"
+            "a co-located array task runs its tasks side by side on the same GPUs"
         )
-    # resources.fuse_variants with tasks_per_gpu=N packs N fused tasks (their leaders) into an array task: the pack
-    # runs each leader's task.json as any task's (allocation/pack.py)
+    # resources.fuse_variants with tasks_per_gpu=N co-locates N fused tasks (their leaders) in an array task: the runner
+    # runs each leader's task.json as any task's (supervise/colocate.py)
     fuse = cfg.resources.get("fuse_variants", 1)
     if fuse == FUSE_AUTO:
         raise UserError(
@@ -150,14 +150,14 @@ class SlurmLauncher(Launcher):
     new_snapshot: bool = False  # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
 
     @classmethod
-    def task_states(cls, manifest: dict) -> list[TaskStatus]:
-        from slurm_router.backends.slurm.status import slurm_states
+    def task_states(cls, manifest: dict) -> list[TaskView]:
+        from slurm_router.backends.slurm.queries import slurm_states
 
         return slurm_states(manifest)
 
     @classmethod
     def cancel(cls, manifest: dict) -> str | None:
-        from slurm_router.backends.slurm.status import cancel_run
+        from slurm_router.backends.slurm.queries import cancel_run
 
         ids = cancel_run(manifest)
         return f"scancel {' '.join(ids)}" if ids else None
@@ -168,7 +168,7 @@ class SlurmLauncher(Launcher):
 
         if not cfg.get("dry_run"):  # dry_run=true only renders and prints: no Slurm needed here
             check_slurm()
-        check_packing(cfg)
+        check_colocation(cfg)
         check_nodes(cfg)
         resolve_container(cfg)
 
@@ -190,7 +190,7 @@ class SlurmLauncher(Launcher):
         on a failed stage will never run: they are cancelled (one line), and resume= submits them again."""
         if not self.manifest.data.get("job_ids") and not self.manifest.data.get("jobs"):
             return
-        from slurm_router.backends.slurm.status import live_tasks
+        from slurm_router.backends.slurm.queries import live_tasks
 
         cancelled = self.cancel_never_runnable("resume", report_too=True)  # sacct lags the scancel
         live = [t for t in live_tasks(self.manifest.data) if t.job_id not in cancelled]
@@ -205,7 +205,7 @@ class SlurmLauncher(Launcher):
     def cancel_never_runnable(self, who: str, report_too: bool = False) -> set[str]:
         """scancel what waits on a dependency that can never be satisfied (a stage it waits on failed); one line.
         Returns the job ids of the tasks cancelled."""
-        from slurm_router.backends.slurm.status import cancel_never_runnable
+        from slurm_router.backends.slurm.queries import cancel_never_runnable
 
         stuck, report = cancel_never_runnable(self.manifest.data, report_too=report_too)
         if stuck:
@@ -246,7 +246,7 @@ class SlurmLauncher(Launcher):
         if it did not, say so and write it here: by then nothing else writes report/)."""
         from slurm_router.analysis.console import print_table
         from slurm_router.analysis.report import write_report
-        from slurm_router.backends.slurm.status import SUCCESS_STATES, wait_for_job, wait_for_run
+        from slurm_router.backends.slurm.queries import SUCCESS_STATES, wait_for_job, wait_for_run
 
         progress = self.progress()  # a bar per task on a terminal, plain lines in a log: as a local run shows
         try:

@@ -11,7 +11,7 @@ import sys
 from slurm_router.backends.slurm.commands import run_command
 from slurm_router.backends.slurm.lost_nodes import lost_nodes
 from slurm_router.backends.slurm.parse import expected_jobs, merge_status, parse_duration
-from slurm_router.backends.slurm.status import in_slurm, job_ids, query_slurm
+from slurm_router.backends.slurm.queries import in_slurm, job_ids, query_slurm
 from slurm_router.errors import SchedulerUnavailable
 from slurm_router.scheduler.base import Runner
 

@@ -1,6 +1,6 @@
-"""Pure parsing of what Slurm says (squeue, sacct) and what the manifest says, into one TaskStatus per task.
+"""Pure parsing of what Slurm says (squeue, sacct) and what the manifest says, into one TaskView per task.
 No I/O here: unit-tested on outputs captured from Slurm 22.05 (tests/golden/slurm_outputs).
-slurm_router.backends.slurm.status does the querying, waiting, cancelling and printing.
+slurm_router.backends.slurm.queries does the querying, waiting, cancelling and printing.
 
 Sources, and why both: squeue -t all is the controller's truth for pending, running and recently ended
 tasks (kept for MinJobAge) but forgets older ones; sacct keeps history, exit codes and requeued attempts,
@@ -23,14 +23,14 @@ from dataclasses import replace
 from typing import Callable
 
 from slurm_router.rundir.progress import TaskProgress
-from slurm_router.scheduler.task_status import (
+from slurm_router.scheduler.task_view import (
     FAILED_STATES,
     HELD_STATES,
     NEVER_SATISFIED,
     REQUEUE_STATES,
     TERMINAL_STATES,
     SlurmRow,
-    TaskStatus,
+    TaskView,
     local_status,
     never_runs,
     normalize_state,
@@ -200,7 +200,7 @@ def parse_sacct(text: str, expect: Expect | None = None) -> dict[str, SlurmRow]:
 
 def task_job_id(job: dict, task: dict) -> str:
     """The Slurm id of one manifest task: JOB_INDEX for an array job, JOB otherwise (as recorded at submission:
-    packed tasks share their array task's id)."""
+    co-located tasks share their array task's id)."""
     if task.get("job_id"):
         return str(task["job_id"])
     if job.get("array") and task.get("array_index") is not None:
@@ -208,8 +208,8 @@ def task_job_id(job: dict, task: dict) -> str:
     return str(job["job_id"])
 
 
-def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, SlurmRow]) -> list[TaskStatus]:
-    """One TaskStatus per submitted task (squeue decides the state when it has the task; sacct adds history),
+def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, SlurmRow]) -> list[TaskView]:
+    """One TaskView per submitted task (squeue decides the state when it has the task; sacct adds history),
     plus the manifest's cached tasks, which were never submitted. A task submitted again (resume=) is the
     job that submitted it last."""
     out = [t for t in local_status(manifest) if t.state == "CACHED"]
@@ -234,7 +234,7 @@ def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, S
             # sacct lags: while squeue says running, its elapsed is fresher; once ended sacct is exact.
             best = hist if hist and (not live or hist.state == live.state) else live
             out.append(
-                TaskStatus(
+                TaskView(
                     stage=str(job.get("stage", "")),
                     variant=str(task.get("variant", task.get("array_index", ""))),
                     job_id=key,
@@ -269,7 +269,7 @@ def _waiting_reason(key: str, state: str, reason: str | None) -> str | None:
     return reason
 
 
-def unsubmitted(manifest: dict, submitted: set[str]) -> list[TaskStatus]:
+def unsubmitted(manifest: dict, submitted: set[str]) -> list[TaskView]:
     """The tasks no job holds (Slurm never answered their sbatch, or the command was stopped before it): not yet
     submitted while the command submits, else INTERRUPTED, which resume= submits."""
     infos = manifest.get("tasks") or {}
@@ -283,7 +283,7 @@ def unsubmitted(manifest: dict, submitted: set[str]) -> list[TaskStatus]:
         if info.get("state", "pending") not in ("pending", "submitted"):
             continue  # cached (listed above), skipped: not a task left to submit
         out.append(
-            TaskStatus(
+            TaskView(
                 stage=str(info.get("stage", "")),
                 variant=str(name),
                 job_id="-",
@@ -294,7 +294,7 @@ def unsubmitted(manifest: dict, submitted: set[str]) -> list[TaskStatus]:
     return out
 
 
-def mirror_fused(manifest: dict, tasks: list[TaskStatus]) -> list[TaskStatus]:
+def mirror_fused(manifest: dict, tasks: list[TaskView]) -> list[TaskView]:
     """resources.fuse_variants: each task fused into another (never submitted itself) right after its leader,
     with the leader's job and state (it trains inside it); its progress is read from its own folder later."""
     members: dict[str, list[str]] = {}
@@ -310,11 +310,11 @@ def mirror_fused(manifest: dict, tasks: list[TaskStatus]) -> list[TaskStatus]:
     ]
 
 
-def blame_failed_stages(manifest: dict, tasks: list[TaskStatus]) -> None:
+def blame_failed_stages(manifest: dict, tasks: list[TaskView]) -> None:
     """A task that never ran because a stage it waits on failed gets the reason 'DependencyNeverSatisfied:
     stage base failed (base FAILED)'. Slurm says DependencyNeverSatisfied only while squeue still holds the job
     (MinJobAge); a task CANCELLED before it ever had a node, in a stage after a failed one, is such a task too."""
-    by_stage: dict[str, list[TaskStatus]] = {}
+    by_stage: dict[str, list[TaskView]] = {}
     for t in tasks:
         by_stage.setdefault(t.stage, []).append(t)
     for stage in manifest.get("stages") or []:

@@ -17,17 +17,17 @@ def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
     RUN_DIR/submit-all.sh: the exact submit commands in order, each stage after the one before (afterok,
     cancelled if that fails) and the report after the last (afterany). Returns the commands."""
     from slurm_router.backends.slurm.common import KILL_ON_INVALID_DEP, REPORT_TIMEOUT_MIN, stage_devices
-    from slurm_router.backends.slurm.common import tasks_per_pack as per_pack_of
+    from slurm_router.backends.slurm.common import colocated_tasks as colocated_of
     from slurm_router.backends.slurm.sbatch_launcher import report_script, sbatch_spec
     from slurm_router.backends.slurm.sbatch_render import safe_job_name, write_sbatch
 
     layout, run_dir = manifest.layout, str(manifest.layout.root)
-    per_pack = per_pack_of(cfg)
+    per_array_task = colocated_of(cfg)
     todo = [s for s in stages if not s.cached]
     commands = ["set -euo pipefail"]
     prev = None
     for stage in todo:
-        n_arrays = -(-len(manifest.stage_tasks(stage.name)) // per_pack)
+        n_arrays = -(-len(manifest.stage_tasks(stage.name)) // per_array_task)
         spec = sbatch_spec(cfg, run_dir, stage.name, n_arrays, stage_devices(stage), None)
         last = stage.name == manifest.data["stages"][-1]["name"]
         script = write_sbatch(spec, layout.sbatch_script(stage.name, last, 0))

@@ -1,5 +1,5 @@
 """launcher=sbatch: each stage is rendered to RUN_DIR/submit[-<stage>].sbatch from sbatch_templates/ and
-submitted with sbatch; its array tasks run `python -m slurm_router.allocation.job --run-dir RUN_DIR --stage NAME`.
+submitted with sbatch; its array tasks run `python -m slurm_router.supervise.job --run-dir RUN_DIR --stage NAME`.
 launcher.dry_run=true renders the scripts and submits nothing. A resumed run submits only the unfinished
 tasks' array indices, to submit[-<stage>]-resume<N>.sbatch: an array index always means the same task.
 How the task's command is formed (launcher.setup, .python, .container, .snapshot): sbatch_render, container."""
@@ -12,15 +12,15 @@ import sys
 from slurm_router.backends.slurm.common import (
     REPORT_TIMEOUT_MIN,
     SlurmLauncher,
+    check_colocation,
     check_nodes,
-    check_packing,
     check_slurm,
+    colocated_tasks,
     job_cpus,
     mail_options,
     sbatch_error,
     srun_layout,
     stage_devices,
-    tasks_per_pack,
 )
 from slurm_router.backends.slurm.sbatch_render import (
     SbatchSpec,
@@ -48,7 +48,7 @@ def sbatch_spec(
     indices: tuple[int, ...] | None = None,
     pythonpath: str | None = None,
 ) -> SbatchSpec:
-    lc, per_pack = cfg.launcher, tasks_per_pack(cfg)
+    lc, per_array_task = cfg.launcher, colocated_tasks(cfg)
     gpus, mail = 1 if lc.srun_workers else devices, mail_options(lc)
     container = container_spec(cfg, run_dir, gpus=gpus > 0)
     return SbatchSpec(
@@ -72,8 +72,8 @@ def sbatch_spec(
         nodes=srun_layout(cfg, devices)[0] if lc.srun_workers else 1,
         extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
         python=task_python(cfg, in_container=container is not None),
-        task_argv=("-m", "slurm_router.allocation.job", "--run-dir", run_dir, "--stage", stage)
-        + (("--pack", str(per_pack)) if per_pack > 1 else ()),
+        task_argv=("-m", "slurm_router.supervise.job", "--run-dir", run_dir, "--stage", stage)
+        + (("--colocate", str(per_array_task)) if per_array_task > 1 else ()),
         setup=tuple(str(line) for line in launcher_setting(lc, "setup") or ()),
         pythonpath=pythonpath,
         container=container,
@@ -103,7 +103,7 @@ class SbatchLauncher(SlurmLauncher):
         a dry run only renders, so it needs no Slurm here."""
         if not (cfg.launcher.dry_run or cfg.get("dry_run")):
             check_slurm()
-        check_packing(cfg)
+        check_colocation(cfg)
         check_nodes(cfg)
         resolve_container(cfg)
         try:
@@ -112,9 +112,9 @@ class SbatchLauncher(SlurmLauncher):
             raise UserError(f"launcher: {e}") from None
 
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
-        per_pack, resumed = tasks_per_pack(self.cfg), self.manifest.data.get("resumed", 0)
-        n_arrays = -(-len(self.manifest.stage_tasks(stage.name)) // per_pack)
-        indices = tuple(sorted({t.index // per_pack for t in stage.tasks}))
+        per_array_task, resumed = colocated_tasks(self.cfg), self.manifest.data.get("resumed", 0)
+        n_arrays = -(-len(self.manifest.stage_tasks(stage.name)) // per_array_task)
+        indices = tuple(sorted({t.index // per_array_task for t in stage.tasks}))
         spec = sbatch_spec(
             self.cfg,
             str(self.layout.root),
@@ -139,12 +139,12 @@ class SbatchLauncher(SlurmLauncher):
             raise sbatch_error(e) from None
         return StageJobs(
             job_id=job_id,
-            tasks={t.name: self._task_job(f"{job_id}_{t.index // per_pack}") for t in stage.tasks},
+            tasks={t.name: self._task_job(f"{job_id}_{t.index // per_array_task}") for t in stage.tasks},
             job_name=spec.job_name,
         )
 
     def _task_job(self, array_task: str) -> TaskJob:
-        """An array task (JOB_INDEX; packed tasks share one) and the logs the template names after it."""
+        """An array task (JOB_INDEX; co-located tasks share one) and the logs the template names after it."""
         logs = self.layout.logs
         return TaskJob(array_task, str(logs / f"{array_task}.out"), str(logs / f"{array_task}.err"))
 

@@ -29,7 +29,6 @@ from pathlib import Path
 from string import Template
 from typing import Any, cast
 
-from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV
 from slurm_router.backends.slurm.commands import sbatch
 from slurm_router.backends.slurm.common import afterok, user_gpu_request
 from slurm_router.backends.slurm.job import outside_exports
@@ -39,6 +38,7 @@ from slurm_router.config.schema import SlurmLauncherConfig
 from slurm_router.launch.container import ContainerSpec
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
+from slurm_router.supervise.requeue import REQUEUE_REQUEST_ENV
 
 TEMPLATE_NAME = "array.sbatch"
 

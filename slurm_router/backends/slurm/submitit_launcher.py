@@ -1,12 +1,12 @@
 """launcher=slurm: each stage is one submitit map_array (one sbatch call); the callables are job.TaskRunner,
-or allocation.pack.PackRunner for K packed tasks, and analysis.report.write_report_job for the report (backends/slurm/common.py).
+or supervise.colocate.ColocatedRunner for K co-located tasks, and analysis.report.write_report_job for the report (backends/slurm/common.py).
 
 How the job's command is formed, as Hydra's submitit launcher does it: launcher.setup is submitit's `setup`
 (shell lines before srun, as written), then the snapshot first on PYTHONPATH, with PYTHONSAFEPATH=1 so that
 `python -m` does not put the submission directory (often the checkout itself) before it; launcher.python is
 the executor's `python`. launcher.container (container.py):
-apptainer wraps the task inside the callable (a PackRunner of one runs `apptainer exec ... python3 -m
-slurm_router.allocation.job TASK_FILE`), so submitit's own process stays outside and requeues; pyxis adds
+apptainer wraps the task inside the callable (a ColocatedRunner of one runs `apptainer exec ... python3 -m
+slurm_router.supervise.job TASK_FILE`), so submitit's own process stays outside and requeues; pyxis adds
 --container-image/--container-mounts to submitit's srun (`srun_args`): its process then runs in the image."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from slurm_router.backends.slurm.common import (
     REPORT_TIMEOUT_MIN,
     SlurmLauncher,
     afterok,
+    colocated_tasks,
     job_cpus,
     mail_options,
     sbatch_error,
     srun_layout,
     stage_devices,
-    tasks_per_pack,
     user_gpu_request,
 )
 from slurm_router.backends.slurm.job import outside_exports
@@ -38,7 +38,7 @@ from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import ContainerSpec, container_spec, task_python
 from slurm_router.rundir.spec import Stage
 
-# slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.allocation.requeue: the same rule for both
+# slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.supervise.requeue: the same rule for both
 # Slurm launchers), so submitit's own count must never be the one that stops a requeue.
 SUBMITIT_MAX_TIMEOUTS = 10_000
 
@@ -152,7 +152,7 @@ def submitit_params(
 
 
 def task_runner_python(cfg, run_dir: str) -> list[str] | None:
-    """With apptainer, the words a PackRunner starts each task with (inside the image); None: no wrapping."""
+    """With apptainer, the words a ColocatedRunner starts each task with (inside the image); None: no wrapping."""
     container = container_spec(cfg, run_dir, gpus=True)
     if container is None or container.runtime != "apptainer":
         return None
@@ -175,22 +175,23 @@ class SubmititLauncher(SlurmLauncher):
         return ex
 
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
-        from slurm_router.allocation.job import TaskRunner
-        from slurm_router.allocation.pack import PackRunner
+        from slurm_router.supervise.colocate import ColocatedRunner
+        from slurm_router.supervise.job import TaskRunner
 
         run_dir = str(self.layout.root)
         ex = self._executor(
             submitit_python(self.cfg, container_spec(self.cfg, run_dir, gpus=True)),
             **submitit_params(self.cfg, stage_devices(stage), stage.name, after, run_dir, self.pythonpath),
         )
-        per_pack, wrapped = tasks_per_pack(self.cfg), task_runner_python(self.cfg, run_dir)
+        per_array_task, wrapped = colocated_tasks(self.cfg), task_runner_python(self.cfg, run_dir)
         files = [str(self.layout.task(t.name).task_file) for t in stage.tasks]
         failure: Exception | None
         with _sbatch_through_runner(), _captured_stderr() as err:
             try:
-                if per_pack > 1 or wrapped:  # K tasks share one array task's GPUs; or 1 task in a container
+                if per_array_task > 1 or wrapped:  # K tasks share one array task's GPUs; or 1 task in a container
                     jobs = ex.map_array(
-                        PackRunner(wrapped), [files[i : i + per_pack] for i in range(0, len(files), per_pack)]
+                        ColocatedRunner(wrapped),
+                        [files[i : i + per_array_task] for i in range(0, len(files), per_array_task)],
                     )
                 else:
                     jobs = ex.map_array(TaskRunner(), files)
@@ -202,12 +203,13 @@ class SubmititLauncher(SlurmLauncher):
                 failure = None
         if failure is not None:
             raise sbatch_error(failure, err["text"]) from None
-        # Task i ran in pack i // K. submitit submits a 1-task stage as a plain job (id 18, not 18_0).
-        packs = [jobs[i // per_pack] for i in range(len(stage.tasks))]
+        # Task i ran in array task i // K. submitit submits a 1-task stage as a plain job (id 18, not 18_0).
+        array_jobs = [jobs[i // per_array_task] for i in range(len(stage.tasks))]
         return StageJobs(
             job_id=jobs[0].job_id.split("_")[0],
             tasks={
-                t.name: TaskJob(j.job_id, str(j.paths.stdout), str(j.paths.stderr)) for t, j in zip(stage.tasks, packs)
+                t.name: TaskJob(j.job_id, str(j.paths.stdout), str(j.paths.stderr))
+                for t, j in zip(stage.tasks, array_jobs)
             },
             job_name=ex._executor.parameters.get("job_name"),
         )

@@ -1,9 +1,9 @@
-"""A run's task states, whatever ran them: the words status, --wait, resume= and the report use (Slurm's own,
-which the local launcher's states map onto: LOCAL_STATES), one TaskStatus per task, and what is added to a
-launcher's raw states (log tails of a failed task, a setup line's failure, progress from the task's files).
+"""The scheduler's view of a run's tasks, whatever ran them: the words status, --wait, resume= and the report use
+(Slurm's own, which the local launcher's states map onto: LOCAL_STATES), one TaskView per task, and what is added
+to a launcher's raw states (log tails of a failed task, a setup line's failure, progress from the task's files).
 
 Each launcher says where its states come from (Launcher.task_states, launch/base.py): the local launcher from
-the manifest it keeps, the Slurm launchers from squeue and sacct (backends/slurm/status.py). `describe` and
+the manifest it keeps, the Slurm launchers from squeue and sacct (backends/slurm/queries.py). `describe` and
 `poll` are the same for every launcher.
 """
 
@@ -52,8 +52,10 @@ class SlurmRow:
 
 
 @dataclass(kw_only=True)
-class TaskStatus(SlurmRow):
-    """One task of a run: what Slurm (or the local launcher) says of it, plus where it sits in the run."""
+class TaskView(SlurmRow):
+    """The scheduler's view of one task of a run: what Slurm (or the local launcher) says of it, plus where it sits
+    in the run. Not the manifest's lifecycle state (rundir/lifecycle.py TaskState) nor how its process ended
+    (TaskOutcome)."""
 
     stage: str
     variant: str
@@ -64,7 +66,7 @@ class TaskStatus(SlurmRow):
     err_tail: list[str] = field(default_factory=list)
     progress: TaskProgress = field(
         default_factory=TaskProgress
-    )  # from the task's own files (backends.slurm.status.attach_progress)
+    )  # from the task's own files (backends.slurm.queries.attach_progress)
 
     @property
     def terminal(self) -> bool:
@@ -100,7 +102,7 @@ def local_word(state) -> str:
     return LOCAL_STATES.get(str(state).lower(), normalize_state(str(state or "")))
 
 
-def local_status(manifest: dict) -> list[TaskStatus]:
+def local_status(manifest: dict) -> list[TaskView]:
     """Tasks of a local run: the states the local launcher recorded in manifest['tasks']."""
     tasks = manifest.get("tasks") or {}
     items = tasks.items() if isinstance(tasks, dict) else ((t.get("variant", str(i)), t) for i, t in enumerate(tasks))
@@ -108,7 +110,7 @@ def local_status(manifest: dict) -> list[TaskStatus]:
     for name, info in items:
         info = info if isinstance(info, dict) else {"state": info}
         out.append(
-            TaskStatus(
+            TaskView(
                 stage=str(info.get("stage", "")),
                 variant=str(name),  # the task's name (r8, or r8-s1 with seeds): one row per task
                 job_id=str(info.get("job_id") or info.get("pid") or "-"),
@@ -137,7 +139,7 @@ def tail(path: str | None, n: int = TAIL_LINES) -> list[str]:
         return []
 
 
-def attach_progress(manifest: dict, tasks: list[TaskStatus]) -> None:
+def attach_progress(manifest: dict, tasks: list[TaskView]) -> None:
     """Each task's progress from its folder (rundir.progress: the newest rows, read from the end of its events);
     requeues counted from its starts too (attempts.json: a requeue Slurm forgot, a resume); a retry
     (launcher.max_failures) said in its reason."""
@@ -153,7 +155,7 @@ def attach_progress(manifest: dict, tasks: list[TaskStatus]) -> None:
             t.reason = f"{t.reason}; {note}" if t.reason else note
 
 
-def local_tasks(manifest: dict) -> list[TaskStatus]:
+def local_tasks(manifest: dict) -> list[TaskView]:
     """A local run's tasks as its manifest records them now (read again: a --wait sees them move). Only a
     running launcher moves them: if it is gone (its pid and start time: rundir.lock.owner_alive), or the run has
     ended (interrupted, failed), an unfinished task cannot progress and is shown so (terminal: --wait
@@ -184,7 +186,7 @@ def local_tasks(manifest: dict) -> list[TaskStatus]:
     return tasks
 
 
-def describe(manifest: dict, tasks: list[TaskStatus]) -> list[TaskStatus]:
+def describe(manifest: dict, tasks: list[TaskView]) -> list[TaskView]:
     """A launcher's raw states, made what a user reads: the log tails of a failed task, a failed setup line named
     as the reason, each task's progress from its own files."""
     for t in tasks:
@@ -204,13 +206,13 @@ SLOW_FACTOR, SLOWEST_POLL_S = 10.0, 60.0
 
 
 def poll(
-    collect: Callable[[], list[TaskStatus]],
+    collect: Callable[[], list[TaskView]],
     poll_s: float = 5.0,
     timeout_s: float | None = None,
-    on_poll: Callable[[list[TaskStatus]], None] | None = None,
+    on_poll: Callable[[list[TaskView]], None] | None = None,
     unknown_grace_s: float = UNKNOWN_GRACE_S,
     min_s: float = 0.0,
-) -> list[TaskStatus]:
+) -> list[TaskView]:
     """Poll `collect` until every task is terminal (or timeout_s passes); returns the last statuses. A task its
     scheduler has had no record of for unknown_grace_s (and whose run dir says nothing) counts as ended, as
     UNKNOWN: a wait must not outlive a job the scheduler has forgotten (Slurm without accounting).
@@ -218,7 +220,7 @@ def poll(
     that does not answer (SchedulerUnavailable) is said in one line and asked again: its jobs run on without it."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     unknown_since: dict[str, float] = {}
-    tasks: list[TaskStatus] = []
+    tasks: list[TaskView] = []
     while True:
         asked = time.monotonic()
         try:

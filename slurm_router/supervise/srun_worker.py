@@ -12,9 +12,9 @@ import re
 import socket
 import time
 
-from slurm_router.allocation.supervisor import TaskFailed, TaskStopped, worker_entry
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.scheduler.registry import job_environment
+from slurm_router.supervise.supervisor import TaskFailed, TaskStopped, worker_entry
 
 # gloo, when a peer dies: "Connection closed by peer [ADDR]:PORT" or "Read error [ADDR]:PORT: Connection reset by peer"
 PEER_LOST = re.compile(r"\[([0-9a-fA-F.:]+)\]:\d+(?=.*by peer)|by peer \[([0-9a-fA-F.:]+)\]:\d+")
@@ -72,9 +72,9 @@ def _peer_lost(spec, rank: int, address: str | None, error: str) -> str:
     """One line for a peer rank that died mid-collective: which rank and node, and what resume= does. Rank 0
     records it as the task's end, or, if rank 0 is the one lost, the lowest rank on another node. srun does not kill the
     others (--kill-on-bad-exit=0: sbatch_render._srun), so the writer lives to write; each rank exits after it."""
-    from slurm_router.allocation.requeue import task_event
     from slurm_router.rundir.attempts import current_attempt
     from slurm_router.rundir.layout import checkpoint_step
+    from slurm_router.supervise.requeue import task_event
 
     try:
         node = socket.gethostbyaddr(address)[0].split(".")[0] if address else None

@@ -34,7 +34,7 @@ from slurm_router.config.schema import LAUNCHER_SCHEMAS, SlurmLauncherConfig
 from slurm_router.errors import SchedulerUnavailable
 from slurm_router.rundir.events import EVENT, EndRow
 from slurm_router.rundir.layout import TaskPaths
-from slurm_router.scheduler.task_status import (
+from slurm_router.scheduler.task_view import (
     FAILED_STATES,
     LOCAL_STATES,
     SUCCESS_STATES,
@@ -42,7 +42,7 @@ from slurm_router.scheduler.task_status import (
     TERMINAL_STATES,
     UNKNOWN_GRACE_S,
     SlurmRow,
-    TaskStatus,
+    TaskView,
     attach_progress,
     describe,
     format_duration,
@@ -65,7 +65,7 @@ __all__ = [
     "TERMINAL_STATES",
     "TAIL_LINES",
     "SlurmRow",
-    "TaskStatus",
+    "TaskView",
     "expand_array_indices",
     "format_duration",
     "local_status",
@@ -122,7 +122,7 @@ def query_slurm(
     return squeue, parse_sacct(sacct, expect)
 
 
-def slurm_states(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
+def slurm_states(manifest: dict, runner: Runner = run_command) -> list[TaskView]:
     """The Slurm launchers' Launcher.task_states: squeue and sacct for the manifest's own jobs, and, for a task
     Slurm has no record of, what its run dir says."""
     ids = ",".join(job_ids(manifest))
@@ -134,13 +134,13 @@ def slurm_states(manifest: dict, runner: Runner = run_command) -> list[TaskStatu
     return mirror_fused(manifest, tasks)
 
 
-def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
-    """One TaskStatus per task, described (task_status.describe): from Slurm for a Slurm run, else the
+def collect_status(manifest: dict, runner: Runner = run_command) -> list[TaskView]:
+    """One TaskView per task, described (task_view.describe): from Slurm for a Slurm run, else the
     manifest's (what python -m slurm_router.status asks through the run's launcher)."""
     return describe(manifest, slurm_states(manifest, runner) if in_slurm(manifest) else local_tasks(manifest))
 
 
-def _state_from_run_dir(manifest: dict, t: TaskStatus) -> None:
+def _state_from_run_dir(manifest: dict, t: TaskView) -> None:
     """Slurm knows nothing of the task (purged from squeue after MinJobAge, and no accounting): its own files
     still tell how it ended, if it did: result.json, or the `end` row of its events."""
     task_dir = ((manifest.get("tasks") or {}).get(t.variant) or {}).get("task_dir")
@@ -160,7 +160,7 @@ def _state_from_run_dir(manifest: dict, t: TaskStatus) -> None:
         return
 
 
-def live_tasks(manifest: dict, runner: Runner = run_command) -> list[TaskStatus]:
+def live_tasks(manifest: dict, runner: Runner = run_command) -> list[TaskView]:
     """Tasks of a Slurm run that Slurm still holds (pending, running, requeued, suspended...)."""
     if not in_slurm(manifest) or not job_ids(manifest):
         return []
@@ -177,7 +177,7 @@ def cancel_run(manifest: dict, runner: Runner = run_command) -> list[str]:
 
 def cancel_never_runnable(
     manifest: dict, runner: Runner = run_command, report_too: bool = False
-) -> tuple[list[TaskStatus], str | None]:
+) -> tuple[list[TaskView], str | None]:
     """scancel the tasks Slurm keeps PENDING on a dependency that can never be satisfied (a stage they wait on
     failed; submitted before --kill-on-invalid-dep, or a cluster that ignores it). report_too (resume=): the
     run's report job as well if it still waits, since it would start once they are cancelled and write a report
@@ -201,10 +201,10 @@ def wait_for_run(
     runner: Runner = run_command,
     poll_s: float = 5.0,
     timeout_s: float | None = None,
-    on_poll: Callable[[list[TaskStatus]], None] | None = None,
+    on_poll: Callable[[list[TaskView]], None] | None = None,
     unknown_grace_s: float = UNKNOWN_GRACE_S,
-) -> list[TaskStatus]:
-    """Poll until every task is terminal (task_status.poll, over collect_status), never faster than the floor."""
+) -> list[TaskView]:
+    """Poll until every task is terminal (task_view.poll, over collect_status), never faster than the floor."""
     return poll(lambda: collect_status(manifest, runner), poll_s, timeout_s, on_poll, unknown_grace_s, poll_floor_s())
 
 

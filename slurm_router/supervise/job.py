@@ -1,12 +1,12 @@
 """The submitted callable: runs one task spec (one variant, D devices) by starting one worker per device.
 
-    python -m slurm_router.allocation.job runs/lora_ab/<timestamp>/tasks/r8/task.json
-    python -m slurm_router.allocation.job --run-dir RUN_DIR --stage variants      # in an sbatch array task
-    python -m slurm_router.allocation.job --run-dir RUN_DIR --stage variants --pack 4   # 4 tasks share this array task's GPUs
+    python -m slurm_router.supervise.job runs/lora_ab/<timestamp>/tasks/r8/task.json
+    python -m slurm_router.supervise.job --run-dir RUN_DIR --stage variants      # in an sbatch array task
+    python -m slurm_router.supervise.job --run-dir RUN_DIR --stage variants --colocate 4   # 4 tasks share its GPUs
 
 Locally the launcher runs this as a subprocess with CUDA_VISIBLE_DEVICES pinned to the task's GPUs; under
 Slurm submitit calls TaskRunner (run_task) in the array task, where Slurm has already set CUDA_VISIBLE_DEVICES.
-With launcher.srun_workers each srun task is one worker (slurm_router.allocation.srun_worker).
+With launcher.srun_workers each srun task is one worker (slurm_router.supervise.srun_worker).
 
 Never lose work. A stop signal (USR2: Slurm's time-limit warning or a preemption; TERM; INT) makes every
 worker finish its current step, rank 0 save a checkpoint, and the job end as requeue.after_stop decides (the
@@ -15,9 +15,9 @@ one after-stop policy): requeued under Slurm on USR2 within the budget, else int
 (SIGKILL, segfault, an exception) stops the whole task at once: the supervisor kills the other workers (they
 would wait on the dead one in their next collective), an `end` row says exit_state=failed and the job exits 1
 with one line naming the rank and the signal (under Slurm, a worker killed by a signal requeues the task instead
-while launcher.max_failures allows: slurm_router.allocation.retry). Retrying on the surviving devices instead would change the
+while launcher.max_failures allows: slurm_router.supervise.retry). Retrying on the surviving devices instead would change the
 device count mid-run and the task's memory plan; a clean stop is simpler and loses at most checkpoint_every
-steps. How signals are never lost: slurm_router.allocation.supervisor.
+steps. How signals are never lost: slurm_router.supervise.supervisor.
 
 A local job holds its run's lock (slurm_router.rundir.lock: inherited from the launcher, or taken when started by
 hand) and ends with its launcher: if that dies, the job stops like on SIGTERM, kills workers that have not
@@ -27,7 +27,7 @@ A fused task (resources.fuse_variants: a leader's spec names its members) trains
 one process (worker/fused.py); it is done only when each of them has its result.json, its checkpoints (every
 variant's state in one file) are in the leader's folder, and a failure's `end` row reaches every unfinished one.
 
-Exit codes (slurm_router.rundir.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a packed task asks for a
+Exit codes (slurm_router.rundir.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a co-located task asks for a
 requeue, 1 failed, 2 bad arguments or unusable checkpoints.
 """
 
@@ -38,7 +38,7 @@ import signal
 import sys
 
 if __name__ == "__main__":  # the job process: take stop signals before the slower imports below
-    from slurm_router.allocation.supervisor import LAUNCHER_PID_ENV, TaskSupervisor
+    from slurm_router.supervise.supervisor import LAUNCHER_PID_ENV, TaskSupervisor
 
     _ENTRY_SUPERVISOR = TaskSupervisor().install()
     if os.environ.get(LAUNCHER_PID_ENV):  # a local job ends with its launcher (supervisor.py)
@@ -50,10 +50,10 @@ from pathlib import Path
 
 from submitit.helpers import Checkpointable
 
-from slurm_router.allocation.supervisor import Supervised, TaskFailed, TaskStopped, TaskSupervisor
 from slurm_router.rundir.layout import RESULT_FILE, TaskPaths  # noqa: F401  (RESULT_FILE: imported from here)
 from slurm_router.rundir.lifecycle import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TaskOutcome
 from slurm_router.scheduler.registry import job_environment
+from slurm_router.supervise.supervisor import Supervised, TaskFailed, TaskStopped, TaskSupervisor
 
 
 def _newest_checkpoint(spec, quiet: bool = False) -> str | None:
@@ -85,7 +85,7 @@ def checkpoint_step(spec) -> int | None:
 def _repair_events(spec, srun_rank: int | None) -> None:
     """No worker of this task (or of any task fused into it) is running now (or, for an srun worker, no other
     process writes its file)."""
-    from slurm_router.allocation.requeue import repair_torn_tail
+    from slurm_router.supervise.requeue import repair_torn_tail
 
     if srun_rank is not None:
         repair_torn_tail(TaskPaths(spec.task_dir).events(srun_rank))
@@ -109,7 +109,7 @@ def _unfinished(spec) -> list[str]:
 
 def _end_failed(spec, error: str) -> None:
     """The failed `end` row, in this task's events and in each fused member's that has no result."""
-    from slurm_router.allocation.requeue import task_event
+    from slurm_router.supervise.requeue import task_event
 
     task_event(spec, "end", exit_state="failed", error=error)
     unfinished = set(_unfinished(spec))
@@ -122,11 +122,11 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
     """Train one task to the end, resuming from its newest valid checkpoint; returns its result (held-out
     loss, ...). Raises TaskStopped after a stop signal (checkpoint saved), TaskFailed if a worker died,
     CheckpointError if checkpoints exist and none is valid."""
-    from slurm_router.allocation.requeue import note_scheduler_restart, task_event
-    from slurm_router.allocation.srun_worker import run_srun_worker, srun_rank
     from slurm_router.fileio import atomic_write_text
     from slurm_router.rundir.attempts import next_attempt
     from slurm_router.rundir.spec import TaskSpec
+    from slurm_router.supervise.requeue import note_scheduler_restart, task_event
+    from slurm_router.supervise.srun_worker import run_srun_worker, srun_rank
     from slurm_router.worker import auto_seeds
 
     supervisor = supervisor or TaskSupervisor()
@@ -154,7 +154,7 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
         return run_srun_worker(spec, resume, supervisor)
     spec.attempt = next_attempt(spec.task_dir)
     note_scheduler_restart(spec)
-    from slurm_router.allocation.retry import after_failure, count_node_failures
+    from slurm_router.supervise.retry import after_failure, count_node_failures
 
     refused = count_node_failures(spec)  # Slurm requeued it after NODE_FAIL: launcher.max_failures
     if refused:
@@ -194,7 +194,7 @@ class TaskRunner(Supervised, Checkpointable):
     submitit requeues this callable if it says so. The supervisor lives on the instance (never pickled)."""
 
     def __call__(self, task_file: str) -> dict | None:
-        from slurm_router.allocation.retry import TaskRetried
+        from slurm_router.supervise.retry import TaskRetried
 
         try:
             return run_task(task_file, self.supervisor)
@@ -203,8 +203,8 @@ class TaskRunner(Supervised, Checkpointable):
             sys.exit(e.exit_code)
 
     def checkpoint(self, task_file: str):
-        from slurm_router.allocation.requeue import after_stop
         from slurm_router.rundir.spec import TaskSpec
+        from slurm_router.supervise.requeue import after_stop
 
         spec = TaskSpec.load(task_file)
         from slurm_router.config.schema import launcher_setting
@@ -220,29 +220,29 @@ class TaskRunner(Supervised, Checkpointable):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """TASK_FILE, or --run-dir RUN_DIR --stage NAME [--pack K] (an sbatch array task: SLURM_ARRAY_TASK_ID picks
+    """TASK_FILE, or --run-dir RUN_DIR --stage NAME [--colocate K] (an sbatch array task: SLURM_ARRAY_TASK_ID picks
     the task(s)). Bad arguments: argparse's usage line and SystemExit(2)."""
     p = argparse.ArgumentParser(
-        prog="python -m slurm_router.allocation.job", description="Run one task (or a pack of K)."
+        prog="python -m slurm_router.supervise.job", description="Run one task (or K co-located ones)."
     )
     p.add_argument("task_file", nargs="?", help="RUN_DIR/tasks/NAME/task.json")
     p.add_argument("--run-dir", help="the run directory (with --stage)")
     p.add_argument("--stage", help="the stage whose array task this is (with --run-dir)")
-    p.add_argument("--pack", type=int, default=1, metavar="K", help="K tasks share this array task's GPUs")
+    p.add_argument("--colocate", type=int, default=1, metavar="K", help="K tasks share this array task's GPUs")
     args = p.parse_args(argv)
     if args.task_file is not None:
-        if args.run_dir or args.stage or args.pack != 1:
-            p.error("give either TASK_FILE or --run-dir/--stage/--pack, not both")
+        if args.run_dir or args.stage or args.colocate != 1:
+            p.error("give either TASK_FILE or --run-dir/--stage/--colocate, not both")
         if not Path(args.task_file).is_file():
             p.error(f"no such task file: {args.task_file}")
-    elif not (args.run_dir and args.stage) or args.pack < 1:
-        p.error("give TASK_FILE, or --run-dir RUN_DIR --stage NAME [--pack K>=1]")
+    elif not (args.run_dir and args.stage) or args.colocate < 1:
+        p.error("give TASK_FILE, or --run-dir RUN_DIR --stage NAME [--colocate K>=1]")
     return args
 
 
 def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None) -> int:
-    """Exit codes: 0 done, 75 stopped on a signal after a checkpoint (requeued under Slurm on USR2), 76 a packed
-    task asks its pack for a requeue, 1 a worker failed, 2 unusable checkpoints or bad arguments."""
+    """Exit codes: 0 done, 75 stopped on a signal after a checkpoint (requeued under Slurm on USR2), 76 a co-located
+    task asks its runner for a requeue, 1 a worker failed, 2 unusable checkpoints or bad arguments."""
     supervisor = supervisor or TaskSupervisor().install()  # from here on a stop signal is a clean stop
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -250,12 +250,12 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
         return EXIT_USAGE if e.code else EXIT_OK
     task_file = args.task_file
     if task_file is None:
-        from slurm_router.allocation.pack import pack_task_files, run_pack
+        from slurm_router.supervise.colocate import colocated_task_files, run_colocated
 
         index = job_environment().array_index()
-        files = pack_task_files(args.run_dir, args.stage, index, args.pack)
-        if args.pack > 1:
-            return run_pack(files, supervisor)
+        files = colocated_task_files(args.run_dir, args.stage, index, args.colocate)
+        if args.colocate > 1:
+            return run_colocated(files, supervisor)
         task_file = files[0]
     from slurm_router.errors import UserError
     from slurm_router.rundir.lock import release_all
@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None, supervisor: TaskSupervisor | None = None
 
 
 def _run(task_file: str, supervisor: TaskSupervisor) -> int:
-    from slurm_router.allocation.retry import TaskRetried
     from slurm_router.fileio import WriteError
+    from slurm_router.supervise.retry import TaskRetried
     from slurm_router.worker.checkpoint import CheckpointError
 
     try:
@@ -339,16 +339,16 @@ def _record_own_end(task_file: str, code: int, launcher_pid: int) -> None:
 
 
 def _after_stop(task_file: str, stopped: TaskStopped) -> int:
-    """Checkpointed after a signal: requeue.after_stop decides (the pack runner requeues a packed task's
+    """Checkpointed after a signal: requeue.after_stop decides (the co-location runner requeues a co-located task's
     allocation, once; this process does otherwise)."""
-    from slurm_router.allocation.pack import PACKED_ENV
-    from slurm_router.allocation.requeue import after_stop
-    from slurm_router.allocation.srun_worker import srun_rank
     from slurm_router.rundir.spec import TaskSpec
+    from slurm_router.supervise.colocate import COLOCATED_ENV
+    from slurm_router.supervise.requeue import after_stop
+    from slurm_router.supervise.srun_worker import srun_rank
 
     if (srun_rank() or 0) != 0:
         return EXIT_OK  # srun_workers: rank 0 speaks for the task; exit 0 so srun does not kill it
-    requeue_by = "pack" if os.environ.get(PACKED_ENV) else "self"
+    requeue_by = "colocated" if os.environ.get(COLOCATED_ENV) else "self"
     return after_stop(TaskSpec.load(task_file), stopped.signum, stopped.step, requeue_by).exit_code
 
 

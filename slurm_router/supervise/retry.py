@@ -19,8 +19,8 @@ works the same as true):
   in one line. With max_failures=0 (the default) nothing is counted: Slurm's own requeue runs as it always did.
 The failures are kept in tasks/<name>/attempts.json ("failures", one record each: cause, node, what was
 excluded, whether it was retried): they survive requeues; resume= gives the task N retries afresh (the user
-chose to go on), as it does launcher.max_requeues. Packed tasks (resources.tasks_per_gpu>1) and srun_workers
-are not retried: a requeue would restart the pack's other tasks, and srun ends a step itself; resume= continues
+chose to go on), as it does launcher.max_requeues. Co-located tasks (resources.tasks_per_gpu>1) and srun_workers
+are not retried: a requeue would restart the other co-located tasks, and srun ends a step itself; resume= continues
 them.
 """
 
@@ -33,14 +33,15 @@ import sys
 import time
 from pathlib import Path
 
-# attempts.json is requeue.py's file: its reader and writer (load_attempts, save_attempts) keep one format
-from slurm_router.allocation.requeue import RequeueDecision, requeue_self
-from slurm_router.allocation.supervisor import TaskFailed
 from slurm_router.config.schema import launcher_setting
+
+# attempts.json is requeue.py's file: its reader and writer (load_attempts, save_attempts) keep one format
 from slurm_router.rundir.attempts import load_attempts, save_attempts
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 from slurm_router.scheduler.base import JobEnvironment
 from slurm_router.scheduler.registry import job_environment
+from slurm_router.supervise.requeue import RequeueDecision, requeue_self
+from slurm_router.supervise.supervisor import TaskFailed
 
 # How supervisor.Workers._describe names a worker that died of a signal (the other causes say "raised" or
 # "exit code"): "worker rank 0 (pid 123) killed by SIGKILL"
@@ -130,10 +131,10 @@ def _record(spec, cause: str, node: str | None, limit: int, env: JobEnvironment,
 
 
 def _retriable_here(env: JobEnvironment) -> bool:
-    """In a scheduler's job, as one task's own job process (not a pack's task, not an srun worker)."""
-    from slurm_router.allocation.pack import PACKED_ENV
+    """In a scheduler's job, as one task's own job process (not a co-located task, not an srun worker)."""
+    from slurm_router.supervise.colocate import COLOCATED_ENV
 
-    return bool(env.job_id()) and not os.environ.get(PACKED_ENV) and env.worker_rank() is None
+    return bool(env.job_id()) and not os.environ.get(COLOCATED_ENV) and env.worker_rank() is None
 
 
 # ---------------------------------------------------------------- what the job process calls
@@ -143,7 +144,7 @@ def after_failure(spec, error: str, step: int | None, env: JobEnvironment | None
     """A worker died (the supervisor's line `error`): requeue this task if it was killed by a signal and
     launcher.max_failures allows. Returns the TaskRetried to raise if it was requeued (this attempt then ends:
     exit 75, or 76 in a container, whose batch script requeues it), else None (it fails as before)."""
-    from slurm_router.allocation.requeue import REQUEUE_REQUEST_ENV, request_requeue_outside
+    from slurm_router.supervise.requeue import REQUEUE_REQUEST_ENV, request_requeue_outside
 
     env = env or job_environment()
     cause = signal_death(error)

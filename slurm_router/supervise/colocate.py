@@ -1,12 +1,12 @@
-"""Variant packing inside one Slurm allocation (resources.tasks_per_gpu=K with launcher=slurm|sbatch).
+"""Co-located tasks: K side by side in one Slurm allocation (resources.tasks_per_gpu=K with launcher=slurm|sbatch).
 
 Small LoRA tasks leave most of a big GPU idle, so one array task runs K task specs at once on the GPU(s)
-Slurm gave it: each is an ordinary `python -m slurm_router.allocation.job TASK_FILE` child sharing CUDA_VISIBLE_DEVICES
+Slurm gave it: each is an ordinary `python -m slurm_router.supervise.job TASK_FILE` child sharing CUDA_VISIBLE_DEVICES
 and an equal share of the allocation's cores (slurm_router.worker.cpu). A TaskSupervisor forwards every stop signal
 to every child (Slurm signals the whole step too); each child checkpoints and asks requeue.after_stop on its
 own. A child whose verdict is a requeue exits EXIT_REQUEUE instead of asking Slurm itself, so the allocation
 is requeued once: by this runner with `scontrol requeue` (launcher=sbatch) or by submitit through
-PackRunner.checkpoint() (launcher=slurm). A requeued pack restarts every child; finished ones return at once
+ColocatedRunner.checkpoint() (launcher=slurm). A requeued group restarts every child; finished ones return at once
 (their result is on disk), the others resume from their newest checkpoint.
 """
 
@@ -20,21 +20,21 @@ import time
 
 from submitit.helpers import Checkpointable
 
-from slurm_router.allocation.supervisor import Supervised, TaskSupervisor
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_STOPPED, TaskOutcome
+from slurm_router.supervise.supervisor import Supervised, TaskSupervisor
 from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
-PACKED_ENV = "SLURM_ROUTER_PACKED"  # tells a child job process that this runner requeues, once
+COLOCATED_ENV = "SLURM_ROUTER_COLOCATED"  # tells a child job process that this runner requeues, once
 
 
-def pack_task_files(run_dir: str, stage: str, index: int, per_pack: int) -> list[str]:
+def colocated_task_files(run_dir: str, stage: str, index: int, per_array_task: int) -> list[str]:
     """The task files array task `index` runs: the stage's tasks index*K .. index*K + K - 1 (K=1: one task)."""
     from slurm_router.rundir.manifest import Manifest
 
     layout = RunLayout(run_dir)
     names = Manifest.load(run_dir).stage_tasks(stage)
-    return [str(layout.task(n).task_file) for n in names[index * per_pack : (index + 1) * per_pack]]
+    return [str(layout.task(n).task_file) for n in names[index * per_array_task : (index + 1) * per_array_task]]
 
 
 def _workers_side_by_side(task_files: list[str]) -> int:
@@ -43,18 +43,18 @@ def _workers_side_by_side(task_files: list[str]) -> int:
     return sum(TaskSpec.load(f).devices for f in task_files)
 
 
-class Pack:
+class Colocated:
     """The K job processes of one array task (spawn it through TaskSupervisor.start: signals stay blocked)."""
 
     def __init__(self, task_files: list[str], python: list[str] | None = None):
         env = {
             **os.environ,
-            PACKED_ENV: "1",
+            COLOCATED_ENV: "1",
             "PYTHONUNBUFFERED": "1",
             THREADS_ENV: str(threads_per_worker(_workers_side_by_side(task_files))),
         }
         python = python or [sys.executable]  # or the words that run it in a container (launch/container.py)
-        self.procs = [subprocess.Popen([*python, "-m", "slurm_router.allocation.job", f], env=env) for f in task_files]
+        self.procs = [subprocess.Popen([*python, "-m", "slurm_router.supervise.job", f], env=env) for f in task_files]
         self.codes: dict[int, int] = {}
 
     def _reap(self) -> None:
@@ -87,51 +87,52 @@ class Pack:
             time.sleep(0.2)
 
 
-def pack_outcome(codes: list[int]) -> TaskOutcome:
+def colocated_outcome(codes: list[int]) -> TaskOutcome:
     return TaskOutcome.combine([TaskOutcome.from_exit_code(c) for c in codes])
 
 
-def _start(supervisor: TaskSupervisor, task_files: list[str], python: list[str] | None = None) -> Pack:
+def _start(supervisor: TaskSupervisor, task_files: list[str], python: list[str] | None = None) -> Colocated:
     # A signal before the start goes to the children too: each asks requeue.after_stop, none decides here.
-    return supervisor.start(lambda: Pack(task_files, python), stop_early=False)
+    return supervisor.start(lambda: Colocated(task_files, python), stop_early=False)
 
 
-def run_pack(task_files: list[str], supervisor: TaskSupervisor | None = None) -> int:
-    """launcher=sbatch: run the pack; requeue the allocation once if a task asked for it. Exit code as job.py."""
+def run_colocated(task_files: list[str], supervisor: TaskSupervisor | None = None) -> int:
+    """launcher=sbatch: run the co-located tasks; requeue the allocation once if a task asked for it. Exit code as
+    job.py."""
     supervisor = supervisor or TaskSupervisor().install()
     codes = _start(supervisor, task_files).wait()
-    outcome = pack_outcome(codes)
-    print(f"pack of {len(task_files)} task(s): exit codes {codes}: {outcome.value}", flush=True)
+    outcome = colocated_outcome(codes)
+    print(f"co-located {len(task_files)} task(s): exit codes {codes}: {outcome.value}", flush=True)
     if outcome is TaskOutcome.REQUEUE:
-        from slurm_router.allocation.requeue import request_requeue_outside
         from slurm_router.scheduler.registry import job_environment
+        from slurm_router.supervise.requeue import request_requeue_outside
 
-        if request_requeue_outside(f"pack of {len(task_files)} task(s)"):  # in a container: the script does
+        if request_requeue_outside(f"co-located {len(task_files)} task(s)"):  # in a container: the script does
             return outcome.exit_code
         job_environment().requeue()  # this array task (JOB_TASK), never the whole array
         return EXIT_STOPPED
     return outcome.exit_code
 
 
-class PackRunner(Supervised, Checkpointable):
-    """launcher=slurm: what submitit runs for a pack; checkpoint() (submitit's USR2 hook) stops the children at
-    their step end, then asks submitit to requeue this pack if one of them wants it. The supervisor lives on
+class ColocatedRunner(Supervised, Checkpointable):
+    """launcher=slurm: what submitit runs for K co-located tasks; checkpoint() (submitit's USR2 hook) stops the
+    children at their step end, then asks submitit to requeue this allocation if one of them wants it. The supervisor lives on
     the instance (never pickled). python: the words that start a task's interpreter, e.g. in a container
-    (launch/container.py: launcher=slurm runs a containerised task as a pack of one); None: this one."""
+    (launch/container.py: launcher=slurm runs a containerised task as a group of one); None: this one."""
 
     def __init__(self, python: list[str] | None = None):
         self.python = python
 
     def __call__(self, task_files: list[str]) -> list[int]:
         codes = _start(self.supervisor, task_files, getattr(self, "python", None)).wait()
-        if pack_outcome(codes) is TaskOutcome.FAILED:
-            raise RuntimeError(f"pack of {len(task_files)} task(s) failed: exit codes {codes} (see each task's log)")
+        if colocated_outcome(codes) is TaskOutcome.FAILED:
+            raise RuntimeError(f"co-located {len(task_files)} task(s) failed: exit codes {codes} (see each task's log)")
         return codes
 
     def checkpoint(self, task_files: list[str]):
-        pack = self.supervisor.children
-        if pack is None:  # USR2 before the pack started (no child could ask): nothing ran, run it again
+        group = self.supervisor.children
+        if group is None:  # USR2 before the group started (no child could ask): nothing ran, run it again
             return super().checkpoint(task_files)
         self.supervisor.on_signal(signal.SIGUSR2)
-        codes = pack.wait()
-        return super().checkpoint(task_files) if pack_outcome(codes) is TaskOutcome.REQUEUE else None
+        codes = group.wait()
+        return super().checkpoint(task_files) if colocated_outcome(codes) is TaskOutcome.REQUEUE else None

@@ -1,5 +1,5 @@
 """The job side of a task's lifecycle (docs/ARCHITECTURE.md): a TaskSupervisor starts the processes that do
-the work (the D workers of one task, or the K job processes of a pack), watches them, forwards every stop
+the work (the D workers of one task, or the K job processes of co-located tasks), watches them, forwards every stop
 signal to them and, after a stop, asks the one after-stop policy (requeue.after_stop) what comes next.
 
 No stop signal is ever lost (the Ctrl-C race of issue 11: a signal handled while the workers were being
@@ -207,7 +207,7 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
     here, blocked too, and that has imported WORKER_PRELOAD once: each worker skips those seconds of imports.
     The forkserver never touches CUDA or a thread pool, so each child starts as clean as a spawned one; it keeps
     the stop signals blocked all its life (Slurm signals every process of a step: it must not die of a USR2),
-    and ends with this process, at once (slurm_router.allocation.forkserver_tie). This process never imports torch (1.5 s of
+    and ends with this process, at once (slurm_router.supervise.forkserver_tie). This process never imports torch (1.5 s of
     CPU per task)."""
     import tempfile
     from multiprocessing import resource_tracker
@@ -232,13 +232,13 @@ def spawn_blocked(fn, args: tuple, nprocs: int) -> Started:
 
 def _start_forkserver(ctx) -> None:
     """This process's forkserver, started now (in the calling thread: call from the main thread, which lives as
-    long as the process) with slurm_router.allocation.forkserver_tie imported first, so that it dies with this process.
+    long as the process) with slurm_router.supervise.forkserver_tie imported first, so that it dies with this process.
     The tie reads this process's pid from the environment, set only while the forkserver starts."""
     from multiprocessing import forkserver
 
-    from slurm_router.allocation.forkserver_tie import FORKSERVER_PARENT_ENV
+    from slurm_router.supervise.forkserver_tie import FORKSERVER_PARENT_ENV
 
-    ctx.set_forkserver_preload(["slurm_router.allocation.forkserver_tie", *WORKER_PRELOAD])
+    ctx.set_forkserver_preload(["slurm_router.supervise.forkserver_tie", *WORKER_PRELOAD])
     os.environ[FORKSERVER_PARENT_ENV] = str(os.getpid())
     try:
         forkserver.ensure_running()
@@ -307,9 +307,9 @@ class Workers:
 
 
 class TaskSupervisor:
-    """One job process's (or pack runner's) supervision: the first stop signal and the children it goes to.
+    """One job process's (or co-location runner's) supervision: the first stop signal and the children it goes to.
 
-    Children are anything with forward(signum): Workers, or allocation.pack.Pack."""
+    Children are anything with forward(signum): Workers, or supervise.colocate.Colocated."""
 
     def __init__(self):
         self.signum = 0
@@ -360,7 +360,7 @@ class TaskSupervisor:
         """Spawn the children with stop signals blocked and know them before any signal is handled again: a
         signal during the spawn is forwarded to them as soon as the spawn returns. A signal that came earlier
         stops the task before it starts (TaskStopped: nothing spawned), or with stop_early=False is forwarded
-        to the new children at once (a pack: each of its job processes decides for itself)."""
+        to the new children at once (co-located tasks: each job process decides for itself)."""
         with stop_signals_blocked():
             if self.signum and stop_early:
                 raise TaskStopped(None, self.signum)
@@ -387,7 +387,7 @@ class TaskSupervisor:
 
 
 class Supervised:
-    """Mixin for the callables submitit runs (job.TaskRunner, allocation.pack.PackRunner): a TaskSupervisor on the
+    """Mixin for the callables submitit runs (job.TaskRunner, supervise.colocate.ColocatedRunner): a TaskSupervisor on the
     instance, made on first use and never pickled (submitit pickles the callable again to requeue it)."""
 
     def __getstate__(self) -> dict:
