@@ -335,8 +335,6 @@ def _auto(effect: str, key: str) -> str:
         return f"{100 * x[key]:.0f}%"
     if key == "seeds_per_variant":
         return f"{x[key]:.2f}"
-    if key == "device_steps":
-        return f"{x[key]:.0f}"
     fixed = x["fixed"]
     if key.startswith("fixed_"):  # fixed_<n>: its correct rate and device-steps
         f = fixed[key.split("_")[1]]
@@ -352,7 +350,7 @@ def _auto(effect: str, key: str) -> str:
 for _key in ("false_rate", "false_ci", "seeds_per_variant"):
     OTHERS[f"auto_seeds.json:aa_{_key}"] = functools.partial(_auto, "0.0", _key)
 for _effect in ("0.01", "0.02", "0.05"):
-    for _key in ("correct_rate", "device_steps", "seeds_per_variant", "match", "cap_ratio", "fixed_3"):
+    for _key in ("correct_rate", "seeds_per_variant", "match", "cap_ratio", "fixed_3"):
         OTHERS[f"auto_seeds.json:{_key}_{_effect}"] = functools.partial(_auto, _effect, _key)
 
 
