@@ -53,6 +53,8 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "seed": (PLAN, "seed=cfg.seed"),
     "seeds": ("config/variants.py", "value = cfg.seeds"),
     "prune": (WORKER, 'self.cfg.get("prune")'),
+    "auto_seeds.max": ("config/variants.py", '.get("max", 6)'),
+    "auto_seeds.budget_device_hours": ("worker/auto_seeds.py", '.get("budget_device_hours")'),
     "eval.primary": ("config/metrics.py", "str(ev.primary)"),
     "eval.metrics": ("config/metrics.py", "(ev.metrics or {})"),
     "dry_run": ("cli/run.py", "if cfg.dry_run"),
@@ -176,6 +178,8 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
 # a value other than the composed one, as an override's value: for each key the walk may have to see refused (the
 # data.* keys, those of config/unread.py's rules, any key not in READS)
 CHANGED = {
+    "auto_seeds.max": "4",
+    "auto_seeds.budget_device_hours": "2.5",
     "model.name_or_path": "/tmp",
     "model.n_layer": "3",
     "model.n_head": "2",
@@ -236,6 +240,7 @@ SWITCHES = {
     "router.row_cost": (["train.packing=false"], []),
     "launcher.cpus_per_device": (["launcher=sbatch", "launcher.cpus_per_task=2"], ["launcher=sbatch"]),
     "launcher.mail_user": (["launcher=sbatch"], ["launcher=sbatch", "launcher.mail_type=END"]),
+    "auto_seeds.max": ([], ["seeds=auto", "prune=true"]),
 }
 
 

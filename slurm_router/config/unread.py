@@ -125,6 +125,15 @@ RULES = (
         "drop one of the two",
     ),
     Rule(
+        ("auto_seeds.max", "auto_seeds.budget_device_hours"),
+        lambda c: c.get("seeds") == "auto",
+        lambda c: (
+            f"with seeds={OmegaConf.to_container(c.seeds) if OmegaConf.is_list(c.seeds) else c.seeds} (a fixed "
+            "number of seeds: no reserves to add)"
+        ),
+        "set seeds=auto prune=true, or drop it",
+    ),
+    Rule(
         ("launcher.mail_user",),
         lambda c: bool(c.launcher.get("mail_type")),
         lambda c: "without launcher.mail_type (Slurm sends no mail)",
