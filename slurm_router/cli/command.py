@@ -52,6 +52,8 @@ def run_command(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, raise_stop)
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # before _main's own handling: its options, the backends' entry points (metadata)
+        return _interrupted()
     finally:  # called in-process (tests): leave the caller's handlers as they were
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before[1] is None else before[1])
