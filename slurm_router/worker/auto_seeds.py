@@ -33,8 +33,13 @@ def reserve_index(spec) -> int | None:
     config = spec.config or {}
     if config.get("seeds") != "auto" or spec.stage != "variants" or spec.members or spec.fused_into:
         return None
-    index = int(spec.seed) - int(config.get("seed", 0))
+    index = replicate_index(spec)
     return index if index >= AUTO_FIRST else None
+
+
+def replicate_index(spec) -> int:
+    """The replicate's place among its variant's seeds (seeds=auto's seeds run from the config's seed on)."""
+    return int(spec.seed or 0) - int((spec.config or {}).get("seed", 0))
 
 
 def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float = POLL_S) -> dict | None:
@@ -83,8 +88,7 @@ def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
         except (OSError, ValueError, TypeError, KeyError):
             continue
         if spec.stage == "variants":
-            index = int(spec.seed or 0) - int((spec.config or {}).get("seed", 0))
-            out.append((spec.variant, index, TaskPaths(task_file.parent)))
+            out.append((spec.variant, replicate_index(spec), TaskPaths(task_file.parent)))
     return out
 
 
