@@ -366,7 +366,7 @@ def prune_looks(run_dir: Path) -> list[dict]:
         looks = read_looks(run_dir)
     except OSError:  # unreadable: the report goes on without the looks
         return []
-    keys = ("look", "step", "threshold", "looks", "rows", "pruned")
+    keys = ("look", "step", "threshold", "looks", "rows", "pruned", "depth", "cap", "min_effect", "equivalent")
     return [{k: row[k] for k in keys if k in row} for row in looks]
 
 
@@ -381,4 +381,11 @@ def auto_seeds(run_dir: Path, every: list[Task], looks: list[dict]) -> dict | No
             ran[t.variant] = ran.get(t.variant, 0) + (0 if t.not_needed else 1)
     not_run = [t.not_needed["detail"] for t in every if t.not_needed]
     cap = int((config.get("auto_seeds") or {}).get("max", 6))
-    return {"cap": cap, "ran": ran, "not_run": not_run, "line": contest.auto_line(looks, ran, not_run, cap)}
+    settled = contest.settled_by(looks)
+    return {
+        "cap": cap,
+        "ran": ran,
+        "not_run": not_run,
+        "settled_at_look": settled["look"] if settled else None,  # auto_seeds.min_effect: all within it
+        "line": contest.auto_line(looks, ran, not_run, cap),
+    }

@@ -2,7 +2,7 @@
 (the evaluation files, RUN_DIR/decisions.jsonl and its lock, verdict/contest.py's looks by depth) and
 verdict/contest.reserve_call (whether a reserve replicate runs). Writes benchmarks/results/auto_seeds.md (and .json).
 
-    python benchmarks/auto_seeds.py [--runs 2000] [--power-runs 500] [--cap 6]
+    python benchmarks/auto_seeds.py [--runs 2000] [--power-runs 500] [--cap 6] [--min-effect 0.02]
 
 The model is benchmarks/prune_protocol.py's: 4 in-training evaluations (steps 10, 20, 30, 40 of 50), tasks that
 start at random within 1.5 evaluation periods of their round and evaluate every 0.7-1.4 periods, eval tables from
@@ -21,6 +21,10 @@ a pruned task stops at that evaluation (its result written, as the worker does).
 
 The comparison the issue asks for: the fixed design that decides correctly at least as often as seeds=auto, at
 the fewest seeds, against seeds=auto's device-steps.
+
+--min-effect m (auto_seeds.min_effect) writes auto_seeds_min_effect.md instead: a look whose variants are all
+within m of the best settles the contest and no later round runs. A run *settles* when that happened with no
+variant pruned: right in A/A runs, a miss when a loser is worse by m or more.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from verdict_calibration import simulate  # noqa: E402
 
 from slurm_router.rundir.layout import RESULT_FILE  # noqa: E402
 from slurm_router.verdict import AUTO_FIRST  # noqa: E402
-from slurm_router.verdict.contest import RUN, Replicate, pruned_in, reserve_call  # noqa: E402
+from slurm_router.verdict.contest import RUN, Replicate, pruned_in, reserve_call, settled_by  # noqa: E402
 from slurm_router.verdict.pruning import look_at  # noqa: E402
 from slurm_router.worker import prune  # noqa: E402
 
@@ -63,10 +67,12 @@ def tables(rng: np.random.Generator, variants: list[str], effects: tuple[float, 
     return out
 
 
-def auto_run(run: Path, rng: np.random.Generator, tabs: dict, variants: list[str], cap: int) -> dict:
-    """One seeds=auto run through the production code: {pruned, steps, seeds} (seeds: replicates run per
-    variant)."""
-    config = {"seed": 0, "seeds": "auto", "auto_seeds": {"max": cap}}
+def auto_run(
+    run: Path, rng: np.random.Generator, tabs: dict, variants: list[str], cap: int, min_effect: float | None = None
+) -> dict:
+    """One seeds=auto run through the production code: {pruned, settled, steps, seeds} (seeds: replicates run per
+    variant; settled: a look found every variant left within min_effect of the best)."""
+    config = {"seed": 0, "seeds": "auto", "auto_seeds": {"max": cap, "min_effect": min_effect}}
     planned = {(v, i) for v in variants for i in range(cap)}
     ended: set[tuple[str, int]] = set()
     steps = 0
@@ -104,7 +110,8 @@ def auto_run(run: Path, rng: np.random.Generator, tabs: dict, variants: list[str
             ended.add((v, i))
             ran[v] += 1
             steps += stopped.get((v, i), STEPS)
-    return {"pruned": pruned_in(prune.read_looks(run)), "steps": steps, "seeds": ran}
+    looks = prune.read_looks(run)
+    return {"pruned": pruned_in(looks), "settled": settled_by(looks) is not None, "steps": steps, "seeds": ran}
 
 
 def fixed_decides(tabs: dict, variants: list[str], n: int) -> set[str]:
@@ -114,18 +121,19 @@ def fixed_decides(tabs: dict, variants: list[str], n: int) -> set[str]:
     return set(look_at(groups, EVAL_STEPS[-1], 0.05, 1))
 
 
-def one_setting(n_runs: int, effect: float, seed: int, work: Path, cap: int) -> dict:
+def one_setting(n_runs: int, effect: float, seed: int, work: Path, cap: int, min_effect: float | None = None) -> dict:
     rng = np.random.default_rng(seed)
     variants = ["v0", "v1", "v2"] if effect == 0 else ["v0", "v1"]
     effects = tuple(0.0 for _ in variants) if effect == 0 else (0.0, effect)
     loser = None if effect == 0 else "v1"
     fixed_n = list(range(AUTO_FIRST, cap + 1))
-    out = {"false": 0, "correct": 0, "steps": 0, "seeds": 0, "fixed_correct": {n: 0 for n in fixed_n}}
+    out = {"false": 0, "correct": 0, "settled": 0, "steps": 0, "seeds": 0, "fixed_correct": {n: 0 for n in fixed_n}}
     for r in range(n_runs):
         tabs = tables(rng, variants, effects, cap)
         run = work / f"{seed}-{r}"
-        got = auto_run(run, rng, tabs, variants, cap)
+        got = auto_run(run, rng, tabs, variants, cap, min_effect)
         out["false"] += bool(got["pruned"] - {loser})
+        out["settled"] += got["settled"] and not got["pruned"]
         out["correct"] += loser is not None and got["pruned"] == {loser}
         out["steps"] += got["steps"]
         out["seeds"] += sum(got["seeds"].values())
@@ -138,6 +146,7 @@ def one_setting(n_runs: int, effect: float, seed: int, work: Path, cap: int) -> 
         "false_ci": clopper_pearson(out["false"], n_runs),
         "correct_rate": out["correct"] / n_runs,
         "correct_ci": clopper_pearson(out["correct"], n_runs),
+        "settled_rate": out["settled"] / n_runs,
         "device_steps": out["steps"] / n_runs,
         "seeds_per_variant": out["seeds"] / n_runs / len(variants),
         "fixed": {n: {"correct_rate": out["fixed_correct"][n] / n_runs, "device_steps": n * per_run} for n in fixed_n},
@@ -158,18 +167,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000, help="A/A runs")
     parser.add_argument("--power-runs", type=int, default=500, help="runs per loser effect")
     parser.add_argument("--cap", type=int, default=6, help="auto_seeds.max")
+    parser.add_argument("--min-effect", type=float, help="auto_seeds.min_effect (writes auto_seeds_min_effect.md)")
     parser.add_argument("--out", type=Path, help="write here instead of benchmarks/results/ (any tree state)")
     args = parser.parse_args()
-    out = args.out / RESULTS.name if args.out else RESULTS
+    results = RESULTS.with_name("auto_seeds_min_effect.md") if args.min_effect else RESULTS
+    out = args.out / results.name if args.out else results
     if not args.out:
-        check(RESULTS)
+        check(results)
     command = f"python benchmarks/auto_seeds.py --runs {args.runs} --power-runs {args.power_runs} --cap {args.cap}"
+    command += f" --min-effect {args.min_effect:g}" if args.min_effect else ""
+    m = args.min_effect
     t0 = time.time()
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp), args.cap)}
+        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp), args.cap, m)}
         for i, effect in enumerate((0.01, 0.02, 0.05)):
-            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp), args.cap)
+            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp), args.cap, m)
     aa = settings[0.0]
     lines = [
         "# seeds=auto against fixed seed counts (simulated runs, production decision code)",
@@ -177,7 +190,13 @@ def main() -> None:
         *header(command),
         "",
         f"{len(EVAL_STEPS)} evaluations of {STEPS} steps per task; seeds=auto starts at {AUTO_FIRST} seeds and adds "
-        f"rounds up to {args.cap}; the model and rules are in the script's docstring.",
+        f"rounds up to {args.cap}"
+        + (
+            f"; auto_seeds.min_effect={m:g}: a look with every variant within {m:g} nats of the best settles"
+            if m
+            else ""
+        )
+        + "; the model and rules are in the script's docstring.",
         "",
         f"## A/A: three equally good variants, {args.runs} runs",
         "",
@@ -185,22 +204,31 @@ def main() -> None:
         "|---|---:|",
         f"| runs with a variant pruned (a false decision) | {aa['false_rate']:.1%} "
         f"(95% interval {aa['false_ci'][0]:.1%}-{aa['false_ci'][1]:.1%}) |",
+        *(
+            [f"| runs settled (every variant within {m:g} of the best, none pruned) | {aa['settled_rate']:.1%} |"]
+            if m
+            else []
+        ),
         f"| seeds run per variant (mean) | {aa['seeds_per_variant']:.2f} |",
         f"| device-steps per run (mean) | {aa['device_steps']:.0f} |",
         "",
         f"## A loser: two variants, the second worse by d nats per token, {args.power_runs} runs each",
         "",
-        "| d | seeds=auto decides correctly | its device-steps | seeds per variant | "
+        "| d | seeds=auto decides correctly | "
+        + ("settled as equal | " if m else "")
+        + "its device-steps | seeds per variant | "
         + " | ".join(f"fixed {n} seeds" for n in settings[0.02]["fixed"])
         + " | fewest fixed seeds as good | device-steps, that fixed design / seeds=auto |",
-        "|---:|---:|---:|---:|" + "---:|" * len(settings[0.02]["fixed"]) + "---:|---:|",
+        "|---:|---:|---:|---:|" + ("---:|" if m else "") + "---:|" * len(settings[0.02]["fixed"]) + "---:|---:|",
     ]
     for effect in (0.01, 0.02, 0.05):
         s = settings[effect]
         match = matching_fixed(s)
         fixed = " | ".join(f"{f['correct_rate']:.0%} ({f['device_steps']})" for f in s["fixed"].values())
         lines.append(
-            f"| {effect} | {s['correct_rate']:.0%} | {s['device_steps']:.0f} | {s['seeds_per_variant']:.2f} | {fixed} | "
+            f"| {effect} | {s['correct_rate']:.0%} | "
+            + (f"{s['settled_rate']:.0%} | " if m else "")
+            + f"{s['device_steps']:.0f} | {s['seeds_per_variant']:.2f} | {fixed} | "
             + (f"{match[0]} | {match[1]:.2f}x |" if match else "none up to the cap | - |")
         )
     lines += [

@@ -326,7 +326,11 @@ OTHERS["prune_protocol.json:steps_0.05"] = functools.partial(_protocol, "0.05", 
 
 def _auto(effect: str, key: str) -> str:
     """benchmarks/results/auto_seeds.json: seeds=auto's figures, and the fixed designs' beside them."""
-    x = j("auto_seeds.json")["settings"][effect]
+    return _auto_from(j("auto_seeds.json")["settings"][effect], key)
+
+
+def _auto_from(x: dict, key: str) -> str:
+    """One setting of benchmarks/auto_seeds.py's json, as the docs quote it."""
     if key == "false_ci":
         return "-".join(f"{100 * v:.1f}%" for v in x[key])
     if key == "false_rate":
@@ -352,6 +356,23 @@ for _key in ("false_rate", "false_ci", "seeds_per_variant"):
 for _effect in ("0.01", "0.02", "0.05"):
     for _key in ("correct_rate", "seeds_per_variant", "match", "cap_ratio", "fixed_3"):
         OTHERS[f"auto_seeds.json:{_key}_{_effect}"] = functools.partial(_auto, _effect, _key)
+
+
+def _auto_min_effect(effect: str, key: str) -> str:
+    """benchmarks/results/auto_seeds_min_effect.json: seeds=auto with auto_seeds.min_effect."""
+    x = j("auto_seeds_min_effect.json")["settings"][effect]
+    if key == "settled_rate":
+        return f"{100 * x[key]:.0f}%"
+    if key == "device_steps_vs_plain":  # the same setting's device-steps without min_effect over with it
+        return f"{j('auto_seeds.json')['settings'][effect]['device_steps'] / x['device_steps']:.2f}x"
+    return _auto_from(x, key)
+
+
+for _key in ("false_rate", "false_ci", "seeds_per_variant", "settled_rate", "device_steps_vs_plain"):
+    OTHERS[f"auto_seeds_min_effect.json:aa_{_key}"] = functools.partial(_auto_min_effect, "0.0", _key)
+for _effect in ("0.01", "0.02", "0.05"):
+    for _key in ("correct_rate", "settled_rate", "seeds_per_variant", "cap_ratio"):
+        OTHERS[f"auto_seeds_min_effect.json:{_key}_{_effect}"] = functools.partial(_auto_min_effect, _effect, _key)
 
 
 def _drift_span(steps: int) -> str:

@@ -16,6 +16,7 @@ from slurm_router.errors import UserError
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.verdict import contest
 from slurm_router.verdict.contest import RUN, SKIP, WAIT, Auto, Replicate
+from slurm_router.verdict.pruning import equivalent
 from slurm_router.worker import auto_seeds, prune
 
 
@@ -105,9 +106,10 @@ def test_a_reserve_waits_for_the_round_before_it_then_runs_or_is_not_needed():
     assert contest.reserve_call("a", 2, c, [{"look": 1, "step": 2, "pruned": ["c"]}])[0] == RUN  # not waited for
 
 
-def _task(run, variant, index, cap=4, steps=6) -> TaskSpec:
+def _task(run, variant, index, cap=4, steps=6, min_effect=None) -> TaskSpec:
     """A variants-stage task of a seeds=auto run, its task.json written as create_run_dir writes it."""
     config = {"seed": 0, "seeds": "auto", "auto_seeds": {"max": cap, "budget_device_hours": None}}
+    config["auto_seeds"]["min_effect"] = min_effect
     spec = TaskSpec(
         run_id="r", run_dir=str(run), experiment="e", name=f"{variant}-s{index}", stage="variants", variant=variant,
         index=0, devices=1, config=config, steps=steps, lr=1e-3, global_batch_size=8, lora=True, seed=index,
@@ -154,32 +156,37 @@ def test_the_files_a_reserve_reads_and_the_call_every_rank_follows(tmp_path):
     )
 
 
+def simulated_rounds(run, rng, effect: float, min_effect: float | None = None) -> tuple[int, list[dict]]:
+    """A seeds=auto run of good and bad (worse by `effect`), cap 4, through worker/prune.after_eval and
+    contest.reserve_call: (rounds run, the run's looks)."""
+    sides = dict(zip(("good", "bad"), simulate(rng, 4, effects=(0.0, effect))))
+    rows = {v: {s: {k: [float(x) for x in val] for k, val in r.items()} for s, r in side.items()}
+            for v, side in sides.items()}  # fmt: skip
+    specs = {(v, i): _task(run, v, i, min_effect=min_effect) for v in rows for i in range(4)}
+    rounds = 0
+    for index in (None, 2, 3):
+        batch = [(v, i) for v in rows for i in ((0, 1) if index is None else (index,))]
+        if index is not None:
+            reps = auto_seeds.replicates(run)
+            batch = [(v, i) for v, i in batch if contest.reserve_call(v, i, reps, prune.read_looks(run))[0] == RUN]
+        if not batch:
+            break
+        rounds += 1
+        for step in (2, 4):
+            for v, i in batch:
+                prune.after_eval(specs[v, i], step, *rows[v][i].values(), n_looks=2)
+        for v, i in batch:
+            (run / "tasks" / f"{v}-s{i}" / "result.json").write_text("{}")
+    return rounds, prune.read_looks(run)
+
+
 def test_under_the_real_protocol_seeds_auto_adds_a_round_only_while_undecided(tmp_path):
     """The production code (worker/prune.after_eval, contest.reserve_call) on simulated rounds: a clear loser is
     pruned in the first round and no reserve runs; between equal variants the rounds go on to the cap, the looks
     at every depth, with no false prune in these runs."""
     rng = np.random.default_rng(3)
     for effect, expect_rounds in ((0.3, 1), (0.0, 3)):
-        run = tmp_path / str(effect)
-        sides = dict(zip(("good", "bad"), simulate(rng, 4, effects=(0.0, effect))))
-        rows = {v: {s: {k: [float(x) for x in val] for k, val in r.items()} for s, r in side.items()}
-                for v, side in sides.items()}  # fmt: skip
-        specs = {(v, i): _task(run, v, i) for v in rows for i in range(4)}
-        rounds = 0
-        for index in (None, 2, 3):
-            batch = [(v, i) for v in rows for i in ((0, 1) if index is None else (index,))]
-            if index is not None:
-                reps = auto_seeds.replicates(run)
-                batch = [(v, i) for v, i in batch if contest.reserve_call(v, i, reps, prune.read_looks(run))[0] == RUN]
-            if not batch:
-                break
-            rounds += 1
-            for step in (2, 4):
-                for v, i in batch:
-                    prune.after_eval(specs[v, i], step, *rows[v][i].values(), n_looks=2)
-            for v, i in batch:
-                (run / "tasks" / f"{v}-s{i}" / "result.json").write_text("{}")
-        looks = prune.read_looks(run)
+        rounds, looks = simulated_rounds(tmp_path / str(effect), rng, effect)
         assert rounds == expect_rounds, looks
         if effect:
             assert looks[0]["pruned"] == ["bad"] and looks[0]["depth"] == 2
@@ -188,3 +195,41 @@ def test_under_the_real_protocol_seeds_auto_adds_a_round_only_while_undecided(tm
             assert contest.auto_line(looks, {"good": 4, "bad": 4}, [], 4).endswith(
                 "good, bad reached auto_seeds.max=4 seeds undecided"
             )
+
+
+def test_min_effect_settles_equal_variants_before_the_cap_and_still_prunes_a_loser(tmp_path):
+    """auto_seeds.min_effect: equal variants whose interval already excludes a difference of 0.05 stop adding
+    seeds before the cap (the look records why, a reserve says it, the report's line too); a loser worse by far
+    more than min_effect is still pruned in the first round, never settled."""
+    rng = np.random.default_rng(3)
+    rounds, looks = simulated_rounds(tmp_path / "loser", rng, 0.3, min_effect=0.02)
+    assert rounds == 1 and looks[0]["pruned"] == ["bad"] and not contest.settled_by(looks)
+    rounds, looks = simulated_rounds(tmp_path / "equal", rng, 0.0, min_effect=0.05)
+    settled = contest.settled_by(looks)
+    assert settled is not None and rounds == settled["depth"] - 1 < 3 and not contest.pruned_in(looks), looks
+    (pair,) = settled["equivalent"].values()
+    assert -0.05 < pair["ci_low"] <= pair["diff"] <= pair["ci_high"] < 0.05 and settled["min_effect"] == 0.05
+    reps = auto_seeds.replicates(tmp_path / "equal")
+    call, why = contest.reserve_call("good", 3, reps, looks)
+    assert call == SKIP and why.startswith("good's replicate 4 not run: the contest is settled: bad and good are ")
+    assert f"within auto_seeds.min_effect=0.05 of each other at look {settled['look']}" in why
+    line = contest.auto_line(looks, {"good": rounds + 1, "bad": rounds + 1}, [why, why], 4)
+    assert "; the contest is settled: bad and good are within auto_seeds.min_effect=0.05" in line
+
+
+def test_a_look_settles_wrongly_at_most_at_its_share_of_the_level():
+    """The equivalence rule's error (verdict/pruning.equivalent): when one variant is worse by exactly min_effect,
+    a look spending 5% settles in at most about 5% of tables; when they are equal it settles nearly always; one
+    seed a side (no training noise in the interval) never settles."""
+    rng = np.random.default_rng(11)
+
+    def rate(effect: float, n: int = 2000, seeds: int = 4) -> float:
+        hits = 0
+        for _ in range(n):
+            good, bad = simulate(rng, seeds, effects=(0.0, effect))
+            hits += equivalent({"good": good, "bad": bad}, 0.05, 0.01) is not None
+        return hits / n
+
+    assert rate(0.01) <= 0.065  # 5% at the boundary; 2,000 tables: 3 standard errors of slack
+    assert rate(0.0, n=300) >= 0.85
+    assert rate(0.0, n=50, seeds=1) == 0.0

@@ -73,6 +73,30 @@ def test_variants_that_cannot_be_told_apart_run_to_the_cap_and_the_report_says_s
     assert (run_dir / "tasks" / "r8-s2" / "reserve.json").is_file()
 
 
+def test_min_effect_settles_variants_that_train_alike_on_two_seeds(tmp_path):
+    """auto_seeds.min_effect=0.01: r8 given r32's settings trains exactly alike, so the first look's interval is
+    inside (-0.01, 0.01); the contest is settled there and no reserve trains, each saying why, as the report does."""
+    args = [a for a in AUTO if not a.startswith("variants.r8.train.lr")]
+    proc = run_cli(
+        *args, "variants.r8.model.lora.r=32", "variants.r8.model.lora.alpha=64", "auto_seeds.max=4",
+        "auto_seeds.min_effect=0.01", f"run_root={tmp_path}", cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = run_dir_of(proc)
+    got = results(run_dir)
+    reserves = sorted(t for t in got if int(t.rsplit("-s", 1)[1]) >= 2)
+    assert len(reserves) == 4 and all(got[t]["exit_state"] == "not_needed" for t in reserves), got
+    assert all("the contest is settled: r32 and r8 are within auto_seeds.min_effect=0.01" in got[t]["reason"]
+               for t in reserves)  # fmt: skip
+    looks = [json.loads(line) for line in (run_dir / "decisions.jsonl").read_text().splitlines()]
+    assert looks[0]["equivalent"]["r8"]["diff"] == 0 and not any(line["pruned"] for line in looks)
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    auto = summary["auto_seeds"]
+    assert auto["ran"] == {"r8": 2, "r32": 2} and auto["settled_at_look"] == 1
+    assert "the contest is settled: r32 and r8 are within auto_seeds.min_effect=0.01 of each other" in auto["line"]
+    assert auto["line"] in (run_dir / "report" / "report.md").read_text()
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(

@@ -472,6 +472,8 @@ CASES = [
     (["seeds=1.5"], "seeds=1.5 is not a whole number: seeds=N (N training seeds from seed on), a list"),
     (["seeds=auto"], "seeds=auto adds replicates only where the prune contest is undecided: set prune=true"),
     (["seeds=auto", "prune=true", "auto_seeds.max=2"], "auto_seeds.max=2: seeds=auto starts each variant with 2"),
+    (["seeds=auto", "prune=true", "auto_seeds.min_effect=0"], "auto_seeds.min_effect=0: give the smallest difference"),
+    (["seeds=3", "auto_seeds.min_effect=0.02"], "auto_seeds.min_effect=0.02 is not read with seeds=3"),
     (
         ["+experiment=lora_ab", "seeds=auto", "prune=true", "resources.fuse_variants=2"],
         "seeds=auto with resources.fuse_variants=2: a fused group trains its variants' seeds together",

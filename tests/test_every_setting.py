@@ -55,6 +55,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "prune": (WORKER, 'self.cfg.get("prune")'),
     "auto_seeds.max": ("config/variants.py", '.get("max", 6)'),
     "auto_seeds.budget_device_hours": ("worker/auto_seeds.py", '.get("budget_device_hours")'),
+    "auto_seeds.min_effect": ("worker/prune.py", 'auto.get("min_effect")'),
     "eval.primary": ("config/metrics.py", "str(ev.primary)"),
     "eval.metrics": ("config/metrics.py", "(ev.metrics or {})"),
     "dry_run": ("cli/run.py", "if cfg.dry_run"),
@@ -180,6 +181,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
 CHANGED = {
     "auto_seeds.max": "4",
     "auto_seeds.budget_device_hours": "2.5",
+    "auto_seeds.min_effect": "0.02",
     "model.name_or_path": "/tmp",
     "model.n_layer": "3",
     "model.n_head": "2",

@@ -14,7 +14,8 @@ USAGE = """usage: slurm-router [-m] [--config-dir DIR] [+experiment=NAME] [GROUP
   values:   train.steps=20 train.lr=1e-3 resources.devices_per_task=2 data=text_dir data.path=~/my_texts
   seeds:    seeds=3 runs every variant with 3 training seeds (seed, seed+1, seed+2), or seeds=[0,5,9];
             prune=true (with seeds >= 2 and train.eval_every) stops clear losers at an evaluation;
-            seeds=auto prune=true: 2 seeds each, one more at a time while undecided (auto_seeds.max)
+            seeds=auto prune=true: 2 seeds each, one more at a time while undecided (auto_seeds.max;
+            auto_seeds.min_effect=0.02 also stops once every variant is within 0.02 of the best)
   sweep:    -m (--multirun) model.lora.r=4,8 train.lr=range(1,4) router=round_robin,balanced: Hydra's sweep
             syntax, the grid's variants in one run (named from their overrides, e.g. r4_lr1e-3)
   resume:   slurm-router resume RUN_DIR (see slurm-router resume --help)"""

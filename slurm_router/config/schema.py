@@ -268,6 +268,7 @@ class TrackerConfig:
 class AutoSeedsConfig:  # seeds=auto: how far the contest may add replicates (docs/decisions.md, "seeds=auto")
     max: int = 6  # replicates per variant at most (2 to start with, one more per undecided round)
     budget_device_hours: Optional[float] = None  # stop adding replicates once the run has spent this much
+    min_effect: Optional[float] = None  # stop adding them once every variant is within this of the best (metric units)
 
 
 @dataclass

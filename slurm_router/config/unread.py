@@ -125,7 +125,7 @@ RULES = (
         "drop one of the two",
     ),
     Rule(
-        ("auto_seeds.max", "auto_seeds.budget_device_hours"),
+        ("auto_seeds.max", "auto_seeds.budget_device_hours", "auto_seeds.min_effect"),
         lambda c: c.get("seeds") == "auto",
         lambda c: (
             f"with seeds={OmegaConf.to_container(c.seeds) if OmegaConf.is_list(c.seeds) else c.seeds} (a fixed "

@@ -155,6 +155,12 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
             f"auto_seeds.budget_device_hours={budget:g}: give a number of device-hours > 0, e.g. 2.5, or null "
             "(no budget: reserves run until the contest is decided or auto_seeds.max)"
         )
+    effect = (cfg.get("auto_seeds") or {}).get("min_effect")
+    if effect is not None and effect <= 0:  # a number: the schema types it
+        raise UserError(
+            f"auto_seeds.min_effect={effect:g}: give the smallest difference worth more seeds, > 0, in the primary "
+            "metric's units (e.g. 0.02 nats per token), or null (reserves run until a variant is pruned)"
+        )
     if cfg.prune:
         check_prune(cfg, variants)
     return variants

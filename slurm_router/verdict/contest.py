@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_router.verdict import AUTO_FIRST, LEVEL
-from slurm_router.verdict.pruning import Decision, look_at, reason
+from slurm_router.verdict.pruning import Decision, equivalent, look_at, reason
 
 Tables = dict[int, dict[str, dict[int, dict]]]  # {step: {variant: {seed: row}}}, worker/prune.py read_steps
 
@@ -36,9 +36,12 @@ class Auto:
     AUTO_FIRST seeds per variant, each later one adding a seed to every variant still in the contest, up to `cap`.
     A look is then keyed by (depth, step), depth being the fewest seeds a compared variant has there, and taken
     when that key is past the last look's: at most L looks per depth. Half the level goes to depth 2's looks, the
-    other half in equal parts to depths 3..cap: L looks at each depth, so the shares still sum to 1 - LEVEL."""
+    other half in equal parts to depths 3..cap: L looks at each depth, so the shares still sum to 1 - LEVEL.
+    min_effect (auto_seeds.min_effect): a look whose variants left are all within it of the best settles the
+    contest (verdict/pruning.equivalent), and no reserve runs after it."""
 
     cap: int
+    min_effect: float | None = None
 
     def spending(self, depth: int, n_looks: int) -> str:
         """How a look at `depth` seeds got its level, in words: 'half of 5% / 2 looks at 2 seeds'."""
@@ -65,6 +68,28 @@ def depth_at(here: dict[str, dict[int, dict]], variants: set[str] | list[str]) -
 
 def pruned_in(looks: list[dict]) -> set[str]:
     return {v for line in looks for v in line["pruned"]}
+
+
+def settled_by(looks: list[dict]) -> dict | None:
+    """The look that settled seeds=auto's contest (its variants left all within auto_seeds.min_effect), if any."""
+    return next((line for line in looks if line.get("equivalent")), None)
+
+
+def settled_words(line: dict) -> str:
+    """'r8 and r32 are within auto_seeds.min_effect=0.02 of each other at look 3 (step 20, 3 seeds): r8 - r32 =
+    0.004 (90% CI -0.011 to 0.018)'."""
+    pairs = line["equivalent"]
+    best = next(iter(pairs.values()))["best"]
+    names = sorted([best, *pairs])
+    diffs = "; ".join(
+        f"{v} - {c['best']} = {c['diff']:.3g} ({100 * c['confidence']:.3g}% CI {c['ci_low']:.3g} to {c['ci_high']:.3g})"
+        for v, c in sorted(pairs.items())
+    )
+    return (
+        f"{', '.join(names[:-1])} and {names[-1]} are within auto_seeds.min_effect={line['min_effect']:g} of "
+        f"{'each other' if len(names) == 2 else best} at look {line['look']} (step {line['step']}, "
+        f"{line.get('depth', 0)} seeds): {diffs}"
+    )
 
 
 def next_look(
@@ -112,12 +137,16 @@ def take(
         if auto is not None:
             d.spending = auto.spending(depth, n_looks)
         d.reason = reason(v, d)
+    left = {v: side for v, side in groups.items() if v not in decisions}
+    margin = auto.min_effect if auto is not None else None
+    settled = equivalent(left, threshold, margin) if margin else None
     return {
         "look": number,
         "step": step,
         "threshold": threshold,
         "looks": n_looks,
         **({"depth": depth, "cap": auto.cap} if auto is not None else {}),
+        **({"min_effect": margin, "equivalent": settled} if settled else {}),
         "metric": metric,
         "rows": {v: sorted(side) for v, side in sorted(groups.items())},
         "pruned": sorted(decisions),
@@ -187,6 +216,9 @@ def reserve_call(
     alive = sorted({r.variant for r in replicates} - out)
     if len(alive) <= 1:
         return SKIP, f"{nth} not run: the contest is decided, {variant} is the only variant left"
+    settled = settled_by(looks)
+    if settled is not None:
+        return SKIP, f"{nth} not run: the contest is settled: {settled_words(settled)}"
     if budget_device_hours is not None and spent_device_hours >= budget_device_hours:
         return SKIP, (
             f"{nth} not run: auto_seeds.budget_device_hours={budget_device_hours:g} is spent "
@@ -204,8 +236,11 @@ def auto_line(looks: list[dict], ran: dict[str, int], not_run: list[str], cap: i
     alive = [v for v in ran if v not in out]
     seeds = ", ".join(f"{v} {n}" for v, n in ran.items())
     skipped = f"; {len(not_run)} reserve replicate{'s' if len(not_run) != 1 else ''} not run" if not_run else ""
+    settled = settled_by(looks)
     if len(alive) <= 1:
         why = f"the contest is decided: {alive[0]} is left" if alive else "the contest is decided"
+    elif settled is not None:
+        why = f"the contest is settled: {settled_words(settled)}"
     elif any("budget_device_hours" in r for r in not_run):
         why = f"auto_seeds.budget_device_hours was spent with {', '.join(alive)} undecided"
     elif all(ran[v] >= cap for v in alive):

@@ -133,6 +133,31 @@ def look_at(
     return out
 
 
+def equivalent(groups: dict[str, dict[int, dict]], threshold: float, margin: float) -> dict[str, dict] | None:
+    """seeds=auto's settled contest (docs/design/pruning.md, "auto_seeds.min_effect"): {variant: its comparison}
+    when every variant in `groups` is within `margin` of the best (the lowest mean), else None. Each one's interval
+    against the best at 1 - 2 x threshold / m (two one-sided tests at threshold / m, m the variants compared, so
+    Bonferroni over them) must lie inside (-margin, margin) with training noise in it: when a variant is in fact
+    worse by margin or more, a look settles with chance at most `threshold`, the share the look spends."""
+    if len(groups) < 2 or threshold <= 0 or margin <= 0:
+        return None
+    from slurm_router.verdict import stats  # scipy: imported when a prune decision is made, not by every worker
+
+    best = min(groups, key=lambda v: mean_loss(groups[v]))
+    others = [v for v in groups if v != best]
+    confidence = 1 - 2 * threshold / len(others)
+    out = {}
+    for other in others:
+        try:
+            r = stats.compare(groups[other], groups[best], level=confidence)
+        except ValueError:  # other eval batches: nothing to settle on
+            return None
+        if not (r.training_noise and -margin < r.ci_low and r.ci_high < margin):
+            return None
+        out[other] = {"best": best, "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "confidence": confidence}
+    return out
+
+
 def reason(who: str, d: Decision) -> str:
     """'r4-s0: pruned at step 10: worse than r32 by 0.412 nats per token (95% CI 0.301 to 0.523, p = 1e-05;
     Holm-adjusted over 2 variants p = 2e-05, below 0.0167 = 5% / 3 looks; r4 2 seeds, r32 2 seeds x 16 eval

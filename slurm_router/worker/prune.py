@@ -136,7 +136,9 @@ def auto_contest(config: dict) -> contest.Auto | None:
     """seeds=auto's contest (its cap), or None for a fixed number of seeds."""
     if config.get("seeds") != "auto":
         return None
-    return contest.Auto(cap=int((config.get("auto_seeds") or {}).get("max", 6)))
+    auto = config.get("auto_seeds") or {}
+    effect = auto.get("min_effect")
+    return contest.Auto(cap=int(auto.get("max", 6)), min_effect=float(effect) if effect else None)
 
 
 def decided(spec, step: int) -> Decision | None:
