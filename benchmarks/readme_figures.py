@@ -371,7 +371,7 @@ def _auto_min_effect(effect: str, key: str) -> str:
 for _key in ("false_rate", "false_ci", "seeds_per_variant", "settled_rate", "device_steps_vs_plain"):
     OTHERS[f"auto_seeds_min_effect.json:aa_{_key}"] = functools.partial(_auto_min_effect, "0.0", _key)
 for _effect in ("0.01", "0.02", "0.05"):
-    for _key in ("correct_rate", "settled_rate", "seeds_per_variant", "cap_ratio"):
+    for _key in ("correct_rate", "settled_rate", "cap_ratio"):
         OTHERS[f"auto_seeds_min_effect.json:{_key}_{_effect}"] = functools.partial(_auto_min_effect, _effect, _key)
 
 

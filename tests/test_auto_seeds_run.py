@@ -41,6 +41,12 @@ def check_loser_run(run_dir) -> None:
     assert all(cost["tasks"][t]["state"] == "not_needed" and cost["tasks"][t]["remaining_steps"] == 6 for t in reserves)
     report = (run_dir / "report" / "report.md").read_text()
     assert auto["line"] in report and "r32 is the only variant left" in report
+    status = run_cli("status", str(run_dir), "--json", cwd=run_dir, timeout=120)  # the reserves read as not needed
+    tasks = {t["task"]: t for t in json.loads(status.stdout)["tasks"]}
+    assert all(tasks[t]["state"] == "COMPLETED" and tasks[t]["ended_as"] == "not needed" for t in reserves), tasks
+    pruned = [t for t in got if got[t].get("exit_state") == "pruned"]
+    assert all(tasks[t]["ended_as"] == f"pruned at step {got[t]['step']}" for t in pruned), tasks
+    assert all(tasks[t]["ended_as"] is None for t in tasks if t not in pruned + reserves), tasks
 
 
 def test_a_clear_loser_is_decided_on_two_seeds_and_no_reserve_trains(tmp_path):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_router.rundir.attempts import load_attempts
-from slurm_router.rundir.events import EVENT, EvalRow, StepRow
+from slurm_router.rundir.events import EVENT, EndRow, EvalRow, StepRow
 from slurm_router.rundir.layout import RunLayout, TaskPaths
 from slurm_router.rundir.throughput import tokens_per_s
 
@@ -65,6 +65,7 @@ class TaskProgress:
     eta_s: float | None = None  # running tasks: the remaining steps at that pace
     attempts: int = 0  # starts of the task (attempts.json): requeues and resumes are attempts - 1
     retries: list = field(default_factory=list)  # launcher.max_failures records (retry.py), oldest first
+    ended_as: str | None = None  # 'pruned at step 4' or 'not needed': ended early by the run's decision, exit 0
 
     @property
     def retry_note(self) -> str | None:
@@ -116,7 +117,17 @@ def read_progress(task_dir: str | os.PathLike, running: bool, all_steps: bool = 
     evals = last_rows(events, EvalRow.KIND)
     if evals:
         out.val_loss, out.val_step = evals[0].get("val_loss"), evals[0].get("step")
+    out.ended_as = ended_as(last_rows(events, EndRow.KIND))
     return out
+
+
+def ended_as(end: list[dict]) -> str | None:
+    """How the newest attempt's end row says the run's decision ended the task: 'pruned at step 4' (prune=true),
+    'not needed' (a seeds=auto reserve that never ran); None for any other end, or none yet."""
+    state = end[0].get("exit_state") if end else None
+    if state == "pruned":
+        return f"pruned at step {end[0].get('step')}"
+    return "not needed" if state == "not_needed" else None
 
 
 def setup_failure(run_dir: str | Path | None, job_id: str | None) -> str | None:
