@@ -356,6 +356,7 @@ for _key in ("false_rate", "false_ci", "seeds_per_variant"):
 for _effect in ("0.01", "0.02", "0.05"):
     for _key in ("correct_rate", "seeds_per_variant", "match", "cap_ratio", "fixed_3"):
         OTHERS[f"auto_seeds.json:{_key}_{_effect}"] = functools.partial(_auto, _effect, _key)
+OTHERS["auto_seeds.json:fixed_2_0.02"] = functools.partial(_auto, "0.02", "fixed_2")  # the first round alone
 
 
 def _auto_min_effect(effect: str, key: str) -> str:
