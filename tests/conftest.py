@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_router.config.testing_aids import CPU_MEMORY_CAP_ENV, DEVICE_SLOWDOWN_ENV
 from slurm_router.rundir.events import EVENT, EndRow, StepRow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -231,6 +232,18 @@ def run_cli(
         timeout=timeout,
         preexec_fn=pin,
     )
+
+
+def slowdown(value: str) -> dict[str, str]:
+    """The environment (run_cli's env=) that slows devices: "4" every rank 4x, "1,3" rank 1 3x, "r32=20" variant
+    r32's tasks only; a sleep in proportion to each step's compute, which changes no number
+    (slurm_router/config/testing_aids.py)."""
+    return {DEVICE_SLOWDOWN_ENV: value}
+
+
+def memory_cap(value: str) -> dict[str, str]:
+    """The environment that gives CPU workers a simulated memory of `value` bytes ("bad=1000": variant bad's only)."""
+    return {CPU_MEMORY_CAP_ENV: value}
 
 
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:

@@ -88,8 +88,6 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "router.speed_model": (ROUTER, "make_speed_model(self.settings.speed_model"),
     "router.row_cost": (ROUTER, 'self.settings.row_cost == "fitted"'),
     "router.speed_ema": (ROUTER, "self.settings.speed_ema"),
-    "router.device_slowdown": (SETUP, "cfg.router.device_slowdown"),
-    "router.cpu_memory_cap_bytes": (SETUP, "cfg.router.cpu_memory_cap_bytes"),
     "launcher.kind": ("cli/checks.py", "launcher_class(cfg.launcher.kind)"),
     "launcher.cpu_slots": ("backends/local/launcher.py", 'cfg.launcher.get("cpu_slots")'),
     "launcher.partition": {"slurm": (SLURM, '"partition", "account"'), "sbatch": (SBATCH, "partition=lc.partition")},

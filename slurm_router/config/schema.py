@@ -83,16 +83,12 @@ class RouterConfig:
     attention_weight: float = RouterSettings.attention_weight  # cost=tokens_attention: the quadratic term's weight
     attention_ref_len: int = RouterSettings.attention_ref_len  # cost=tokens_attention: its length scale
     microbatch_overhead_tokens: int = RouterSettings.microbatch_overhead_tokens  # a micro-batch's fixed cost
-    memory_headroom: float = RouterSettings.memory_headroom  # above 1 over-commits (OOM-path testing aid)
+    memory_headroom: float = RouterSettings.memory_headroom  # a device's memory budget: this x its total memory
     max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch  # cap (null: memory)
     affinity_boundaries: List[int] = field(default_factory=list)  # policy=affinity: sample-length bucket edges
     speed_model: str = RouterSettings.speed_model  # robust | ema | none (router/speed_model.py)
     speed_ema: float = RouterSettings.speed_ema  # speed_model=ema: the weight of the newest step
     row_cost: str = RouterSettings.row_cost  # packed rows: fitted (from step times, router/cost_model.py) | fixed
-    # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
-    device_slowdown: List[float] = field(default_factory=list)
-    # Testing aid: a memory cap (bytes) per CPU worker; a micro-batch predicted above it raises a simulated OOM.
-    cpu_memory_cap_bytes: Optional[int] = None
 
 
 @dataclass
@@ -309,7 +305,7 @@ CHOICES = {
     "train.fused_layout": ("auto", "row", "per_variant"),
 }
 # key -> (low, high, low_inclusive); None = unbounded
-RANGES = {
+RANGES: dict[str, tuple[float, float | None, bool]] = {
     "seed": (0, None, True),
     "model.n_layer": (1, 1024, True),
     "model.n_head": (1, 1024, True),
@@ -326,7 +322,8 @@ RANGES = {
     "data.mean_len": (1, 1 << 20, True),
     "data.sigma": (0, 10, True),
     "data.min_len": (2, 1 << 20, True),
-    "router.cpu_memory_cap_bytes": (1, None, True),  # the other router.* keys: RouterSettings checks them
+    # above 1 only in tests (config/testing_aids.py); the other router.* keys: RouterSettings checks them
+    "router.memory_headroom": (0, 1, False),
     "launcher.cpu_slots": (1, 4096, True),
     "launcher.timeout_min": (1, None, True),
     "launcher.mem_gb": (0, None, False),
