@@ -8,6 +8,7 @@ import pytest
 
 from slurm_router.config.testing_aids import CPU_MEMORY_CAP_ENV, DEVICE_SLOWDOWN_ENV
 from slurm_router.rundir.events import EVENT, EndRow, StepRow
+from slurm_router.scheduler.registry import backends
 
 REPO = Path(__file__).resolve().parents[1]
 # scripts/test.sh runs 4 test files side by side on a machine with few cores, so every worker process of every
@@ -201,6 +202,10 @@ def pytest_sessionfinish(session):
             f.write(f"{len(_RERUNS)} rerun(s): pytest {' '.join(session.config.invocation_params.args)}\n")
             f.writelines(line + "\n" for line in _RERUNS)
 
+
+# Every scheduler backend loaded, as the command does first: each adds its launchers' schemas (launcher=slurm and
+# launcher=sbatch are the Slurm backend's), so a test that composes a config in process finds them.
+backends()
 
 # The single-node test cluster's fake GPUs (scripts/slurm_test_cluster.sh, SLURM_TEST_GPUS): the indices a task sees.
 CLUSTER_GPUS = {str(i) for i in range(int(os.environ.get("SLURM_TEST_GPUS", "8")))}

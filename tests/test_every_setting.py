@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from slurm_router.cli.checks import check_new_run
 from slurm_router.config.checks import data_keys_read
 from slurm_router.config.compose import compose
-from slurm_router.config.schema import FREE_FORM_KEYS, conf_dir
+from slurm_router.config.schema import conf_dir, free_form_keys
 from slurm_router.config.sweep import parse_overrides
 from slurm_router.config.unread import RULE_OF, RULES, set_keys
 from slurm_router.errors import UserError
@@ -269,7 +269,7 @@ def leaves(node: DictConfig, prefix: str = "") -> list[str]:
     out = []
     for key in node:
         full, value = f"{prefix}{key}", node._get_node(key)
-        if isinstance(value, DictConfig) and len(value) and full not in FREE_FORM_KEYS:
+        if isinstance(value, DictConfig) and len(value) and full not in free_form_keys():
             out += leaves(value, full + ".")
         else:
             out.append(full)

@@ -22,8 +22,8 @@ import pytest
 from conftest import event_rows, memory_cap, run_cli, run_dir_of, slowdown
 
 from slurm_router.backends.slurm import job as slurm_job
+from slurm_router.backends.slurm.config import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.backends.slurm.job import SlurmJobEnvironment
-from slurm_router.config.schema import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.supervise import retry
 

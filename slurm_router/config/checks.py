@@ -340,9 +340,9 @@ def check_job_values(launcher: DictConfig, where: str = "") -> None:
             f"{', '.join(CONTAINER_RUNTIMES)}"
         )
     if container.get("image") is None:  # no container: its other settings would be ignored
-        from slurm_router.config.schema import ContainerConfig
+        from slurm_router.config.schema import launcher_setting
 
-        defaults = ContainerConfig()
+        defaults = launcher_setting(None, "container")  # its launcher schema's (backends/slurm/config.py)
         for key in ("mounts", "runtime", "runtime_cmd"):
             value = OmegaConf.to_container(container[key]) if OmegaConf.is_list(container[key]) else container[key]
             if value != getattr(defaults, key):
