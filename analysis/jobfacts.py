@@ -144,7 +144,7 @@ def memory_advice(mem: dict, device_type: str | None) -> list[str]:
             f"corpus, allocator caches) and the prediction its tensors plus the RSS at start-up "
             f"({mem['predicted_bytes_max'] / 2**30:.2f} GiB at most): RSS that grew after start-up, or events "
             "from a version whose prior counted tensors only; no budget is at risk on CPU unless "
-            "router.cpu_memory_cap_bytes sets one"
+            "a test sets one (SLURM_ROUTER_TEST_CPU_MEMORY_CAP_BYTES)"
         ]
     return [
         f"memory model off by more than {MEMORY_OFF:g}x: observed / predicted peak {off}, {under}: "

@@ -5,7 +5,7 @@ Real runs (python -m slurm_router, launcher=local, gpt2_tiny, heavy-tailed synth
 hits every model alike; the slowdown once per model):
   identical  4 identical CPU workers on this machine's cores: how far each model's planned per-device costs and
              learned speeds stray from equal, and the time balance (max / mean busy time per step) it gets
-  slowdown   2 workers, router.device_slowdown=[1,2] (the testing aid: worker 1 takes twice as long): steps until
+  slowdown   2 workers, SLURM_ROUTER_TEST_DEVICE_SLOWDOWN=1,2 (the testing aid: worker 1 takes twice as long): steps until
              the planned speeds are within 25% of the measured ratio, and throughput / ideal
 Runs on a shared machine meet different load, so every model is also replayed against the timings recorded in
 all runs of a kind (the fair side-by-side); then a seeded cost-model simulation (no processes, ~8 s) with the
@@ -55,8 +55,8 @@ SLOWDOWN = [
     "resources.devices_per_task=2",
     "launcher.cpu_slots=2",
     "train.global_batch_size=32",
-    "router.device_slowdown=[1,2]",
 ]
+SLOWDOWN_ENV = {"SLURM_ROUTER_TEST_DEVICE_SLOWDOWN": "1,2"}  # worker 1 takes twice as long (config/testing_aids.py)
 LEARNED_WITHIN = 1.25  # "learned": the planned speed ratio within 25% of the measured one ...
 LEARNED_FOR = 3  # ... for 3 steps in a row (the load of a shared machine moves the truth)
 
@@ -65,8 +65,8 @@ def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 
 
-def real_run(root: Path, model: str, extra: list[str], steps: int) -> list[dict]:
-    """One real run; its step rows (rank 0's events: every device's planned cost, busy time, planned speed)."""
+def real_run(root: Path, model: str, extra: list[str], steps: int, env: dict | None = None) -> list[dict]:
+    """One real run (env: more environment variables); its step rows (rank 0's events: every device's planned cost, busy time, planned speed)."""
     args = [*COMMON, *extra, f"train.steps={steps}", f"router.speed_model={model}", f"run_root={root}"]
     proc = subprocess.run(
         [sys.executable, "-m", "slurm_router", *args],
@@ -74,7 +74,7 @@ def real_run(root: Path, model: str, extra: list[str], steps: int) -> list[dict]
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     if proc.returncode != 0:
         raise RuntimeError(f"run with router.speed_model={model} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -260,7 +260,7 @@ def to_markdown(res: dict) -> str:
         )
     lines += [
         "",
-        "## A real 2x slowdown (`router.device_slowdown=[1,2]`, 2 workers)",
+        "## A real 2x slowdown (`SLURM_ROUTER_TEST_DEVICE_SLOWDOWN=1,2`, 2 workers)",
         "",
         f"learned at step = the first step from which the planned speed ratio is within "
         f"{LEARNED_WITHIN - 1:.0%} of the measured one for {LEARNED_FOR} steps in a row (the plan of step s "
@@ -358,7 +358,7 @@ def main() -> None:
                 traces["identical"].append(trace(rows))
                 print(f"{model}: identical {ident[model][-1]}", flush=True)
                 if i < len(MODELS):
-                    rows = real_run(root, model, SLOWDOWN, args.slow_steps)
+                    rows = real_run(root, model, SLOWDOWN, args.slow_steps, SLOWDOWN_ENV)
                     slow[model].append(slowdown_metrics(rows))
                     traces["slowdown"].append(trace(rows))
                     print(f"  slowdown {slow[model][-1]}", flush=True)

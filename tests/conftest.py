@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from slurm_router.config.testing_aids import CPU_MEMORY_CAP_ENV, DEVICE_SLOWDOWN_ENV
 from slurm_router.rundir.events import EVENT, EndRow, StepRow
+from slurm_router.scheduler.registry import backends
 
 REPO = Path(__file__).resolve().parents[1]
 # scripts/test.sh runs 4 test files side by side on a machine with few cores, so every worker process of every
@@ -201,6 +203,10 @@ def pytest_sessionfinish(session):
             f.writelines(line + "\n" for line in _RERUNS)
 
 
+# Every scheduler backend loaded, as the command does first: each adds its launchers' schemas (launcher=slurm and
+# launcher=sbatch are the Slurm backend's), so a test that composes a config in process finds them.
+backends()
+
 # The single-node test cluster's fake GPUs (scripts/slurm_test_cluster.sh, SLURM_TEST_GPUS): the indices a task sees.
 CLUSTER_GPUS = {str(i) for i in range(int(os.environ.get("SLURM_TEST_GPUS", "8")))}
 BENCHMARKS = REPO / "benchmarks"
@@ -231,6 +237,18 @@ def run_cli(
         timeout=timeout,
         preexec_fn=pin,
     )
+
+
+def slowdown(value: str) -> dict[str, str]:
+    """The environment (run_cli's env=) that slows devices: "4" every rank 4x, "1,3" rank 1 3x, "r32=20" variant
+    r32's tasks only; a sleep in proportion to each step's compute, which changes no number
+    (slurm_router/config/testing_aids.py)."""
+    return {DEVICE_SLOWDOWN_ENV: value}
+
+
+def memory_cap(value: str) -> dict[str, str]:
+    """The environment that gives CPU workers a simulated memory of `value` bytes ("bad=1000": variant bad's only)."""
+    return {CPU_MEMORY_CAP_ENV: value}
 
 
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:

@@ -173,7 +173,13 @@ CASES = [
     ),
     (["model.lora.target_modules=5"], "model.lora.target_modules=5 is not valid: use auto"),
     (["router.memory_headroom=0"], "router.memory_headroom=0.0 is out of range"),
-    (["router.device_slowdown=[1,-1]"], "must be all > 0"),
+    (["router.memory_headroom=1.5"], "router.memory_headroom=1.5 is out of range: it must be > 0 and <= 1"),
+    # testing aids are environment variables (slurm_router/config/testing_aids.py), never a user's setting
+    (["router.device_slowdown=[1,3]"], "the environment variable SLURM_ROUTER_TEST_DEVICE_SLOWDOWN"),
+    (
+        ["+variants.v.router.cpu_memory_cap_bytes=1000"],
+        "variants.v: router.cpu_memory_cap_bytes is no setting: it is a testing aid",
+    ),
     (["router.affinity_boundaries=[64,32]"], "strictly increasing"),
     (["router.speed_model=fast"], "router.speed_model='fast' is not valid: choose one of robust, ema, none"),
     (["launcher=sbatch", "launcher.dry_run=true", "launcher.timeout_min=0"], "launcher.timeout_min=0 is out of range"),

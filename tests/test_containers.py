@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_dir_of, wait_until
+from conftest import run_cli, run_dir_of, slowdown, wait_until
 from fake_runtime import calls, install_fake_apptainer, slurm_calls
 
 from slurm_router.backends.slurm.sbatch_render import SbatchSpec, render_sbatch
@@ -202,9 +202,9 @@ TRAIN = [
     "train.checkpoint_every=2",
     "train.eval_batches=2",
     "data.max_documents=60",
-    "router.device_slowdown=[4.0]",
     "launcher.timeout_min=10",
 ]
+SLOW = slowdown("4")  # reaches the workers inside the container: apptainer passes the environment on
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -253,6 +253,7 @@ def _run_in_container(tmp_path: Path, launcher: str, signal_args: list[str]) -> 
         "launcher.mail_type=[END,FAIL]",
         "launcher.mail_user=someone@example.org",
         cwd=tmp_path,
+        env=SLOW,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

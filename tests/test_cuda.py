@@ -3,7 +3,8 @@
 - Ctrl-C mid-run checkpoints, and resume=RUN_DIR ends with the uninterrupted run's per-step losses: bitwise
   when two uninterrupted runs agree bitwise (the kernels are deterministic for this shape), else within the
   spread two uninterrupted runs show.
-- A real torch.cuda.OutOfMemoryError (router.memory_headroom above 1: the router plans one micro-batch far
+- A real torch.cuda.OutOfMemoryError (router.memory_headroom above 1, which SLURM_ROUTER_TEST_MEMORY_HEADROOM_MAX
+  allows in tests: the router plans one micro-batch far
   larger than the GPU holds) is halved and retried: every sample of every step computed exactly once, the loss
   curve that of a run whose plan fitted from the start.
 
@@ -21,6 +22,8 @@ import pytest
 import torch
 from conftest import run_cli, run_dir_of
 from test_requeue_local import _rows, last_attempt_losses
+
+from slurm_router.config.testing_aids import MEMORY_HEADROOM_MAX_ENV
 
 pytestmark = [
     pytest.mark.integration,
@@ -53,9 +56,9 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def _finish(tmp_path: Path, *args: str) -> Path:
+def _finish(tmp_path: Path, *args: str, env: dict | None = None) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    out = run_cli(*args, f"run_root={tmp_path}", cwd=tmp_path, timeout=600)
+    out = run_cli(*args, f"run_root={tmp_path}", cwd=tmp_path, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run_dir_of(out)
 
@@ -124,7 +127,7 @@ def _step_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
 def test_a_real_cuda_oom_is_halved_and_retried_without_losing_or_repeating_a_sample(tmp_path):
     fitted = _finish(tmp_path / "fit", *OOM)
-    forced = _finish(tmp_path / "oom", *OOM, "router.memory_headroom=4")
+    forced = _finish(tmp_path / "oom", *OOM, "router.memory_headroom=4", env={MEMORY_HEADROOM_MAX_ENV: "4"})
     steps_fit, _ = _step_rows(fitted)
     steps, micro = _step_rows(forced)
     assert sum(r["oom_retries"] for r in steps) >= 1, "headroom 4 should have planned a micro-batch that OOMs"

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from slurm_router.cli.checks import check_new_run
 from slurm_router.config.checks import data_keys_read
 from slurm_router.config.compose import compose
-from slurm_router.config.schema import FREE_FORM_KEYS, conf_dir
+from slurm_router.config.schema import conf_dir, free_form_keys
 from slurm_router.config.sweep import parse_overrides
 from slurm_router.config.unread import RULE_OF, RULES, set_keys
 from slurm_router.errors import UserError
@@ -89,8 +89,6 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "router.speed_model": (ROUTER, "make_speed_model(self.settings.speed_model"),
     "router.row_cost": (ROUTER, 'self.settings.row_cost == "fitted"'),
     "router.speed_ema": (ROUTER, "self.settings.speed_ema"),
-    "router.device_slowdown": (SETUP, "cfg.router.device_slowdown"),
-    "router.cpu_memory_cap_bytes": (SETUP, "cfg.router.cpu_memory_cap_bytes"),
     "launcher.kind": ("cli/checks.py", "launcher_class(cfg.launcher.kind)"),
     "launcher.cpu_slots": ("backends/local/launcher.py", 'cfg.launcher.get("cpu_slots")'),
     "launcher.partition": {"slurm": (SLURM, '"partition", "account"'), "sbatch": (SBATCH, "partition=lc.partition")},
@@ -273,7 +271,7 @@ def leaves(node: DictConfig, prefix: str = "") -> list[str]:
     out = []
     for key in node:
         full, value = f"{prefix}{key}", node._get_node(key)
-        if isinstance(value, DictConfig) and len(value) and full not in FREE_FORM_KEYS:
+        if isinstance(value, DictConfig) and len(value) and full not in free_form_keys():
             out += leaves(value, full + ".")
         else:
             out.append(full)

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import event_rows, read_json, run_cli, run_dir_of, start_cli, wait_until
+from conftest import event_rows, read_json, run_cli, run_dir_of, slowdown, start_cli, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +32,9 @@ RTOL = 1e-5
 FUSED = "resources.fuse_variants=2"
 
 
-def _run(tmp_path: Path, *args: str) -> Path:
+def _run(tmp_path: Path, *args: str, env: dict | None = None) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    proc = run_cli(*COMMON, *args, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, timeout=600)
+    proc = run_cli(*COMMON, *args, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir_of(proc)
 
@@ -65,22 +65,20 @@ def _same(fused: dict, ref: dict, names=("r8", "r32")) -> None:
 
 
 @pytest.mark.parametrize(
-    "args",
+    "args, env",
     [
-        ["resources.devices_per_task=1", "router=round_robin"],
-        ["resources.devices_per_task=2", "router=balanced"],
-        ["resources.devices_per_task=2", "router=least_loaded", "train.fused_layout=row"],
-        [
-            "resources.devices_per_task=3",
-            "router=balanced",
-            "router.device_slowdown=[1.0,2.0,4.0]",
-            "router.max_tokens_per_microbatch=200",
-        ],
+        (["resources.devices_per_task=1", "router=round_robin"], {}),
+        (["resources.devices_per_task=2", "router=balanced"], {}),
+        (["resources.devices_per_task=2", "router=least_loaded", "train.fused_layout=row"], {}),
+        (
+            ["resources.devices_per_task=3", "router=balanced", "router.max_tokens_per_microbatch=200"],
+            slowdown("1,2,4"),
+        ),
     ],
     ids=["1dev", "2dev-balanced", "2dev-one-row", "3dev-slow-split"],
 )
-def test_fused_variants_train_exactly_as_alone(tmp_path, alone, args):
-    run_dir = _run(tmp_path, FUSED, *args)
+def test_fused_variants_train_exactly_as_alone(tmp_path, alone, args, env):
+    run_dir = _run(tmp_path, FUSED, *args, env=env)
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["tasks"]["r32"]["fused_into"] == "r8" and manifest["tasks"]["r32"]["state"] == "completed"
     assert [s["tasks"] for s in manifest["stages"] if s["name"] == "variants"] == [["r8"]]  # one task ran

@@ -5,7 +5,7 @@ speeds and micro-batch splitting, up to float reduction order. Real multi-proces
 """
 
 import pytest
-from conftest import run_cli, run_dir_of, step_losses
+from conftest import memory_cap, run_cli, run_dir_of, slowdown, step_losses
 
 from slurm_router.rundir.events import MicroRow, read_events
 
@@ -25,8 +25,8 @@ RTOL = 2e-5
 OOM_CAP_BYTES = 16_000_000  # fp32; sums over a different split of the same samples differ only in reduction order
 
 
-def _losses(tmp_path, *args) -> list[float]:
-    proc = run_cli(*COMMON, *args, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, timeout=300)
+def _losses(tmp_path, *args, env: dict | None = None) -> list[float]:
+    proc = run_cli(*COMMON, *args, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return step_losses(run_dir_of(proc) / "tasks" / "main")
 
@@ -45,30 +45,31 @@ def reference(tmp_path_factory):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "args",
+    "args, env",
     [
-        ["resources.devices_per_task=2", "router=round_robin"],
-        ["resources.devices_per_task=2", "router=balanced"],
-        ["resources.devices_per_task=3", "router=least_loaded"],
-        ["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[32,96]"],
+        (["resources.devices_per_task=2", "router=round_robin"], {}),
+        (["resources.devices_per_task=2", "router=balanced"], {}),
+        (["resources.devices_per_task=3", "router=least_loaded"], {}),
+        (["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[32,96]"], {}),
         # heterogeneous speeds and forced micro-batch splitting (gradient accumulation)
-        [
-            "resources.devices_per_task=3",
-            "router=balanced",
-            "router.device_slowdown=[1.0,2.0,4.0]",
-            "router.max_tokens_per_microbatch=200",
-        ],
+        (
+            ["resources.devices_per_task=3", "router=balanced", "router.max_tokens_per_microbatch=200"],
+            slowdown("1,2,4"),
+        ),
         # a device memory cap the router's first estimate underrates: out-of-memory, halve, retry, learn
-        ["resources.devices_per_task=2", "router=balanced", f"router.cpu_memory_cap_bytes={OOM_CAP_BYTES}"],
+        (["resources.devices_per_task=2", "router=balanced"], memory_cap(str(OOM_CAP_BYTES))),
         # speed switches change the arithmetic's grouping only: chunked loss, padded widths, no prefetch
-        [
-            "resources.devices_per_task=2",
-            "router=balanced",
-            "train.loss_chunk_tokens=64",
-            "train.packing=false",  # padded micro-batches: packed rows have no width to pad
-            "train.pad_to_multiple=32",
-            "train.prefetch=false",
-        ],
+        (
+            [
+                "resources.devices_per_task=2",
+                "router=balanced",
+                "train.loss_chunk_tokens=64",
+                "train.packing=false",  # padded micro-batches: packed rows have no width to pad
+                "train.pad_to_multiple=32",
+                "train.prefetch=false",
+            ],
+            {},
+        ),
     ],
     ids=[
         "2dev-round_robin",
@@ -80,8 +81,8 @@ def reference(tmp_path_factory):
         "2dev-chunked-loss-padded",
     ],
 )
-def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
-    losses = _losses(tmp_path, *args)
+def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args, env):
+    losses = _losses(tmp_path, *args, env=env)
     assert len(losses) == len(reference) == 6
     assert reference[-1] < reference[0], "the reference run did not learn"
     for step, (a, b) in enumerate(zip(reference, losses)):
@@ -94,7 +95,7 @@ def test_same_loss_curve_for_any_devices_and_policy(tmp_path, reference, args):
     for step in range(6):  # the ledger: every sample of every global batch computed exactly once
         ids = [i for r in micro if r["step"] == step for i in r["sample_ids"]]
         assert len(ids) == len(set(ids)) == 12, f"step {step}: {sorted(ids)}"
-    if any("cpu_memory_cap_bytes" in a for a in args):
+    if env == memory_cap(str(OOM_CAP_BYTES)):
         retries = {s: max(r["oom_retries"] for r in micro if r["step"] == s) for s in range(6)}
         assert retries[0] > 0, "the cap should have caught the router's optimistic first estimate"
         assert retries[5] == 0, f"the memory model did not learn: {retries}"
@@ -129,24 +130,26 @@ def masked_reference(tmp_path_factory, masked_data):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "args",
+    "args, env",
     [
-        ["resources.devices_per_task=2", "router=round_robin"],
-        ["resources.devices_per_task=3", "router=least_loaded"],
-        ["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[64,96]"],
+        (["resources.devices_per_task=2", "router=round_robin"], {}),
+        (["resources.devices_per_task=3", "router=least_loaded"], {}),
+        (["resources.devices_per_task=3", "router=affinity", "router.affinity_boundaries=[64,96]"], {}),
         # balanced with heterogeneous speeds, split micro-batches and the chunked loss (its host-side target index)
-        [
-            "resources.devices_per_task=3",
-            "router=balanced",
-            "router.device_slowdown=[1.0,2.0,4.0]",
-            "router.max_tokens_per_microbatch=300",
-            "train.loss_chunk_tokens=64",
-        ],
+        (
+            [
+                "resources.devices_per_task=3",
+                "router=balanced",
+                "router.max_tokens_per_microbatch=300",
+                "train.loss_chunk_tokens=64",
+            ],
+            slowdown("1,2,4"),
+        ),
     ],
     ids=["masked-2dev-round_robin", "masked-3dev-least_loaded", "masked-3dev-affinity", "masked-3dev-balanced-split"],
 )
-def test_masked_targets_same_loss_curve(tmp_path, masked_reference, masked_data, args):
-    losses = _losses(tmp_path, *MASKED, f"data.path={masked_data}", *args)
+def test_masked_targets_same_loss_curve(tmp_path, masked_reference, masked_data, args, env):
+    losses = _losses(tmp_path, *MASKED, f"data.path={masked_data}", *args, env=env)
     assert len(losses) == len(masked_reference) == 6
     assert masked_reference[-1] < masked_reference[0], "the reference run did not learn"
     for step, (a, b) in enumerate(zip(masked_reference, losses)):

@@ -5,7 +5,7 @@ the pinning itself is what is tested."""
 import json
 
 import pytest
-from conftest import run_cli, run_dir_of, task_spans
+from conftest import run_cli, run_dir_of, slowdown, task_spans
 
 TINY = [
     "base.enabled=false",
@@ -23,13 +23,18 @@ VARIANTS = [f"+variants.v{i}.train.lr={1e-3 * (i + 1)}" for i in range(4)]
 # both alike) that tasks started together are still training when the last of them starts: unslowed, three tiny
 # tasks started at once were seen to train one after another, each in 0.2 s; slowed, their starts were 0.1-0.8 s
 # apart and each trained 4 s or more.
-HELD = "router.device_slowdown=[150.0]"
+HELD = slowdown("150")
 
 
 @pytest.mark.integration
 def test_tasks_are_pinned_to_distinct_gpus(tmp_path):
     proc = run_cli(
-        *TINY, *VARIANTS, HELD, f"run_root={tmp_path}", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1,2"}, timeout=600
+        *TINY,
+        *VARIANTS,
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "0,1,2", **HELD},
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     spans = task_spans(run_dir_of(proc))

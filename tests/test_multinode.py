@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import run_cli, run_dir_of, wait_until
+from conftest import run_cli, run_dir_of, slowdown, wait_until
 
 from slurm_router.supervise.srun_worker import wait_for_master
 from slurm_router.supervise.supervisor import TaskFailed
@@ -315,12 +315,11 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
     0.21-0.36 on one."""
     slow = [
         "router=balanced",
-        "router.device_slowdown=[1,3]",
         "train.global_batch_size=32",
         "train.steps=16",
         "train.checkpoint_every=0",
     ]
-    run_dir = _submit(tmp_path, mn_env, *slow, launcher="slurm")
+    run_dir = _submit(tmp_path, {**mn_env, **slowdown("1,3")}, *slow, launcher="slurm")
     task = run_dir / "tasks" / "main"
     _wait(lambda: (task / "result.json").is_file(), "the 2-node task to complete")
     assert _hosts(task) == {0: "mn1", 1: "mn2"}
@@ -332,6 +331,7 @@ def test_balanced_router_learns_a_slow_node(tmp_path, mn_env):
         "launcher.cpu_slots=2",
         f"run_root={tmp_path / 'local'}",
         cwd=tmp_path,
+        env=slowdown("1,3"),
         timeout=300,
     )
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli, run_dir_of
+from conftest import run_cli, run_dir_of, slowdown
 
 SMALL = ["+experiment=lora_ab", "base.steps=8", "train.steps=4", "train.eval_batches=2", "data.max_documents=60"]
 on_cluster = pytest.mark.skipif(
@@ -146,7 +146,7 @@ def test_the_preview_matches_what_a_real_submission_queues(tmp_path, launcher):
     """The same command with and without dry_run=true: as many arrays, of as many tasks, each stage after the one
     before (afterok) and the report job after the last (afterany). The base is slowed so that the variants are
     still waiting on it when their dependency is read; the jobs are cancelled afterwards."""
-    slow = ["router.device_slowdown=[30.0]", "launcher.timeout_min=10"]
+    slow = ["launcher.timeout_min=10"]
     proc, preview_dir = _preview(tmp_path, f"launcher={launcher}", *slow)
     sizes = _array_sizes(proc.stdout)
     commands = [
@@ -159,6 +159,7 @@ def test_the_preview_matches_what_a_real_submission_queues(tmp_path, launcher):
         f"run_root={tmp_path / 'real'}",
         f"base.cache_dir={tmp_path / 'cache'}",
         cwd=tmp_path,
+        env=slowdown("30"),
         timeout=300,
     )
     assert real.returncode == 0, real.stdout[-3000:] + real.stderr[-3000:]

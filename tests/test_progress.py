@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli, run_dir_of, start_cli, wait_until
+from conftest import run_cli, run_dir_of, slowdown, start_cli, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ LINE = re.compile(r"^  variants/main: step (\d+)/20  loss \d+\.\d{3}  [\d,]+ tok
 
 
 def test_plain_lines_when_not_a_terminal_and_status_gives_the_eta(tmp_path):
-    proc = start_cli(*SMALL, "router.device_slowdown=[3.0]", f"run_root={tmp_path / 'runs'}", cwd=tmp_path)
+    proc = start_cli(*SMALL, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, env=slowdown("3"))
     try:
         manifest = wait_until(lambda: next((tmp_path / "runs").glob("default/*/manifest.json"), None), "a run dir")
         run_dir = manifest.parent

@@ -4,7 +4,7 @@ the others train on without the loser, computing only their own rows, with the l
 Slurm the pruned array task ends and the next waiting one (launcher.array_parallelism) starts, the replicates of
 the variants side by side in the array's order so that the loser meets them there.
 
-r8 at lr 1e-6 is the planted loser (tests/test_prune.py); r32 is slowed (router.device_slowdown: a sleep in
+r8 at lr 1e-6 is the planted loser (tests/test_prune.py); r32 is slowed (SLURM_ROUTER_TEST_DEVICE_SLOWDOWN: a sleep in
 proportion to each step's compute, which changes no number) so that a pruned r8 task ends while r32's run on."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import event_rows, read_json, run_cli, run_dir_of
+from conftest import event_rows, read_json, run_cli, run_dir_of, slowdown
 from test_prune import PLANTED
 
 pytestmark = pytest.mark.integration
@@ -55,10 +55,10 @@ def test_a_pruned_task_s_slot_goes_to_the_next_queued_task_at_once(tmp_path):
     before the r32 task training beside it ended (it did not wait for the others)."""
     proc = run_cli(
         *PLANTED,
-        "variants.r32.router.device_slowdown=[20.0]",
         "launcher.cpu_slots=2",
         f"run_root={tmp_path}",
         cwd=tmp_path,
+        env=slowdown("r32=20"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)

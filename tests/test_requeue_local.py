@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_dir_of
+from conftest import run_cli, run_dir_of, slowdown
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.integration
 
-# Steps of ~0.3-0.6 s (router.device_slowdown) leave time to act mid-run; checkpoints every 2 steps.
+# Steps of ~0.3-0.6 s (SLOW) leave time to act mid-run; checkpoints every 2 steps.
 STEPS = 8
 COMMON = [
     "base.enabled=false",
@@ -25,8 +25,8 @@ COMMON = [
     "data.max_documents=60",
     "train.eval_batches=2",
     "launcher.cpu_slots=2",
-    "router.device_slowdown=[4.0]",
 ]
+SLOW = slowdown("4")  # every command of a run here, resume= too
 
 
 def _rows(task_dir: Path, rank: int = 0) -> list[dict]:
@@ -51,7 +51,7 @@ def _default_sigint() -> None:
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **SLOW}
     return subprocess.Popen(
         [sys.executable, "-m", "slurm_router", *COMMON, *args, f"run_root={tmp_path}"],
         cwd=tmp_path,
@@ -164,7 +164,7 @@ def ctrl_c_at(point: str, tmp_path: Path, reference_losses) -> None:
         assert saved[-1]["reason"] == "signal" and saved[-1]["step"] >= min_step, saved
     assert rows[-1]["event"] == "end" and rows[-1]["exit_state"] == "interrupted", rows[-1]
 
-    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
+    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     rows = _rows(task_dir)
     loaded = [r for r in rows if r["event"] == "checkpoint_loaded"]
@@ -177,7 +177,7 @@ def ctrl_c_at(point: str, tmp_path: Path, reference_losses) -> None:
         assert {r["attempt"] for r in rows if r["event"] == "step" and r["step"] >= saved[-1]["step"]} >= {1}
     assert last_attempt_losses(task_dir) == reference_losses(), "an interrupted and resumed run must match bitwise"
     assert json.loads((run_dir / "manifest.json").read_text())["state"] == "completed"
-    again = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)  # nothing left: skips, says so
+    again = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=120)  # nothing left: skips, says so
     assert again.returncode == 0 and "main completed" in again.stdout
 
 
@@ -209,13 +209,13 @@ def test_a_killed_worker_stops_the_task_fast_and_resume_falls_back_past_a_damage
     good = older.read_bytes()
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated
     older.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one flipped bit
-    bad = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
+    bad = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=120)
     err_lines = [line for line in bad.stderr.splitlines() if line.startswith("error")]
     assert bad.returncode == 2 and len(err_lines) == 1 and "no valid checkpoint" in err_lines[0], bad.stderr
     assert "Traceback" not in bad.stdout + bad.stderr
 
     older.write_bytes(good)
-    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
+    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert f"{newest.name} is not usable" in resumed.stderr and "truncated" in resumed.stderr
     assert "resuming from " + str(older) in (run_dir / "logs" / "main.log").read_text()
@@ -246,7 +246,7 @@ def test_resume_refuses_an_edited_config_yaml_and_changes_nothing(tmp_path):
     assert OmegaConf.load(config).train.lr == lr * 2
     before = {p: p.read_bytes() for p in sorted(task_dir.rglob("*")) if p.is_file()}
 
-    refused = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=120)
+    refused = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=120)
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert refused.returncode == 2 and len(lines) == 1, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert lines[0].startswith(f"error: resume: {config} was edited: it gives task main train.lr={lr * 2}, but ")
@@ -255,6 +255,6 @@ def test_resume_refuses_an_edited_config_yaml_and_changes_nothing(tmp_path):
     assert json.loads((run_dir / "manifest.json").read_text())["state"] == "interrupted"
 
     config.write_text(original)
-    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
+    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert sorted(last_attempt_losses(task_dir)) == list(range(STEPS))

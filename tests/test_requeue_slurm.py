@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_dir_of
+from conftest import run_cli, run_dir_of, slowdown
 
 pytestmark = [
     pytest.mark.slurm,
@@ -42,11 +42,11 @@ SMALL = [
     "train.checkpoint_every=2",
     "train.eval_batches=2",
     "data.max_documents=60",
-    "router.device_slowdown=[4.0]",
     "launcher.timeout_min=10",
     "variants.r32.model.lora.r=8",
     "variants.r32.model.lora.alpha=16",
 ]
+SLOW = slowdown("4")
 COPIES = ["+variants.u2.model.lora.r=8", "+variants.k.model.lora.r=8"]
 TIMEOUT_S = 240
 
@@ -109,8 +109,10 @@ def _at_step(run_dir: Path, task: str, step: int):
     return rows if any(r["event"] == "step" and r["step"] >= step for r in rows) else None
 
 
-def _submit(tmp_path: Path, base_cache: Path, *args: str) -> Path:
-    proc = run_cli(*SMALL, *args, f"base.cache_dir={base_cache}", f"run_root={tmp_path}", cwd=tmp_path, timeout=300)
+def _submit(tmp_path: Path, base_cache: Path, *args: str, env: dict = SLOW) -> Path:
+    proc = run_cli(
+        *SMALL, *args, f"base.cache_dir={base_cache}", f"run_root={tmp_path}", cwd=tmp_path, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir_of(proc)
 
@@ -203,7 +205,7 @@ def test_resume_resubmits_only_the_unfinished_task(tmp_path, base_cache, launche
     )
     assert not (run_dir / "tasks" / "r32" / "result.json").exists()
 
-    proc = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=300)
+    proc = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "r8 completed" in proc.stdout and "r32 from step" in proc.stdout, proc.stdout
     assert run_dir_of(proc) == run_dir

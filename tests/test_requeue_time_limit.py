@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, slowdown
 from test_requeue_slurm import (
     SMALL,
     _losses,
@@ -43,17 +43,17 @@ def test_real_time_limit_requeues_then_stops_at_the_budget(tmp_path, base_cache)
     # Slurm checks time limits every 30 s and sends --signal=B:USR2@50 at the first check within 30 s of its time:
     # 40-70 s after the job starts, so each attempt has at least 40 s to start and train (a one-minute limit with
     # USR2@20 gave 10-40 s, which a loaded machine's start-up can take whole: seen here 30 s from the job's start to
-    # its first step), and ends then (it requeues itself). Steps of 1.7-2.4 s here (router.device_slowdown): the 80
+    # its first step), and ends then (it requeues itself). Steps of 1.7-2.4 s here (slowed 14x): the 80
     # need more than two attempts can train (2 x 65 s).
     run_dir = _submit(
         tmp_path,
         base_cache,
         "launcher=sbatch",
         "train.steps=80",
-        "router.device_slowdown=[14.0]",
         "launcher.timeout_min=2",
         "launcher.signal_delay_s=50",
         "launcher.max_requeues=1",
+        env=slowdown("14"),
     )
     jobs = _task_jobs(run_dir)
     # two attempts of about a minute each, and Slurm's queue: over 300 s with the suite's first files beside it
@@ -86,9 +86,8 @@ def test_real_time_limit_requeues_then_stops_at_the_budget(tmp_path, base_cache)
     assert end["step"] < 80, "the time limit never interrupted training"
     assert not (run_dir / "tasks" / "r8" / "result.json").exists()
 
-    # the resume trains what both attempts left (up to ~75 steps each, two tasks side by side), still at
-    # router.device_slowdown=14, which multiplies the machine's load: CI (4 pytest workers on 2 cores) took over
-    # 600 s here
+    # the resume trains what both attempts left (up to ~75 steps each, two tasks side by side), no longer slowed (its
+    # command sets no SLURM_ROUTER_TEST_DEVICE_SLOWDOWN); at 14x CI (4 pytest workers on 2 cores) took over 600 s here
     proc = run_cli(f"resume={run_dir}", "launcher=local", cwd=tmp_path, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _rows(run_dir, "r8")

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import event_rows, run_cli, run_dir_of
+from conftest import event_rows, memory_cap, run_cli, run_dir_of, slowdown
 
 from slurm_router.backends.slurm import job as slurm_job
+from slurm_router.backends.slurm.config import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.backends.slurm.job import SlurmJobEnvironment
-from slurm_router.config.schema import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.supervise import retry
 
@@ -220,14 +220,13 @@ SMALL = [
     "train.checkpoint_every=2",
     "train.eval_batches=2",
     "data.max_documents=60",
-    "router.device_slowdown=[4.0]",
     "launcher.timeout_min=10",
     "variants.r32.model.lora.r=8",
     "variants.r32.model.lora.alpha=16",
     "+variants.bad.model.lora.r=8",
-    "+variants.bad.router.cpu_memory_cap_bytes=1000",
     "launcher.max_failures=1",
 ]
+AIDS = {**slowdown("4"), **memory_cap("bad=1000")}
 
 
 def _losses(task_dir: Path) -> dict[int, float]:
@@ -249,7 +248,13 @@ def _wait(cond, what: str, timeout: float = 300):
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh")
 def test_a_killed_worker_is_retried_once_and_an_own_error_never(tmp_path, base_cache):
     proc = run_cli(
-        *SMALL, "launcher=sbatch", f"base.cache_dir={base_cache}", f"run_root={tmp_path}", cwd=tmp_path, timeout=300
+        *SMALL,
+        "launcher=sbatch",
+        f"base.cache_dir={base_cache}",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        env=AIDS,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)

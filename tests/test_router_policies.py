@@ -223,7 +223,7 @@ def test_settings_errors_name_the_key():
         RouterSettings(policy="fastest")
     with pytest.raises(ValueError, match="affinity_boundaries"):
         RouterSettings(affinity_boundaries=(100, 50))
-    s = RouterSettings.from_config({"policy": "affinity", "affinity_boundaries": [128, 512], "device_slowdown": [1]})
+    s = RouterSettings.from_config({"policy": "affinity", "affinity_boundaries": [128, 512], "not_a_knob": [1]})
     assert s.policy == "affinity" and s.affinity_boundaries == (128, 512)
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import event_rows, pid_alive, read_json, run_cli, run_dir_of, start_cli, wait_until
+from conftest import event_rows, pid_alive, read_json, run_cli, run_dir_of, slowdown, start_cli, wait_until
 
 pytestmark = pytest.mark.integration
 
-# Two workers, steps of ~0.5-1 s (router.device_slowdown), a checkpoint every 2 steps.
+# Two workers, steps of ~0.5-1 s (SLOW), a checkpoint every 2 steps.
 STEPS = 8
 COMMON = [
     "base.enabled=false",
@@ -29,9 +29,9 @@ COMMON = [
     "data.max_documents=60",
     "train.eval_batches=2",
     "launcher.cpu_slots=2",
-    "router.device_slowdown=[4.0]",
     "resources.devices_per_task=2",
 ]
+SLOW = slowdown("4")  # every command of a run here, resume= too
 
 
 def losses(task_dir: Path) -> dict[int, float]:
@@ -50,7 +50,7 @@ def same_run(got: dict[int, float], want: dict[int, float]) -> bool:
 def reference(tmp_path_factory):
     """The uninterrupted run, started at once (it overlaps the first test) and read when first needed."""
     tmp = tmp_path_factory.mktemp("reference")
-    proc = start_cli(*COMMON, f"run_root={tmp}", cwd=tmp)
+    proc = start_cli(*COMMON, f"run_root={tmp}", cwd=tmp, env=SLOW)
     cache = {}
 
     def get() -> dict[int, float]:
@@ -102,7 +102,7 @@ def _status(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_kill_9_of_the_launcher_leaves_nothing_alive_and_resume_finishes_the_run(tmp_path, reference):
-    proc = start_cli(*COMMON, f"run_root={tmp_path}", cwd=tmp_path)
+    proc = start_cli(*COMMON, f"run_root={tmp_path}", cwd=tmp_path, env=SLOW)
     try:
         run_dir = _after_step(tmp_path, 2)
         pids = _recorded_pids(run_dir)
@@ -132,7 +132,7 @@ def test_kill_9_of_the_launcher_leaves_nothing_alive_and_resume_finishes_the_run
     log = (run_dir / "logs" / "main.log").read_text()
     assert f"the launcher (pid {pids['launcher']}) is gone" in log and "Traceback" not in log, log
 
-    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, timeout=900)
+    resumed = run_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     note = [line for line in resumed.stderr.splitlines() if "gone without releasing it" in line]
     assert len(note) == 1 and f"pid {pids['launcher']}" in note[0], resumed.stderr
@@ -141,7 +141,7 @@ def test_kill_9_of_the_launcher_leaves_nothing_alive_and_resume_finishes_the_run
 
 
 def test_status_tells_a_dead_local_run_and_two_resumes_at_once_run_it_once(tmp_path, reference):
-    proc = start_cli(*COMMON, f"run_root={tmp_path}", cwd=tmp_path)
+    proc = start_cli(*COMMON, f"run_root={tmp_path}", cwd=tmp_path, env=SLOW)
     try:
         run_dir = _after_step(tmp_path, 0)
         pids = _recorded_pids(run_dir)
@@ -163,7 +163,7 @@ def test_status_tells_a_dead_local_run_and_two_resumes_at_once_run_it_once(tmp_p
     assert waited.returncode == 1 and time.monotonic() - t0 < 120, waited.stdout + waited.stderr
     assert "INTERRUPTED" in waited.stdout and "Traceback" not in waited.stdout + waited.stderr
 
-    first, second = (start_cli(f"resume={run_dir}", cwd=tmp_path) for _ in range(2))
+    first, second = (start_cli(f"resume={run_dir}", cwd=tmp_path, env=SLOW) for _ in range(2))
     outs = {}
     try:
         for p in (first, second):
@@ -183,7 +183,7 @@ def test_status_tells_a_dead_local_run_and_two_resumes_at_once_run_it_once(tmp_p
 
 
 def test_status_cancel_stops_a_live_local_run_as_ctrl_c_does(tmp_path):
-    proc = start_cli(*COMMON, f"run_root={tmp_path}", cwd=tmp_path)
+    proc = start_cli(*COMMON, f"run_root={tmp_path}", cwd=tmp_path, env=SLOW)
     try:
         run_dir = _after_step(tmp_path, 0)
         cancel = _status(run_dir, "--cancel")

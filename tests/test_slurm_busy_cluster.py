@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_dir_of, wait_until
+from conftest import run_cli, run_dir_of, slowdown, wait_until
 
 pytestmark = [
     pytest.mark.slurm,
@@ -142,8 +142,15 @@ def rows_of(events: Path) -> list[dict]:
 def test_a_task_requeued_in_held_state_waits_for_release_then_resumes(tmp_path):
     """`scontrol requeuehold` of a running variant: status says it waits for `scontrol release JOB` (not ended,
     not failed); once released it resumes from its checkpoint and the run completes."""
-    args = [*SMALL, "launcher.wait=false", "launcher=sbatch", "variants.r8.router.device_slowdown=[15.0]"]
-    proc = run_cli(*args, f"base.cache_dir={tmp_path / 'cache'}", f"run_root={tmp_path}", cwd=tmp_path, timeout=300)
+    args = [*SMALL, "launcher.wait=false", "launcher=sbatch"]
+    proc = run_cli(
+        *args,
+        f"base.cache_dir={tmp_path / 'cache'}",
+        f"run_root={tmp_path}",
+        cwd=tmp_path,
+        env=slowdown("r8=15"),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)
     manifest = json.loads((run_dir / "manifest.json").read_text())

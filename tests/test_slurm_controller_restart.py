@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import run_dir_of, start_cli
+from conftest import run_dir_of, slowdown, start_cli
 from test_multinode import MN_CONF, SMALL, cluster_test, mn_env  # noqa: F401 (mn_env: the fixture)
 
 PID_FILE = Path("/run/slurm-mn/slurmctld.pid")
@@ -46,10 +46,9 @@ def test_a_controller_stopped_mid_run_costs_nothing(tmp_path, mn_env):  # noqa: 
         "launcher.partition=mn",
         "launcher.timeout_min=10",
         "launcher.wait=true",
-        "router.device_slowdown=[10.0]",  # steps long enough that the tasks train through the outage
         f"run_root={tmp_path / 'mn'}",
         cwd=tmp_path,
-        env=mn_env,
+        env={**mn_env, **slowdown("10")},  # steps long enough that the tasks train through the outage
     )
     stopped = False
     try:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import CLUSTER_GPUS, run_cli, run_dir_of, task_spans
+from conftest import CLUSTER_GPUS, run_cli, run_dir_of, slowdown, task_spans
 
 pytestmark = [
     pytest.mark.slurm,
@@ -27,12 +27,12 @@ SMALL = [
     "launcher.wait=true",
     "launcher.timeout_min=10",
 ]
-# Steps long enough (router.device_slowdown: a sleep in proportion to each step's compute, so a loaded machine slows
+# Steps long enough (slowdown(): a sleep in proportion to each step's compute, so a loaded machine slows
 # both alike) that tasks started together are still training when the other starts: they really run at once. Seen
 # here: the two array tasks' start rows 0.05 s apart, each then training 10 s; two co-located tasks' 0.2-1.8 s apart,
 # each training 5-7 s with a slowdown of 4 (their steps are slower: three tasks share the cores).
-HELD = "router.device_slowdown=[15.0]"
-HELD_PACKED = "router.device_slowdown=[8.0]"
+HELD = slowdown("r8=15;r32=15")  # the variants only: the base stage as it was
+HELD_PACKED = slowdown("8")
 
 
 def _sacct(job_id: str) -> dict[str, str]:
@@ -47,14 +47,13 @@ def _sacct(job_id: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("launcher", ["slurm", "sbatch"])
 def test_lora_ab_on_slurm(tmp_path, launcher):
-    held = [f"variants.{v}.{HELD}" for v in ("r8", "r32")]  # the variants only: the base stage as it was
     proc = run_cli(
         *SMALL,
-        *held,
         f"launcher={launcher}",
         f"base.cache_dir={tmp_path / 'cache'}",
         f"run_root={tmp_path}",
         cwd=tmp_path,
+        env=HELD,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -162,7 +161,6 @@ def test_variants_colocated_in_one_allocation(tmp_path, launcher):
         "train.steps=6",
         "train.eval_batches=1",
         "data.max_documents=40",
-        HELD_PACKED,
         *variants,
         f"launcher={launcher}",
         "resources.tasks_per_gpu=2",
@@ -170,6 +168,7 @@ def test_variants_colocated_in_one_allocation(tmp_path, launcher):
         "launcher.timeout_min=10",
         f"run_root={tmp_path}",
         cwd=tmp_path,
+        env=HELD_PACKED,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

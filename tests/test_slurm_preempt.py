@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, slowdown
 from test_multinode import (  # noqa: F401 (mn_env: the fixture)
     TIMEOUT_S,
     _at_step,
@@ -48,8 +48,8 @@ def _sacct_states(env: dict, job_id: str) -> list[str]:
 def test_a_preempted_task_waits_then_resumes_with_the_same_losses(tmp_path, mn_env):  # noqa: F811
     if URGENT not in _slurm(mn_env, "sinfo", "-h", "-o", "%P"):
         pytest.skip(f"no partition {URGENT}: rerun scripts/slurm_multinode_cluster.sh (it configures preemption)")
-    # slower steps (router.device_slowdown) so that the task is still training when the preemption lands
-    run_dir = _submit(tmp_path, mn_env, "router.device_slowdown=[3.0]")
+    # slower steps so that the task is still training when the preemption lands
+    run_dir = _submit(tmp_path, {**mn_env, **slowdown("3")})
     task = run_dir / "tasks" / "main"
     (job,) = _task_jobs(run_dir).values()
     _wait(lambda: _at_step(task, 5), "main at step 5")

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import slowdown
 from test_multinode import (  # noqa: F401 (mn_env: the fixture)
     _at_step,
     _rows,
@@ -32,14 +33,15 @@ SLURMD_PID = Path("/run/slurm-mn/slurmd-mn2.pid")
 # long enough that the job still runs when Slurm gives up on mn2: SlurmdTimeout=60 puts it DOWN 45-100 s after the
 # kill on a quiet machine, later under CI's load; 60 steps (80 s) once lost that race, so the task ended first
 N_STEPS = 100
-STEPS = [f"train.steps={N_STEPS}", "router.device_slowdown=[12.0]"]  # about 1.4 s a step here
+STEPS = [f"train.steps={N_STEPS}"]
+SLOW = slowdown("12")  # about 1.4 s a step here
 
 
 @cluster_test
 def test_a_killed_slurmd_fails_the_node_and_the_task_resumes_with_the_same_losses(tmp_path, mn_env):  # noqa: F811
     if not SLURMD_PID.is_file():
         pytest.skip(f"no {SLURMD_PID}: the cluster was not started by {CLUSTER_SCRIPT}")
-    run_dir = _submit(tmp_path, mn_env, *STEPS)
+    run_dir = _submit(tmp_path, {**mn_env, **SLOW}, *STEPS)
     task = run_dir / "tasks" / "main"
     _wait(lambda: _at_step(task, 3), "main at step 3")
     try:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli, run_dir_of, wait_until
+from conftest import REPO, run_cli, run_dir_of, slowdown, wait_until
 
 from slurm_router.launch import snapshot
 
@@ -124,7 +124,6 @@ TRAIN = [
     "train.checkpoint_every=2",
     "train.eval_batches=2",
     "data.max_documents=60",
-    "router.device_slowdown=[4.0]",
     "launcher.timeout_min=10",
     "launcher=sbatch",
 ]
@@ -170,7 +169,7 @@ def _steps(run_dir: Path) -> set[int]:
 )
 def test_resume_after_an_edit_runs_the_submitted_code(tmp_path):
     src = _source_copy(tmp_path / "src")
-    env = {"PYTHONPATH": str(src)}  # the user's checkout: the submitter imports it
+    env = {"PYTHONPATH": str(src), **slowdown("4")}  # the user's checkout: the submitter imports it
     proc = run_cli(*TRAIN, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(proc)

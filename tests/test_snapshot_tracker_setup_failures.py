@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import event_rows, read_json, run_cli, run_dir_of, start_cli, wait_until
+from conftest import event_rows, read_json, run_cli, run_dir_of, slowdown, start_cli, wait_until
 
 SLURM = pytest.mark.skipif(
     shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
@@ -194,13 +194,12 @@ def test_a_tracker_whose_store_goes_away_mid_run_is_dropped_and_the_task_complet
     row."""
     pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
-    env = _tracker_env(tmp_path)
+    env = {**_tracker_env(tmp_path), **slowdown("2")}
     proc = start_cli(
         "tracker=[tensorboard,mlflow]",
         "train.steps=6",
         "train.eval_batches=2",
         "data.max_documents=40",
-        "router.device_slowdown=[2.0]",
         f"run_root={tmp_path / 'runs'}",
         cwd=tmp_path,
         env=env,

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import event_rows, run_cli, start_cli, wait_until
+from conftest import event_rows, run_cli, slowdown, start_cli, wait_until
 
 from slurm_router.cli import run_list
 from slurm_router.cli import status as cli_status
@@ -112,8 +112,8 @@ FAST = [
     "train.eval_every=4",
     "train.eval_batches=2",
     "data.max_documents=60",
-    "router.device_slowdown=[3.0]",
 ]
+SLOW = slowdown("3")
 
 
 @pytest.mark.integration
@@ -122,7 +122,7 @@ def test_status_of_a_real_run_while_it_runs_and_after(tmp_path, base_cache):
     and the table shows them; --follow prints its tasks' log lines, each prefixed with its name, and returns
     when every task has ended; then the figures are the ones the tasks wrote, and the run is listed."""
     root = tmp_path / "runs"
-    proc = start_cli(*FAST, f"base.cache_dir={base_cache}", f"run_root={root}", cwd=tmp_path)
+    proc = start_cli(*FAST, f"base.cache_dir={base_cache}", f"run_root={root}", cwd=tmp_path, env=SLOW)
     try:
         manifest = wait_until(lambda: next(root.glob("lora_ab/*/manifest.json"), None), "run dir", timeout=120)
         run_dir = manifest.parent

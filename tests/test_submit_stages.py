@@ -10,7 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from slurm_router.artifacts import base_cache
-from slurm_router.config.schema import LocalLauncherConfig, SubmititLauncherConfig
+from slurm_router.backends.slurm.config import SubmititLauncherConfig
+from slurm_router.config.schema import LocalLauncherConfig
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs, TaskJob, submit_stages
 from slurm_router.rundir.lifecycle import TaskState
 from slurm_router.rundir.manifest import Manifest, create_run_dir

@@ -17,14 +17,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import event_rows, run_cli, run_dir_of, start_cli, wait_until
+from conftest import event_rows, run_cli, run_dir_of, slowdown, start_cli, wait_until
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
 ALL = "tracker=[tensorboard,mlflow,wandb]"
-# one task, steps slow enough (router.device_slowdown) for a Ctrl-C to land mid-run; an evaluation every 2 steps
+# one task, steps slow enough (SLOW) for a Ctrl-C to land mid-run; an evaluation every 2 steps
 FAST = [
     "base.enabled=false",
     "train.steps=8",
@@ -32,8 +32,8 @@ FAST = [
     "train.eval_batches=2",
     "data.max_documents=60",
     "launcher.cpu_slots=1",
-    "router.device_slowdown=[2.0]",
 ]
+SLOW = slowdown("2")
 METRIC = {"step": ("loss", "train/loss"), "eval": ("val_loss", "eval/loss")}
 
 
@@ -282,7 +282,7 @@ def test_a_crashed_attempt_and_its_rerun_steps_reach_each_tracker_once(tmp_path,
 def tracked_run(tmp_path_factory):
     """A real run logging to all three trackers, stopped by Ctrl-C mid-run and finished by resume=RUN_DIR."""
     tmp = tmp_path_factory.mktemp("tracked")
-    env = tracker_env(tmp)
+    env = {**tracker_env(tmp), **SLOW}
     proc = start_cli(ALL, *FAST, f"run_root={tmp}", cwd=tmp, env=env)
     try:
         task_dir = wait_until(

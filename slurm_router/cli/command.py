@@ -80,6 +80,9 @@ def _subcommand(word: str, rest: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    from slurm_router.scheduler.registry import backends
+
+    backends()  # every scheduler backend loaded first: each adds its launchers' schemas (--help lists their keys)
     if any(a in HELP_FLAGS for a in argv):
         return _help(argv)
     if argv and argv[0] in ("--version", "-V"):
@@ -88,9 +91,6 @@ def _main(argv: list[str]) -> int:
     multirun = any(a in MULTIRUN for a in argv)
     argv = [a for a in argv if a not in MULTIRUN]
     from slurm_router.cli.options import cfg_options, config_dir_options
-    from slurm_router.scheduler.registry import backends
-
-    backends()  # every scheduler backend loaded: one from outside the package adds its launcher's schema first
 
     set_config_dirs([])  # called again in one process (tests): no folder of an earlier call
     argv, shown, resolve = cfg_options(argv)

@@ -131,20 +131,20 @@ def _hydra_compose(overrides: list[str], hydra_config: bool = False):
 
 
 def _free_form_overrides(overrides: list[str]) -> list[str]:
-    """The free-form mappings (config.schema.FREE_FORM_KEYS) take new keys as Hydra users write them, without '+':
+    """The free-form mappings (config.schema.free_form_keys) take new keys as Hydra users write them, without '+':
     `launcher.additional_parameters={nice: 10}`, `...additional_parameters.nice=10`. A variant's own overrides
     (`variants.r8.train.lr=1e-3`) need no '+' either, but only for a variant the experiment has: a typo must not
     add a variant; a new one is added on purpose with `+variants.NAME...`. The merged variant is still checked
     against the schema (config.variant_configs)."""
-    from slurm_router.config.schema import FREE_FORM_KEYS
+    from slurm_router.config.schema import free_form_keys
     from slurm_router.config.sweep import parse_overrides
 
-    parsed = parse_overrides(overrides)
+    parsed, free_keys = parse_overrides(overrides), free_form_keys()
     free = [
         o
         for o in parsed
         if not (o.is_add() or o.is_force_add() or o.is_delete())
-        and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in FREE_FORM_KEYS)
+        and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in free_keys)
     ]
     variant_edits = [o for o in free if o.key_or_group.split(".")[0] == "variants"]
     if variant_edits:

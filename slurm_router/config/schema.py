@@ -83,22 +83,18 @@ class RouterConfig:
     attention_weight: float = RouterSettings.attention_weight  # cost=tokens_attention: the quadratic term's weight
     attention_ref_len: int = RouterSettings.attention_ref_len  # cost=tokens_attention: its length scale
     microbatch_overhead_tokens: int = RouterSettings.microbatch_overhead_tokens  # a micro-batch's fixed cost
-    memory_headroom: float = RouterSettings.memory_headroom  # above 1 over-commits (OOM-path testing aid)
+    memory_headroom: float = RouterSettings.memory_headroom  # a device's memory budget: this x its total memory
     max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch  # cap (null: memory)
     affinity_boundaries: List[int] = field(default_factory=list)  # policy=affinity: sample-length bucket edges
     speed_model: str = RouterSettings.speed_model  # robust | ema | none (router/speed_model.py)
     speed_ema: float = RouterSettings.speed_ema  # speed_model=ema: the weight of the newest step
     row_cost: str = RouterSettings.row_cost  # packed rows: fitted (from step times, router/cost_model.py) | fixed
-    # Testing aid: per-device multiplier on compute time (2.0 = half speed), makes heterogeneity testable on CPU.
-    device_slowdown: List[float] = field(default_factory=list)
-    # Testing aid: a memory cap (bytes) per CPU worker; a micro-batch predicted above it raises a simulated OOM.
-    cpu_memory_cap_bytes: Optional[int] = None
 
 
 @dataclass
 class LauncherConfig:
-    """What every launcher has. One schema per launcher below, registered in the `launcher` group: a key that
-    the chosen launcher does not have is an error naming the launchers that have it (launcher_key_error)."""
+    """What every launcher has. One schema per launcher (LAUNCHER_SCHEMAS), registered in the `launcher` group: a
+    key that the chosen launcher does not have is an error naming the launchers that have it (launcher_key_error)."""
 
     kind: str = MISSING  # each schema's own default; its backend in slurm_router.scheduler.registry
 
@@ -109,66 +105,11 @@ class LocalLauncherConfig(LauncherConfig):
     cpu_slots: Optional[int] = None  # without GPUs: CPU worker slots (default: the core count)
 
 
-@dataclass
-class ContainerConfig:
-    """launcher.container: each task runs inside this image (slurm_router/launch/container.py); the job's own
-    shell (sbatch) or submitit's process stays outside, and requeues from there. image=None: no container."""
-
-    image: Optional[str] = None  # apptainer: a .sif file (or docker://..., library://...); pyxis: a name
-    runtime: str = "apptainer"  # apptainer (apptainer exec --nv) | pyxis (srun --container-image)
-    # more binds, SRC[:DST]; the run dir, data.path, model.name_or_path and the base cache are bound already
-    mounts: List[str] = field(default_factory=list)
-    runtime_cmd: str = "apptainer"  # apptainer: the program (a path, or a name on the compute node's PATH)
-
-
-@dataclass
-class SlurmLauncherConfig(LauncherConfig):
-    """Shared by both Slurm launchers (submitit and sbatch)."""
-
-    partition: Optional[str] = None  # Slurm's --partition
-    account: Optional[str] = None  # Slurm's --account
-    qos: Optional[str] = None  # Slurm's --qos
-    constraint: Optional[str] = None  # Slurm's --constraint (node features)
-    timeout_min: int = 60  # each job's time limit in minutes; a task near it checkpoints and requeues
-    mem_gb: Optional[float] = None  # memory per node in GB (null: the partition's default)
-    # CPUs per Slurm task: None = cpus_per_device x the worker processes the task runs (devices_per_task x
-    # tasks_per_gpu, or 1 per srun task with srun_workers: backends/slurm/common.py job_cpus); a number: as given
-    cpus_per_task: Optional[int] = None
-    cpus_per_device: int = 1  # CPUs per worker process (cpus_per_task=null)
-    array_parallelism: int = 64  # the most array tasks running at once (Slurm's %N)
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)  # more #SBATCH options, e.g. {nice: 10}
-    srun_workers: bool = False  # run a task's D workers as D srun tasks, one GPU each
-    wait: bool = False  # return once every task AND the report job have ended
-    max_requeues: int = 3  # time-limit requeues per task (slurm_router.supervise.requeue)
-    signal_delay_s: int = 120  # USR2 this long before the time limit: checkpoint, then requeue
-    # a task that failed for a reason not its own (a worker killed by a signal, NODE_FAIL) runs again from its
-    # checkpoint, away from that node, up to this many times (slurm_router.supervise.retry)
-    max_failures: int = 0
-    # How the job runs (launch/container.py, launch/snapshot.py). setup: shell lines the job runs before the
-    # task (module load, source a venv, export), as written: shell by design, trusted like your own sbatch
-    # script, in the directory the run was submitted from; every other value here is quoted for the shell.
-    setup: List[str] = field(default_factory=list)
-    python: Optional[str] = None  # the task's interpreter; None: the submitter's (python3 in a container)
-    container: ContainerConfig = field(default_factory=ContainerConfig)
-    snapshot: bool = True  # copy the checkout's source to RUN_DIR/code/ at submission; jobs import it
-    mail_type: Any = None  # Slurm's --mail-type: END,FAIL or [END, FAIL] (MAIL_TYPES)
-    mail_user: Optional[str] = None  # Slurm's --mail-user (unset: Slurm mails the submitting user)
-
-
-@dataclass
-class SubmititLauncherConfig(SlurmLauncherConfig):
-    kind: str = "slurm"
-
-
-@dataclass
-class SbatchLauncherConfig(SlurmLauncherConfig):
-    kind: str = "sbatch"
-    dry_run: bool = False  # render RUN_DIR/submit*.sbatch, submit nothing
-
-
 # OmegaConf 2.3 cannot hold typing.Literal fields, so `kind` is a str whose allowed values are these schemas'
-# own defaults (CHOICES["launcher.kind"]); no other code spells the kinds out.
-LAUNCHER_SCHEMAS: list[type[LauncherConfig]] = [LocalLauncherConfig, SubmititLauncherConfig, SbatchLauncherConfig]
+# own defaults (CHOICES["launcher.kind"]); no other code spells the kinds out. A scheduler's backend adds its
+# launchers' schemas when it loads (scheduler/registry.py add_launcher_schema; Slurm's: backends/slurm/config.py);
+# the command loads every backend before it composes a config.
+LAUNCHER_SCHEMAS: list[type[LauncherConfig]] = [LocalLauncherConfig]
 
 
 def launcher_schema(kind: str) -> type[LauncherConfig]:
@@ -310,7 +251,7 @@ CHOICES = {
     "train.fused_layout": ("auto", "row", "per_variant"),
 }
 # key -> (low, high, low_inclusive); None = unbounded
-RANGES = {
+RANGES: dict[str, tuple[float, float | None, bool]] = {
     "seed": (0, None, True),
     "model.n_layer": (1, 1024, True),
     "model.n_head": (1, 1024, True),
@@ -327,7 +268,8 @@ RANGES = {
     "data.mean_len": (1, 1 << 20, True),
     "data.sigma": (0, 10, True),
     "data.min_len": (2, 1 << 20, True),
-    "router.cpu_memory_cap_bytes": (1, None, True),  # the other router.* keys: RouterSettings checks them
+    # above 1 only in tests (config/testing_aids.py); the other router.* keys: RouterSettings checks them
+    "router.memory_headroom": (0, 1, False),
     "launcher.cpu_slots": (1, 4096, True),
     "launcher.timeout_min": (1, None, True),
     "launcher.mem_gb": (0, None, False),
@@ -370,11 +312,12 @@ def _mapping_fields(schema: type, prefix: str = "") -> typing.Iterator[str]:
             yield from _mapping_fields(hints[f.name], f"{prefix}{f.name}.")
 
 
-# The free-form mappings (Dict fields: `variants`, `launcher.additional_parameters`): keys are the user's to
-# choose, so `KEY={a: 1}` and `KEY.a=1` add to them without Hydra's '+' (compose() in config/compose.py).
-FREE_FORM_KEYS = tuple(
-    sorted({*_mapping_fields(Config), *(k for s in LAUNCHER_SCHEMAS for k in _mapping_fields(s, "launcher."))})
-)
+def free_form_keys() -> tuple[str, ...]:
+    """The free-form mappings (Dict fields: `variants`, `launcher.additional_parameters`): keys are the user's to
+    choose, so `KEY={a: 1}` and `KEY.a=1` add to them without Hydra's '+' (compose() in config/compose.py). Asked
+    each time: a backend adds its launchers' schemas when it loads."""
+    launchers = (k for s in LAUNCHER_SCHEMAS for k in _mapping_fields(s, "launcher."))
+    return tuple(sorted({*_mapping_fields(Config), *launchers}))
 
 
 def register_schema() -> None:

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurm_router.config.testing_aids import CPU_MEMORY_CAP_ENV, EVERY, testing_aids
 from slurm_router.launch.fuse import flat, fused_line
 from slurm_router.rundir.layout import PREVIEW_FILE
 from slurm_router.rundir.spec import Stage, TaskSpec
@@ -62,9 +63,9 @@ def _device_memory(cfg: DictConfig) -> tuple[str, int | None, str]:
     if torch.cuda.is_available():
         total = int(torch.cuda.get_device_properties(0).total_memory)
         return "cuda", total, f"GPU 0 here ({torch.cuda.get_device_name(0)})"
-    cap = cfg.router.get("cpu_memory_cap_bytes")
+    cap = testing_aids().cpu_memory_cap(EVERY)
     if cap:
-        return "cpu", int(cap), "router.cpu_memory_cap_bytes"
+        return "cpu", cap, CPU_MEMORY_CAP_ENV
     return "cpu", int(psutil.virtual_memory().total), "this machine's RAM (CPU workers share it)"
 
 

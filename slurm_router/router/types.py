@@ -17,14 +17,12 @@ from .speed_model import SPEED_MODELS
 POLICY_NAMES = ("round_robin", "least_loaded", "affinity", "balanced")
 COST_NAMES = ("tokens", "tokens_attention")  # router/packing.py sample_costs computes each
 ROW_COST_NAMES = ("fitted", "fixed")  # packed rows: terms fit from step times (router/cost_model.py), or the config's
-# Above 1 the router plans more than the device holds: a testing aid that forces real out-of-memory errors.
-MAX_HEADROOM = 4.0
 # RouterSettings' numeric ranges, (low, high, low_inclusive), high None = unbounded: the one range check of the
 # router's settings (the config check asks RouterSettings, and reads its messages)
 ROUTER_RANGES = {
     "attention_weight": (0, None, True),
     "attention_ref_len": (1, None, True),
-    "memory_headroom": (0, MAX_HEADROOM, False),
+    "memory_headroom": (0, None, False),  # a user's config: at most 1 (config/schema.py RANGES)
     "max_tokens_per_microbatch": (1, None, True),
     "speed_ema": (0, 1, False),
     "microbatch_overhead_tokens": (0, None, True),

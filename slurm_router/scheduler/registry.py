@@ -13,6 +13,7 @@ import functools
 import importlib
 import os
 from importlib.metadata import entry_points
+from typing import Any
 
 from slurm_router.errors import UserError
 from slurm_router.scheduler.base import Backend, JobEnvironment
@@ -86,6 +87,16 @@ def add_launcher_schema(schema: type) -> None:
     if schema not in LAUNCHER_SCHEMAS:
         LAUNCHER_SCHEMAS.append(schema)
         CHOICES["launcher.kind"] = tuple(s.kind for s in LAUNCHER_SCHEMAS)
+
+
+def launcher_setting(launcher: Any, key: str) -> Any:
+    """A launcher value from a task's resolved config, or its schema's default (config/schema.py launcher_setting),
+    with every backend loaded first: a job process finds the default of a key only a scheduler's launchers have
+    (launcher.max_requeues is Slurm's: backends/slurm/config.py)."""
+    from slurm_router.config.schema import launcher_setting as schema_setting
+
+    backends()
+    return schema_setting(launcher, key)
 
 
 def job_environment() -> JobEnvironment:

@@ -207,7 +207,7 @@ class TaskRunner(Supervised, Checkpointable):
         from slurm_router.supervise.requeue import after_stop
 
         spec = TaskSpec.load(task_file)
-        from slurm_router.config.schema import launcher_setting
+        from slurm_router.scheduler.registry import launcher_setting
 
         delay = int(launcher_setting(spec.config.get("launcher"), "signal_delay_s"))
         try:  # the step in flight finishes and rank 0 saves; Slurm kills everything at the limit

@@ -16,13 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_router.config.schema import launcher_setting
 from slurm_router.fileio import atomic_write_text
 from slurm_router.rundir.attempts import current_attempt, load_attempts, save_attempts
 from slurm_router.rundir.events import EventWriter
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.lifecycle import TaskOutcome
-from slurm_router.scheduler.registry import job_environment
+from slurm_router.scheduler.registry import job_environment, launcher_setting
 
 # USR2 within signal_delay_s + this margin of the time limit counts as the time limit's warning.
 TIMEOUT_MARGIN_S = 60

@@ -33,13 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_router.config.schema import launcher_setting
-
 # attempts.json is requeue.py's file: its reader and writer (load_attempts, save_attempts) keep one format
 from slurm_router.rundir.attempts import load_attempts, save_attempts
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 from slurm_router.scheduler.base import JobEnvironment
-from slurm_router.scheduler.registry import job_environment
+from slurm_router.scheduler.registry import job_environment, launcher_setting
 from slurm_router.supervise.requeue import RequeueDecision, requeue_self
 from slurm_router.supervise.supervisor import TaskFailed
 

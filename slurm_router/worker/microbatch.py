@@ -22,11 +22,11 @@ from slurm_router.train.packed import packed_tensors
 
 
 class SimulatedOOM(RuntimeError):
-    """A CPU worker's stand-in for torch.cuda.OutOfMemoryError (router.cpu_memory_cap_bytes, a testing aid)."""
+    """A CPU worker's stand-in for torch.cuda.OutOfMemoryError (SLURM_ROUTER_TEST_CPU_MEMORY_CAP_BYTES)."""
 
 
 class CpuMemorySim:
-    """Testing aid (router.cpu_memory_cap_bytes): a CPU worker acts as a device of `cap` bytes whose true peak
+    """Testing aid (SLURM_ROUTER_TEST_CPU_MEMORY_CAP_BYTES, config/testing_aids.py): a CPU worker acts as a device of `cap` bytes whose true peak
     per micro-batch is TRUE_SCALE x the router's initial estimate. The router starts optimistic and has to
     learn from out-of-memory errors and observed peaks, as it does on a GPU."""
 
@@ -43,7 +43,7 @@ class CpuMemorySim:
         if self.peak_bytes(mb) > self.cap_bytes:
             raise SimulatedOOM(
                 f"micro-batch of {mb.n_padded_tokens} padded tokens needs {self.peak_bytes(mb)} "
-                f"bytes > router.cpu_memory_cap_bytes={self.cap_bytes}"
+                f"bytes > the simulated {self.cap_bytes} (SLURM_ROUTER_TEST_CPU_MEMORY_CAP_BYTES)"
             )
 
 
@@ -251,7 +251,9 @@ class MicroBatchRunner:
         """After the step's one sync: read losses and times, write a micro row each."""
         for micro, r in enumerate(ran):
             t_compute = r.timer.seconds()
-            if self.slowdown != 1.0:  # testing aid: make this device look slower, in proportion to its work
+            if (
+                self.slowdown != 1.0
+            ):  # SLURM_ROUTER_TEST_DEVICE_SLOWDOWN: make this device look slower, in proportion to its work
                 time.sleep(t_compute * (self.slowdown - 1.0))
                 t_compute *= self.slowdown
             out.compute_s += t_compute

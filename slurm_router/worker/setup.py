@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from slurm_router.config.testing_aids import testing_aids
 from slurm_router.router import MemoryModel, Router, RouterSettings
 from slurm_router.rundir import events as ev
 from slurm_router.rundir.layout import TaskPaths
@@ -173,9 +174,10 @@ class WorkerSetup:
         self.model_vocab = int(cast(Any, self.model).config.vocab_size)  # the logits' width (not the tokenizer's)
         mem_model = MemoryModel.from_model_bytes(**shape, vocab_size=self.model_vocab)
         self.mem_sim, total = None, self.telemetry.total_bytes()
-        if cfg.router.cpu_memory_cap_bytes and self.device.type == "cpu":
-            self.mem_sim = CpuMemorySim(cfg.router.cpu_memory_cap_bytes, copy.deepcopy(mem_model))
-            total = cfg.router.cpu_memory_cap_bytes
+        aids = testing_aids()  # SLURM_ROUTER_TEST_*: simulated slow devices and small memory (tests only)
+        cap = aids.cpu_memory_cap(self.spec.variant)
+        if cap and self.device.type == "cpu":
+            self.mem_sim, total = CpuMemorySim(cap, copy.deepcopy(mem_model)), cap
         elif self.device.type == "cpu":
             # A CPU worker's observed peak is its whole RSS (telemetry.py): the interpreter, torch's libraries
             # and the corpus are in it before the first micro-batch, and the tensor-only prior under-predicted
@@ -190,8 +192,7 @@ class WorkerSetup:
         self.totals = [int(row[0]) for row in self.gather([total])]
         for d, t in enumerate(self.totals):
             self.router.set_device_memory(d, t)
-        slowdowns = list(cfg.router.device_slowdown) or [1.0]
-        self.slowdown = float(slowdowns[self.rank % len(slowdowns)])  # testing aid: a slower device
+        self.slowdown = aids.slowdown(self.spec.variant, self.rank)
 
     def stopped_in_setup(self) -> train_state.Stopped | None:
         """A stop signal during start-up (it waited, blocked, until the handlers existed: supervisor.py): every

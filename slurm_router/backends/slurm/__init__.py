@@ -1,13 +1,16 @@
-"""The Slurm backend: launcher=slurm (submitit) and launcher=sbatch, their scripts, squeue and sacct and their
-parsers, scancel, and the job side (backends/slurm/job.py). Imports of the rest happen when asked for: the
-registry loads this module in every process that looks a backend up."""
+"""The Slurm backend: launcher=slurm (submitit) and launcher=sbatch, their config schemas (config.py, added to the
+launcher group here), their scripts, squeue and sacct and their parsers, scancel, and the job side (job.py).
+Imports of the rest happen when asked for: the registry loads this module in every process that looks a backend
+up."""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
 
+from slurm_router.backends.slurm.config import SbatchLauncherConfig, SubmititLauncherConfig
 from slurm_router.scheduler.base import Backend, JobEnvironment, Runner
+from slurm_router.scheduler.registry import add_launcher_schema
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -68,3 +71,5 @@ class SlurmBackend(Backend):
 
 
 BACKEND = SlurmBackend()
+for _schema in (SubmititLauncherConfig, SbatchLauncherConfig):  # launcher=slurm and launcher=sbatch, in that order
+    add_launcher_schema(_schema)

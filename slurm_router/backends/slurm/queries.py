@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from slurm_router.backends.slurm.commands import poll_floor_s, run_command
+from slurm_router.backends.slurm.config import SlurmLauncherConfig
 from slurm_router.backends.slurm.parse import (
     SACCT_FIELDS,
     SQUEUE_FIELDS,
@@ -30,7 +31,7 @@ from slurm_router.backends.slurm.parse import (
     parse_squeue,
     task_job_id,
 )
-from slurm_router.config.schema import LAUNCHER_SCHEMAS, SlurmLauncherConfig
+from slurm_router.config.schema import LAUNCHER_SCHEMAS
 from slurm_router.errors import SchedulerUnavailable
 from slurm_router.rundir.events import EVENT, EndRow
 from slurm_router.rundir.layout import TaskPaths

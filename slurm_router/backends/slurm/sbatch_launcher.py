@@ -22,6 +22,7 @@ from slurm_router.backends.slurm.common import (
     srun_layout,
     stage_devices,
 )
+from slurm_router.backends.slurm.config import SbatchLauncherConfig
 from slurm_router.backends.slurm.sbatch_render import (
     SbatchSpec,
     safe_job_name,
@@ -31,7 +32,7 @@ from slurm_router.backends.slurm.sbatch_render import (
     write_sbatch,
 )
 from slurm_router.backends.slurm.setup_lines import guarded
-from slurm_router.config.schema import SbatchLauncherConfig, launcher_setting
+from slurm_router.config.schema import launcher_setting
 from slurm_router.errors import SchedulerUnavailable, UserError
 from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import container_spec, resolve_container, task_python

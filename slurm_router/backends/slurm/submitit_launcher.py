@@ -30,9 +30,10 @@ from slurm_router.backends.slurm.common import (
     stage_devices,
     user_gpu_request,
 )
+from slurm_router.backends.slurm.config import SubmititLauncherConfig
 from slurm_router.backends.slurm.job import outside_exports
 from slurm_router.backends.slurm.setup_lines import guarded
-from slurm_router.config.schema import SubmititLauncherConfig, launcher_setting
+from slurm_router.config.schema import launcher_setting
 from slurm_router.errors import SchedulerUnavailable
 from slurm_router.launch.base import StageJobs, TaskJob
 from slurm_router.launch.container import ContainerSpec, container_spec, task_python
