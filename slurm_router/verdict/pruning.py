@@ -134,7 +134,7 @@ def look_at(
 
 
 def equivalent(groups: dict[str, dict[int, dict]], threshold: float, margin: float) -> dict[str, dict] | None:
-    """seeds=auto's settled contest (docs/design/pruning.md, "auto_seeds.min_effect"): {variant: its comparison}
+    """seeds=auto's settled contest (docs/design/pruning.md, "seeds=auto"): {variant: its comparison}
     when every variant in `groups` is within `margin` of the best (the lowest mean), else None. Each one's interval
     against the best at 1 - 2 x threshold / m (two one-sided tests at threshold / m, m the variants compared, so
     Bonferroni over them) must lie inside (-margin, margin) with training noise in it: when a variant is in fact
