@@ -34,7 +34,8 @@ Rules, on the same arrivals and tables:
   no error and is shown, like ASHA, for its false-prune rate;
 - **fixed**: every task to the end (never prunes).
 Device-steps: the training steps the tasks ran (each task stops at the evaluation that pruned it), beside the
-fixed design's 9 x 50.
+fixed design's 9 x 50. benchmarks/prune_replay.py runs the same rule functions (a Design instead of the constants
+below) on real runs' recorded curves.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,6 +66,31 @@ SEEDS = 3
 EVAL_STEPS = (10, 20, 30, 40)
 STEPS = 50
 LEVEL = 0.05
+
+
+@dataclass(frozen=True)
+class Design:
+    """What the rules need to know of a run: its variants, its replicates per variant (seeds 0..seeds-1), the
+    steps of its in-training evaluations, its training steps, and the step whose table names the winner (the last
+    in-training evaluation unless a final one is recorded: prune_replay.py's real tasks evaluate at `steps`)."""
+
+    variants: tuple[str, ...] = VARIANTS
+    seeds: int = SEEDS
+    eval_steps: tuple[int, ...] = EVAL_STEPS
+    steps: int = STEPS
+    final: int | None = None
+
+    @property
+    def final_step(self) -> int:
+        return self.eval_steps[-1] if self.final is None else self.final
+
+    @property
+    def fixed_steps(self) -> int:
+        """The fixed design's device-steps: every replicate of every variant to the end."""
+        return len(self.variants) * self.seeds * self.steps
+
+
+PROTOCOL = Design()  # the simulated runs below
 
 
 def arrivals(rng: np.random.Generator) -> list[tuple[float, str, int, int]]:
@@ -90,9 +117,10 @@ def tables(rng: np.random.Generator, effects: tuple[float, ...]) -> dict[int, di
     return out
 
 
-def contest_rule(run: Path, events, tabs) -> tuple[set[str], dict[tuple[str, int], int]]:
+def contest_rule(run: Path, events, tabs, design: Design = PROTOCOL) -> tuple[set[str], dict[tuple[str, int], int]]:
     """The production code: worker/prune.after_eval for each evaluation as it arrives; a pruned task stops and
-    writes its result (as the worker does); a task that reaches its last step ends the same way."""
+    writes its result (as the worker does); a task that reaches its last step ends the same way. A table row's
+    `sources` (eval batches' files: the verdict's clusters), when recorded, go in as the worker passes them."""
     stopped: dict[tuple[str, int], int] = {}
     for _, v, s, step in events:
         if (v, s) in stopped:
@@ -100,17 +128,18 @@ def contest_rule(run: Path, events, tabs) -> tuple[set[str], dict[tuple[str, int
         spec = SimpleNamespace(task_dir=run / "tasks" / f"{v}-s{s}", run_dir=run, variant=v, seed=s, name=f"{v}-s{s}")
         spec.task_dir.mkdir(parents=True, exist_ok=True)
         row = tabs[step][v][s]
-        if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], n_looks=len(EVAL_STEPS)) is not None:
+        n_looks = len(design.eval_steps)
+        if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], n_looks, row.get("sources")) is not None:
             stopped[v, s] = step
-        elif step == EVAL_STEPS[-1]:
-            stopped[v, s] = STEPS
+        elif step == design.eval_steps[-1]:
+            stopped[v, s] = design.steps
         if (v, s) in stopped:
             (spec.task_dir / RESULT_FILE).write_text("{}")
     pruned = {line_v for line in prune.read_looks(run) for line_v in line["pruned"]}
     return pruned, stopped
 
 
-def per_replicate_rule(events, tabs) -> tuple[set[str], dict[tuple[str, int], int]]:
+def per_replicate_rule(events, tabs, design: Design = PROTOCOL) -> tuple[set[str], dict[tuple[str, int], int]]:
     """prune=true before: each task decides on its own view at each evaluation (the step with the most rows)."""
     seen: dict[int, dict[str, dict[int, dict]]] = {}
     stopped: dict[tuple[str, int], int] = {}
@@ -121,22 +150,26 @@ def per_replicate_rule(events, tabs) -> tuple[set[str], dict[tuple[str, int], in
         seen.setdefault(step, {}).setdefault(v, {})[s] = tabs[step][v][s]
         ready = [k for k, g in seen.items() if k <= step and v in g and len(g) >= 2]
         at = max(ready, key=lambda k: (sum(len(x) for x in seen[k].values()), k)) if ready else None
-        if at is not None and decide(seen[at], v, step, len(EVAL_STEPS)) is not None:
+        if at is not None and decide(seen[at], v, step, len(design.eval_steps)) is not None:
             stopped[v, s] = step
             pruned.add(v)
     return pruned, stopped
 
 
-def asha_rule(events, tabs, eta: int = 3, rungs=(1, 3)) -> tuple[set[str], dict[tuple[str, int], int]]:
-    """ASHA's stopping rule over the tasks (one trial each): at rung evaluations, continue only in the top 1/eta
-    of the losses recorded at that rung so far."""
+def asha_rule(
+    events, tabs, design: Design = PROTOCOL, eta: int = 3, grace: int = 1
+) -> tuple[set[str], dict[tuple[str, int], int]]:
+    """ASHA's stopping rule over the tasks (one trial each): at rung evaluations (grace * eta**k, counted in
+    evaluations: 1 and 3 of 3 or 4), continue only in the top 1/eta of the losses recorded at that rung so far."""
+    n_evals = len(design.eval_steps)
+    rungs = [grace * eta**k for k in range(n_evals) if grace * eta**k <= n_evals]
     at_rung: dict[int, list[float]] = {r: [] for r in rungs}
     stopped: dict[tuple[str, int], int] = {}
     pruned = set()
     for _, v, s, step in events:
         if (v, s) in stopped:
             continue
-        k = EVAL_STEPS.index(step) + 1
+        k = design.eval_steps.index(step) + 1
         if k not in at_rung:
             continue
         row = tabs[step][v][s]
@@ -149,7 +182,7 @@ def asha_rule(events, tabs, eta: int = 3, rungs=(1, 3)) -> tuple[set[str], dict[
     return pruned, stopped
 
 
-def optuna_wilcoxon_rule(events, tabs) -> tuple[set[str], dict[tuple[str, int], int]]:
+def optuna_wilcoxon_rule(events, tabs, design: Design = PROTOCOL) -> tuple[set[str], dict[tuple[str, int], int]]:
     """optuna's WilcoxonPruner (defaults) over the tasks, one trial each, driven by ask/tell in arrival order."""
     import warnings
 
@@ -168,31 +201,72 @@ def optuna_wilcoxon_rule(events, tabs) -> tuple[set[str], dict[tuple[str, int], 
         if (v, s) in stopped:
             continue
         trial = trials.setdefault((v, s), study.ask())
-        row, k = tabs[step][v][s], EVAL_STEPS.index(step)
+        row, k = tabs[step][v][s], design.eval_steps.index(step)
         for b, (loss_sum, tokens) in enumerate(zip(row["loss_sums"], row["tokens"])):
             trial.report(loss_sum / tokens, k * 1000 + b)
         if trial.should_prune():
             study.tell(trial, state=TrialState.PRUNED)
             stopped[v, s] = step
             pruned.add(v)
-        elif step == EVAL_STEPS[-1]:
+        elif step == design.eval_steps[-1]:
             study.tell(trial, sum(row["loss_sums"]) / sum(row["tokens"]))
     return pruned, stopped
 
 
-def device_steps(stopped: dict[tuple[str, int], int]) -> int:
-    return sum(stopped.get((v, s), STEPS) for v in VARIANTS for s in range(SEEDS))
+def device_steps(stopped: dict[tuple[str, int], int], design: Design = PROTOCOL) -> int:
+    return sum(stopped.get((v, s), design.steps) for v in design.variants for s in range(design.seeds))
 
 
-def winner_ok(tabs, stopped, loser: str | None) -> bool:
+def winner_ok(tabs, stopped, loser: str | None, design: Design = PROTOCOL) -> bool:
     """The variant with the lowest mean final loss among the tasks that ran to the end is not the loser."""
-    last = tabs[EVAL_STEPS[-1]]
-    alive = {v: {s: last[v][s] for s in range(SEEDS) if stopped.get((v, s), STEPS) == STEPS} for v in VARIANTS}
+    last, end = tabs[design.final_step], design.steps
+    alive = {
+        v: {s: last[v][s] for s in range(design.seeds) if stopped.get((v, s), end) == end} for v in design.variants
+    }
     alive = {v: side for v, side in alive.items() if side}
     return bool(alive) and min(alive, key=lambda v: mean_loss(alive[v])) != loser
 
 
 RULES = ("contest", "per replicate", "ASHA", "optuna Wilcoxon", "fixed")
+
+
+def run_rules(run: Path, events, tabs, design: Design = PROTOCOL, rules=RULES) -> dict[str, tuple[set[str], dict]]:
+    """{rule: (variants pruned, {(variant, seed): step it stopped at})} of the rules named on one run's events
+    (time, variant, seed, step) and tables {step: {variant: {seed: row}}}; `run` is the contest's run directory
+    (made here, removed by the caller)."""
+    rule = {
+        "contest": lambda: contest_rule(run, events, tabs, design),
+        "per replicate": lambda: per_replicate_rule(events, tabs, design),
+        "ASHA": lambda: asha_rule(events, tabs, design),
+        "optuna Wilcoxon": lambda: optuna_wilcoxon_rule(events, tabs, design),
+        "fixed": lambda: (set(), {}),
+    }
+    return {r: rule[r]() for r in rules}
+
+
+def tally(counts: dict[str, dict], got: dict[str, tuple[set[str], dict]], tabs, loser, design: Design) -> None:
+    """Add one run's outcomes to counts[rule]: a false prune (any variant but the loser pruned), the loser pruned,
+    the winner not the loser, device-steps."""
+    for rule, (pruned, stopped) in got.items():
+        c = counts.setdefault(rule, {"false": 0, "caught": 0, "winner": 0, "device_steps": 0})
+        c["false"] += bool(pruned - {loser})
+        c["caught"] += loser in pruned
+        c["winner"] += winner_ok(tabs, stopped, loser, design)
+        c["device_steps"] += device_steps(stopped, design)
+
+
+def figures(counts: dict[str, dict], n_runs: int, design: Design) -> dict[str, dict]:
+    """Rates of tally's counts over n_runs: the false-prune rate with its Clopper-Pearson 95% interval."""
+    return {
+        r: {
+            "false_rate": c["false"] / n_runs,
+            "false_ci": clopper_pearson(c["false"], n_runs),
+            "caught_rate": c["caught"] / n_runs,
+            "winner_rate": c["winner"] / n_runs,
+            "device_steps_share": c["device_steps"] / (n_runs * design.fixed_steps),
+        }
+        for r, c in counts.items()
+    }
 
 
 def one_setting(n_runs: int, effect: float, seed: int, work: Path, rules=RULES) -> dict[str, dict]:
@@ -201,35 +275,14 @@ def one_setting(n_runs: int, effect: float, seed: int, work: Path, rules=RULES) 
     rng = np.random.default_rng(seed)
     effects = (0.0, 0.0, effect)
     loser = VARIANTS[2] if effect > 0 else None
-    counts = {r: {"false": 0, "caught": 0, "winner": 0, "device_steps": 0} for r in rules}
+    counts: dict[str, dict] = {r: {"false": 0, "caught": 0, "winner": 0, "device_steps": 0} for r in rules}
     for i in range(n_runs):
         events, tabs = arrivals(rng), tables(rng, effects)
         run = work / f"{seed}-{i}"
-        rule = {
-            "contest": lambda: contest_rule(run, events, tabs),
-            "per replicate": lambda: per_replicate_rule(events, tabs),
-            "ASHA": lambda: asha_rule(events, tabs),
-            "optuna Wilcoxon": lambda: optuna_wilcoxon_rule(events, tabs),
-            "fixed": lambda: (set(), {}),
-        }
-        got = {r: rule[r]() for r in rules}
+        got = run_rules(run, events, tabs, PROTOCOL, rules)
         shutil.rmtree(run, ignore_errors=True)
-        for rule, (pruned, stopped) in got.items():
-            c = counts[rule]
-            c["false"] += bool(pruned - {loser})
-            c["caught"] += loser in pruned
-            c["winner"] += winner_ok(tabs, stopped, loser)
-            c["device_steps"] += device_steps(stopped)
-    return {
-        r: {
-            "false_rate": c["false"] / n_runs,
-            "false_ci": clopper_pearson(c["false"], n_runs),
-            "caught_rate": c["caught"] / n_runs,
-            "winner_rate": c["winner"] / n_runs,
-            "device_steps_share": c["device_steps"] / (n_runs * len(VARIANTS) * SEEDS * STEPS),
-        }
-        for r, c in counts.items()
-    }
+        tally(counts, got, tabs, loser, PROTOCOL)
+    return figures(counts, n_runs, PROTOCOL)
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:

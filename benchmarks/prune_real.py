@@ -30,7 +30,9 @@ RESULTS = REPO / "benchmarks" / "results" / "prune_real"
 VARIANTS = "+variants={a: {train: {lr: 5e-3}}, b: {train: {lr: 5e-3}}, loser: {train: {lr: 1e-6}}}"
 
 
-def one_run(root: Path, repeat: int, n_seeds: int, steps: int) -> dict:
+def launch(root: Path, repeat: int, n_seeds: int, steps: int, prune: bool = True) -> tuple[Path, float, str]:
+    """One run of a, b and loser (n_seeds replicates each, seeds repeat * n_seeds + i, config seed `repeat`) under
+    `root`: (its run directory, its wall time, its stderr). prune_replay.py records runs with prune=False."""
     seeds = [repeat * n_seeds + i for i in range(n_seeds)]
     argv = [
         sys.executable,
@@ -45,7 +47,7 @@ def one_run(root: Path, repeat: int, n_seeds: int, steps: int) -> dict:
         "train.eval_batches=4",
         f"seed={repeat}",
         f"seeds=[{','.join(map(str, seeds))}]",
-        "prune=true",
+        f"prune={'true' if prune else 'false'}",
         "~variants",
         VARIANTS,
         f"run_root={root}",
@@ -55,7 +57,11 @@ def one_run(root: Path, repeat: int, n_seeds: int, steps: int) -> dict:
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run_dir: "))
+    return Path(proc.stdout.strip().splitlines()[-1].removeprefix("run_dir: ")), seconds, proc.stderr
+
+
+def one_run(root: Path, repeat: int, n_seeds: int, steps: int) -> dict:
+    run_dir, seconds, stderr = launch(root, repeat, n_seeds, steps)
     tasks = {}
     for path in sorted((run_dir / "tasks").glob("*/result.json")):
         r = json.loads(path.read_text())
@@ -76,7 +82,7 @@ def one_run(root: Path, repeat: int, n_seeds: int, steps: int) -> dict:
         "seconds": seconds,
         "tasks": tasks,
         "looks": [{"look": x["look"], "step": x["step"], "pruned": x["pruned"]} for x in looks],
-        "layout_note": "can never be compared" in proc.stderr,
+        "layout_note": "can never be compared" in stderr,
     }
 
 

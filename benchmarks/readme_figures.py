@@ -324,6 +324,27 @@ for _effect in ("0.01", "0.02", "0.05"):
 OTHERS["prune_protocol.json:steps_0.05"] = functools.partial(_protocol, "0.05", "contest", "device_steps_share")
 
 
+def _replay(rule: str, column: str) -> str:
+    """benchmarks/results/prune_replay.md: a rule's cell, its count ('0/20') or its share ('86%')."""
+    return row(table("prune_replay.md", "rule"), rule=rule)[column].split(" (")[0]
+
+
+OTHERS["prune_replay.md:repeats"] = lambda: str(len(j("prune_replay.json")["runs"]))
+for _rule, _name in (
+    ("contest", "contest"),
+    ("per replicate", "per_replicate"),
+    ("ASHA", "asha"),
+    ("ASHA, factor 4", "asha4"),
+    ("optuna Wilcoxon", "optuna"),
+    ("fixed", "fixed"),
+):
+    OTHERS[f"prune_replay.md:{_name}_false"] = functools.partial(_replay, _rule, "runs with a or b pruned (false)")
+    OTHERS[f"prune_replay.md:{_name}_caught"] = functools.partial(_replay, _rule, "loser pruned")
+    OTHERS[f"prune_replay.md:{_name}_winner"] = functools.partial(_replay, _rule, "winner not the loser")
+    OTHERS[f"prune_replay.md:{_name}_steps"] = functools.partial(_replay, _rule, "device-steps vs fixed")
+OTHERS["prune_replay.md:contest_false_ci"] = functools.partial(_replay, "contest", "95% interval")
+
+
 def _auto(effect: str, key: str) -> str:
     """benchmarks/results/auto_seeds.json: seeds=auto's figures, and the fixed designs' beside them."""
     return _auto_from(j("auto_seeds.json")["settings"][effect], key)
