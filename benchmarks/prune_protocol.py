@@ -16,9 +16,11 @@ Rules, on the same arrivals and tables:
 - **contest** (prune=true today): one decision per contest, looks recorded once for the run (production code);
 - **per replicate** (prune=true before): each task, at each evaluation, decides on its own at the step with the
   most rows so far, at 5% / 4 with Holm (its own copy below, as verdict/pruning.py had it);
-- **ASHA** (Ray Tune's defaults: reduction factor 3, grace period 1): at rungs 1 and 3 (evaluations), a task
-  stops unless its loss is in the top third of those recorded at that rung so far. It controls no error: it is
-  shown for its false-prune rate;
+- **ASHA** (Ray Tune's ASHAScheduler defaults: reduction factor 4, grace period 1, its rule as
+  ray.tune.schedulers.async_hyperband's _Bracket has it): at rungs 1 and 4 (evaluations), a task stops when its
+  loss is above the 25th percentile (1/4) of the losses other tasks recorded at that rung before it; then its own
+  is recorded. The first task at a rung always goes on. It controls no error: it is shown for its false-prune
+  rate;
 - **optuna Wilcoxon** (optuna.pruners.WilcoxonPruner through optuna itself, its defaults: p_threshold 0.1,
   n_startup_steps 2): one in-memory study per run (direction minimize), one trial per task, asked at the task's
   first evaluation; events in arrival order, so the trials run concurrently as with optuna's ask/tell interface.
@@ -157,10 +159,12 @@ def per_replicate_rule(events, tabs, design: Design = PROTOCOL) -> tuple[set[str
 
 
 def asha_rule(
-    events, tabs, design: Design = PROTOCOL, eta: int = 3, grace: int = 1
+    events, tabs, design: Design = PROTOCOL, eta: int = 4, grace: int = 1
 ) -> tuple[set[str], dict[tuple[str, int], int]]:
-    """ASHA's stopping rule over the tasks (one trial each): at rung evaluations (grace * eta**k, counted in
-    evaluations: 1 and 3 of 3 or 4), continue only in the top 1/eta of the losses recorded at that rung so far."""
+    """ASHA's stopping rule over the tasks (one trial each), as Ray Tune's _Bracket.on_result: at a rung
+    evaluation (grace * eta**k, counted in evaluations: 1 and 4 of 4), a task stops when its loss is above the
+    (100 / eta)th percentile of the losses recorded there before it (Ray: its reward below the (1 - 1/eta)
+    percentile of the rewards), and its loss is recorded either way."""
     n_evals = len(design.eval_steps)
     rungs = [grace * eta**k for k in range(n_evals) if grace * eta**k <= n_evals]
     at_rung: dict[int, list[float]] = {r: [] for r in rungs}
@@ -174,11 +178,10 @@ def asha_rule(
             continue
         row = tabs[step][v][s]
         loss = sum(row["loss_sums"]) / sum(row["tokens"])
-        at_rung[k].append(loss)
-        top = sorted(at_rung[k])[: max(1, len(at_rung[k]) // eta)]
-        if loss > top[-1]:
+        if at_rung[k] and loss > np.percentile(at_rung[k], 100 / eta):
             stopped[v, s] = step
             pruned.add(v)
+        at_rung[k].append(loss)
     return pruned, stopped
 
 

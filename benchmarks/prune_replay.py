@@ -4,6 +4,8 @@ evaluations really happened. Writes benchmarks/results/prune_replay.md (and .jso
 
     python benchmarks/prune_replay.py [--repeats 20] [--out benchmarks/results/prune_replay]
                                                         (needs optuna: pip install -e .[bench])
+    python benchmarks/prune_replay.py --recordings benchmarks/results/prune_replay.json
+                                        (the rules again on an earlier results file's recorded runs; no new run)
 
 Each repeat is one run as benchmarks/prune_real.py makes it (its `launch`): variants `a` and `b` (the same config:
 an A/A pair) and `loser` (train.lr=1e-6), 3 training seeds each, the tiny config-built model on data=stdlib,
@@ -15,10 +17,9 @@ arrivals; the evaluation at step 8 (after the last step) is each task's final lo
 
 The rules are benchmarks/prune_protocol.py's functions (run_rules, tally, figures), on a Design read from the run:
 contest (prune=true today: the production code, worker/prune.after_eval with its files and lock, the sources
-passed as the worker passes them), per replicate (prune=true before), ASHA (reduction factor 3, grace period 1:
-rungs at evaluations 1 and 3, as prune_protocol has it), ASHA with reduction factor 4 (Ray Tune's ASHAScheduler
-default: one rung, at evaluation 1, where a task goes on only in the top quarter), optuna's WilcoxonPruner (optuna
-itself, its defaults), fixed. They are counted as
+passed as the worker passes them), per replicate (prune=true before), ASHA (Ray Tune's defaults, reduction factor
+4 and grace period 1: with 3 evaluations one rung, at the first, where a task above the 25th percentile of the
+losses before it stops), optuna's WilcoxonPruner (optuna itself, its defaults), fixed. They are counted as
 prune_protocol counts them: a false prune is a run where `a` or `b` was pruned; the winner is the variant with the
 lowest mean final loss among the tasks that ran to the end; device-steps are the steps the tasks trained (a task
 stops at the evaluation that pruned it) beside the fixed design's 9 x 8.
@@ -42,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import REPO, check, header, write  # noqa: E402
-from prune_protocol import RULES, Design, asha_rule, figures, run_rules, tally  # noqa: E402
+from prune_protocol import RULES, Design, figures, run_rules, tally  # noqa: E402
 from prune_real import VARIANTS, launch  # noqa: E402
 
 from slurm_router.rundir.events import read_events  # noqa: E402
@@ -51,8 +52,7 @@ from slurm_router.worker.prune import read_looks  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "prune_replay"
 LOSER = "loser"
-ASHA_RAY = "ASHA, factor 4"  # Ray Tune's default reduction factor (prune_protocol's ASHA has 3)
-REPLAY_RULES = (*RULES[:3], ASHA_RAY, *RULES[3:])
+REPLAY_RULES = RULES
 SEEDS, STEPS = 3, 8
 
 
@@ -119,11 +119,9 @@ def replay(rec: dict, work: Path, rules=REPLAY_RULES) -> tuple[Design, dict, dic
     design, events, tabs, _ = replay_input(rec)
     run = Path(tempfile.mkdtemp(prefix="contest-", dir=work))
     try:
-        got = run_rules(run, events, tabs, design, [r for r in rules if r in RULES])
+        got = run_rules(run, events, tabs, design, list(rules))
     finally:
         shutil.rmtree(run, ignore_errors=True)
-    if ASHA_RAY in rules:
-        got[ASHA_RAY] = asha_rule(events, tabs, design, eta=4)
     return design, tabs, {r: got[r] for r in rules}
 
 
@@ -144,6 +142,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20, help="real runs (each: a, b and loser, 3 seeds each)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results path without suffix (.md and .json)")
+    ap.add_argument("--recordings", type=Path, help="replay the runs an earlier results .json recorded (no new run)")
     args = ap.parse_args()
     try:
         import optuna  # noqa: F401 (optuna's WilcoxonPruner is one of the rules: no results file without it)
@@ -152,6 +151,10 @@ def main() -> None:
         sys.exit(2)
     check(args.out.with_suffix(".md"))
     command = "python benchmarks/prune_replay.py" + (f" --repeats {args.repeats}" if args.repeats != 20 else "")
+    earlier = json.loads(args.recordings.read_text()) if args.recordings else None
+    if earlier is not None:
+        command = f"python benchmarks/prune_replay.py --recordings {args.recordings}"
+        args.repeats = len(earlier["runs"])
     head = header(command)
     load_before = os.getloadavg()
     counts: dict[str, dict] = {}
@@ -159,8 +162,11 @@ def main() -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="prune_replay-") as tmp:
         for i in range(args.repeats):
-            run_dir, wall, _ = launch(Path(tmp), i, SEEDS, STEPS, prune=False)
-            rec = recording(run_dir)
+            if earlier is not None:  # the runs an earlier results file recorded, replayed again
+                run_dir, wall, rec = Path(tmp) / "none", earlier["runs"][i]["seconds"], earlier["runs"][i]["recording"]
+            else:
+                run_dir, wall, _ = launch(Path(tmp), i, SEEDS, STEPS, prune=False)
+                rec = recording(run_dir)
             design, tabs, got = replay(rec, Path(tmp))
             tally(counts, got, tabs, LOSER, design)
             fixed_s = device_seconds(rec, {})
@@ -184,6 +190,10 @@ def main() -> None:
             said = {r: sorted(p) for r, (p, _) in got.items() if p}
             print(f"repeat {i}: {wall:.0f} s, pruned {said or 'none'}", flush=True)
     load_after = os.getloadavg()
+    recorded = ""
+    if earlier is not None:  # the load the real runs met is the recording's
+        load_before, load_after = earlier["load_before"], earlier["load_after"]
+        recorded = f" The runs were recorded by `{earlier['command']}` at commit {earlier['commit']} and replayed here."
     n = args.repeats
     rates = figures(counts, n, design)
     for r in REPLAY_RULES:
@@ -201,7 +211,7 @@ def main() -> None:
         "production code (prune=true). The rules and the counts are prune_protocol.py's; the script's docstring "
         f"says what a replay cannot show. Load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} "
         f"before, {'/'.join(f'{x:.2f}' for x in load_after)} after; median wall time of a run "
-        f"{statistics.median(seconds):.0f} s.",
+        f"{statistics.median(seconds):.0f} s.{recorded}",
         "",
         "| rule | runs with a or b pruned (false) | 95% interval | loser pruned | winner not the loser | "
         "device-steps vs fixed | device-time vs fixed |",

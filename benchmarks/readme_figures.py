@@ -334,7 +334,6 @@ for _rule, _name in (
     ("contest", "contest"),
     ("per replicate", "per_replicate"),
     ("ASHA", "asha"),
-    ("ASHA, factor 4", "asha4"),
     ("optuna Wilcoxon", "optuna"),
     ("fixed", "fixed"),
 ):
