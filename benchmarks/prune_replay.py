@@ -190,10 +190,11 @@ def main() -> None:
             said = {r: sorted(p) for r, (p, _) in got.items() if p}
             print(f"repeat {i}: {wall:.0f} s, pruned {said or 'none'}", flush=True)
     load_after = os.getloadavg()
-    recorded = ""
+    recorded, origin = "", {}
     if earlier is not None:  # the load the real runs met is the recording's
         load_before, load_after = earlier["load_before"], earlier["load_after"]
-        recorded = f" The runs were recorded by `{earlier['command']}` at commit {earlier['commit']} and replayed here."
+        origin = earlier.get("recorded_by") or {"command": earlier["command"], "commit": earlier["commit"]}
+        recorded = f" The runs were recorded by `{origin['command']}` at commit {origin['commit']} and replayed here."
     n = args.repeats
     rates = figures(counts, n, design)
     for r in REPLAY_RULES:
@@ -241,6 +242,7 @@ def main() -> None:
         "design": {"eval_steps": list(design.eval_steps), "steps": design.steps, "seeds": design.seeds},
         "rates": rates,
         "counts": counts,
+        **({"recorded_by": origin} if earlier is not None else {}),  # the commit and command that ran the runs
         "load_before": load_before,
         "load_after": load_after,
         "runs": runs,
