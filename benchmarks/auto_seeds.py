@@ -34,16 +34,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import check, header, write  # noqa: E402
-from prune_protocol import EVAL_STEPS, STEPS, clopper_pearson  # noqa: E402
-from verdict_calibration import simulate  # noqa: E402
+from prune_protocol import EVAL_STEPS, STEPS, Design, clopper_pearson, contest_rule  # noqa: E402
+from prune_protocol import tables as protocol_tables  # noqa: E402
 
-from slurm_router.rundir.layout import RESULT_FILE  # noqa: E402
 from slurm_router.verdict import AUTO_FIRST  # noqa: E402
 from slurm_router.verdict.contest import RUN, Replicate, pruned_in, reserve_call, settled_by  # noqa: E402
 from slurm_router.verdict.pruning import look_at  # noqa: E402
@@ -54,17 +52,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "auto_seeds.md"
 
 def tables(rng: np.random.Generator, variants: list[str], effects: tuple[float, ...], cap: int) -> dict:
     """{step: {variant: {seed: {loss_sums, tokens}}}}: one draw of `cap` seeds per evaluation step."""
-    out = {}
-    for step in EVAL_STEPS:
-        sides = simulate(rng, cap, effects=effects)
-        out[step] = {
-            v: {
-                s: {"loss_sums": [float(x) for x in r["loss_sums"]], "tokens": [int(t) for t in r["tokens"]]}
-                for s, r in side.items()
-            }  # fmt: skip
-            for v, side in zip(variants, sides)
-        }
-    return out
+    return protocol_tables(rng, effects, Design(tuple(variants), cap))
 
 
 def auto_run(
@@ -90,22 +78,7 @@ def auto_run(
         for v, i in batch:
             start, period = rng.uniform(0, 1.5), rng.uniform(0.7, 1.4)
             events += [(start + period * (k + 1), v, i, step) for k, step in enumerate(EVAL_STEPS)]
-        stopped: dict[tuple[str, int], int] = {}
-        for _, v, i, step in sorted(events):
-            if (v, i) in stopped:
-                continue
-            name = f"{v}-s{i}"
-            spec = SimpleNamespace(
-                task_dir=run / "tasks" / name, run_dir=run, variant=v, seed=i, name=name, config=config
-            )
-            spec.task_dir.mkdir(parents=True, exist_ok=True)
-            row = tabs[step][v][i]
-            if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], n_looks=len(EVAL_STEPS)) is not None:
-                stopped[v, i] = step
-            elif step == EVAL_STEPS[-1]:
-                stopped[v, i] = STEPS
-            if (v, i) in stopped:
-                (spec.task_dir / RESULT_FILE).write_text("{}")
+        _, stopped = contest_rule(run, sorted(events), tabs, Design(tuple(variants), cap), config)
         for v, i in batch:
             ended.add((v, i))
             ran[v] += 1

@@ -105,29 +105,36 @@ def arrivals(rng: np.random.Generator) -> list[tuple[float, str, int, int]]:
     return sorted(out)
 
 
-def tables(rng: np.random.Generator, effects: tuple[float, ...]) -> dict[int, dict[str, dict[int, dict]]]:
+def tables(
+    rng: np.random.Generator, effects: tuple[float, ...], design: Design = PROTOCOL
+) -> dict[int, dict[str, dict[int, dict]]]:
+    """{step: {variant: {seed: {loss_sums, tokens}}}}: one draw of the design's seeds per evaluation step."""
     out = {}
-    for step in EVAL_STEPS:
-        sides = simulate(rng, SEEDS, effects=effects)
+    for step in design.eval_steps:
+        sides = simulate(rng, design.seeds, effects=effects)
         out[step] = {
             v: {
                 s: {"loss_sums": [float(x) for x in r["loss_sums"]], "tokens": [int(t) for t in r["tokens"]]}
                 for s, r in side.items()
             }
-            for v, side in zip(VARIANTS, sides)
+            for v, side in zip(design.variants, sides)
         }
     return out
 
 
-def contest_rule(run: Path, events, tabs, design: Design = PROTOCOL) -> tuple[set[str], dict[tuple[str, int], int]]:
+def contest_rule(
+    run: Path, events, tabs, design: Design = PROTOCOL, config: dict | None = None
+) -> tuple[set[str], dict[tuple[str, int], int]]:
     """The production code: worker/prune.after_eval for each evaluation as it arrives; a pruned task stops and
     writes its result (as the worker does); a task that reaches its last step ends the same way. A table row's
-    `sources` (eval batches' files: the verdict's clusters), when recorded, go in as the worker passes them."""
+    `sources` (eval batches' files: the verdict's clusters), when recorded, go in as the worker passes them.
+    config: the tasks' config, as task.json holds it (seeds=auto's contest: auto_seeds.py)."""
     stopped: dict[tuple[str, int], int] = {}
     for _, v, s, step in events:
         if (v, s) in stopped:
             continue
-        spec = SimpleNamespace(task_dir=run / "tasks" / f"{v}-s{s}", run_dir=run, variant=v, seed=s, name=f"{v}-s{s}")
+        name = f"{v}-s{s}"
+        spec = SimpleNamespace(task_dir=run / "tasks" / name, run_dir=run, variant=v, seed=s, name=name, config=config)
         spec.task_dir.mkdir(parents=True, exist_ok=True)
         row = tabs[step][v][s]
         n_looks = len(design.eval_steps)
