@@ -42,6 +42,7 @@ from provenance import check, header, write  # noqa: E402
 from prune_protocol import EVAL_STEPS, STEPS, Design, clopper_pearson, contest_rule  # noqa: E402
 from prune_protocol import tables as protocol_tables  # noqa: E402
 
+from slurm_router.rundir.spec import TaskSpec  # noqa: E402
 from slurm_router.verdict import AUTO_FIRST  # noqa: E402
 from slurm_router.verdict.contest import RUN, Replicate, pruned_in, reserve_call, settled_by  # noqa: E402
 from slurm_router.verdict.pruning import look_at  # noqa: E402
@@ -62,6 +63,13 @@ def auto_run(
     variant; settled: a look found every variant left within min_effect of the best)."""
     config = {"seed": 0, "seeds": "auto", "auto_seeds": {"max": cap, "min_effect": min_effect}}
     planned = {(v, i) for v in variants for i in range(cap)}
+    for v, i in sorted(planned):  # the plan's task.json files: a look waits for every variant's first round
+        spec = TaskSpec(
+            run_id="r", run_dir=str(run), experiment="e", name=f"{v}-s{i}", stage="variants", variant=v, index=0,
+            devices=1, config=config, steps=STEPS, lr=1e-3, global_batch_size=8, lora=True, seed=i,
+        )  # fmt: skip
+        spec.task_dir.mkdir(parents=True, exist_ok=True)
+        spec.task_dir.joinpath("task.json").write_text(spec.to_json())
     ended: set[tuple[str, int]] = set()
     steps = 0
     ran = {v: 0 for v in variants}

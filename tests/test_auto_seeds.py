@@ -233,3 +233,34 @@ def test_a_look_settles_wrongly_at_most_at_its_share_of_the_level():
     assert rate(0.01) <= 0.065  # 5% at the boundary; 2,000 tables: 3 standard errors of slack
     assert rate(0.0, n=300) >= 0.85
     assert rate(0.0, n=50, seeds=1) == 0.0
+
+
+def test_a_look_waits_for_every_variants_first_round_seen_or_not(tmp_path):
+    """A queue with few slots runs every variant's first seed, then the second: the run does not look while a
+    variant's second seed has not started (its look would be spent without that variant, maybe the best one).
+    A first-round replicate that failed before any evaluation is not waited for."""
+    rng = np.random.default_rng(5)
+    sides = dict(zip("abc", simulate(rng, 2, effects=(0.0, 0.0, 0.3))))
+    for case in ("started late", "failed"):
+        run = tmp_path / case.replace(" ", "_")
+        specs = {(v, i): _task(run, v, i) for v in "abc" for i in range(4)}
+
+        def evaluate(v: str, i: int):
+            row = sides[v][i]
+            return prune.after_eval(specs[v, i], 2, [float(x) for x in row["loss_sums"]], [int(t) for t in row["tokens"]],
+                                    n_looks=2)  # fmt: skip
+
+        for v, i in (("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1)):
+            evaluate(v, i)
+        if case == "started late":
+            assert prune.read_looks(run) == []  # c's second seed is planned, not started: no look yet
+            assert evaluate("c", 1) is not None  # c, far worse, is pruned by the look its second seed made due
+            (look,) = prune.read_looks(run)
+            assert look["rows"] == {"a": [0, 1], "b": [0, 1], "c": [0, 1]} and look["pruned"] == ["c"]
+        else:
+            specs["c", 1].task_dir.joinpath("events-rank0.jsonl").write_text(
+                json.dumps({"event": "end", "time": 1.0, "exit_state": "failed"}) + "\n"
+            )
+            evaluate("a", 1)  # the next evaluation takes the look c-s1 no longer holds up
+            (look,) = prune.read_looks(run)
+            assert look["rows"] == {"a": [0, 1], "b": [0, 1], "c": [0]} and look["pruned"] == []

@@ -42,6 +42,7 @@ class Auto:
 
     cap: int
     min_effect: float | None = None
+    first_round: tuple[tuple[str, int], ...] = ()  # (variant, seed) of the AUTO_FIRST replicates a look waits for
 
     def spending(self, depth: int, n_looks: int) -> str:
         """How a look at `depth` seeds got its level, in words: 'half of 5% / 2 looks at 2 seeds'."""
@@ -97,7 +98,8 @@ def next_look(
 ) -> int | None:
     """The step the run looks at now, or None. ended: {(variant, seed): last step recorded} of replicates that
     finished (their result is written): one is waited for only at steps it reached. auto: seeds=auto, where a
-    step is looked at again once a later round has added seeds there."""
+    step is looked at again once a later round has added seeds there, and every variant's first round
+    (Auto.first_round) is waited for, seen yet or not."""
     out = set(pruned_in(looks))
     after = max((line["step"] for line in looks), default=-1)
     last = max(((line.get("depth", 0), line["step"]) for line in looks), default=(0, -1))
@@ -107,9 +109,11 @@ def next_look(
             if variant not in out:
                 seen.setdefault(variant, set()).update(side)
     ready = []
+    planned = [(v, s) for v, s in auto.first_round if v not in out] if auto is not None else []
     for step in sorted(s for s in tables if auto is not None or s > after):
         here = tables[step]
-        due = [(v, s) for v, seeds in seen.items() for s in seeds if not ((v, s) in ended and ended[v, s] < step)]
+        due = {(v, s) for v, seeds in seen.items() for s in seeds} | set(planned)
+        due = {(v, s) for v, s in due if not ((v, s) in ended and ended[v, s] < step)}
         if not all(v in here and s in here[v] for v, s in due):
             continue
         if sum(1 for v in seen if len(here.get(v, {})) >= 2) < 2:

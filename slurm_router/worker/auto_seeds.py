@@ -16,14 +16,12 @@ from pathlib import Path
 from slurm_router.fileio import atomic_write_text
 from slurm_router.rundir.layout import RunLayout, TaskPaths
 from slurm_router.rundir.lock import short_lock
-from slurm_router.rundir.spec import TaskSpec
 from slurm_router.verdict import AUTO_FIRST
 from slurm_router.verdict.contest import RUN, SKIP, Replicate, reserve_call
-from slurm_router.worker.prune import read_looks
+from slurm_router.worker.prune import ended, planned, read_looks, read_rows, replicate_index
 
 RESERVE_FILE = "reserve.json"
 POLL_S = 1.0
-TAIL_BYTES = 65536  # where a task's last end row is
 NOT_NEEDED = "not_needed"  # a reserve's exit_state when it never ran
 
 
@@ -35,11 +33,6 @@ def reserve_index(spec) -> int | None:
         return None
     index = replicate_index(spec)
     return index if index >= AUTO_FIRST else None
-
-
-def replicate_index(spec) -> int:
-    """The replicate's place among its variant's seeds (seeds=auto's seeds run from the config's seed on)."""
-    return int(spec.seed or 0) - int((spec.config or {}).get("seed", 0))
 
 
 def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float = POLL_S) -> dict | None:
@@ -79,33 +72,9 @@ def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float 
         time.sleep(poll_s)
 
 
-def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
-    """(variant, replicate index, its folder) of every variants-stage task of the run (their task.json)."""
-    out = []
-    for task_file in sorted(RunLayout(run_dir).tasks.glob("*/task.json")):
-        try:
-            spec = TaskSpec.load(str(task_file))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        if spec.stage == "variants":
-            out.append((spec.variant, replicate_index(spec), TaskPaths(task_file.parent)))
-    return out
-
-
 def replicates(run_dir) -> list[Replicate]:
     """Every variants-stage task of the run as the contest sees it, ended or not."""
     return [Replicate(v, i, ended(p)) for v, i, p in planned(run_dir)]
-
-
-def ended(paths: TaskPaths) -> bool:
-    """Its result is written, or its last end row says it failed (a failed replicate is not waited for)."""
-    if paths.result.is_file():
-        return True
-    last = None
-    for row in _rows(paths.events(0), tail_bytes=TAIL_BYTES):  # a long task's events: only their end is read
-        if row.get("event") == "end":
-            last = row.get("exit_state")
-    return last == "failed"
 
 
 def spent_device_hours(run_dir) -> float:
@@ -113,29 +82,11 @@ def spent_device_hours(run_dir) -> float:
     (a running task up to its last row)."""
     total_s = 0.0
     for paths in (TaskPaths(d) for d in sorted(RunLayout(run_dir).tasks.iterdir()) if d.is_dir()):
-        times = [row["time"] for row in _rows(paths.events(0)) if "time" in row]
+        times = [row["time"] for row in read_rows(paths.events(0)) if "time" in row]
         if len(times) >= 2:
             devices = _read(paths.task_file) or {}
             total_s += int(devices.get("devices", 1)) * (max(times) - min(times))
     return total_s / 3600
-
-
-def _rows(path: Path, tail_bytes: int | None = None) -> list[dict]:
-    """The file's JSON lines (its last tail_bytes only: a cut first line is skipped like a torn one)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - tail_bytes) if tail_bytes is not None else 0)
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def _read(path: Path) -> dict | None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_router.config.metrics import LOSS
-from slurm_router.rundir.layout import EVALS_FILE, RunLayout
+from slurm_router.rundir.layout import EVALS_FILE, RunLayout, TaskPaths
 from slurm_router.rundir.lock import short_lock
-from slurm_router.verdict import contest
+from slurm_router.rundir.spec import TaskSpec
+from slurm_router.verdict import AUTO_FIRST, contest
 from slurm_router.verdict.pruning import Decision
+
+TAIL_BYTES = 65536  # where a task's last end row is
 
 
 @dataclass
@@ -124,6 +127,8 @@ def decide_after(spec, step: int, n_looks: int) -> Decision | None:
         looks = read_looks(spec.run_dir)
         if spec.variant not in contest.pruned_in(looks):
             tables, ended = read_run(spec.run_dir, metric)
+            if auto is not None:
+                auto = first_round(auto, spec.run_dir, int(config.get("seed", 0)), tables, ended)
             at = contest.next_look(tables, ended, looks, auto)
             if at is not None:
                 line = contest.take(tables, at, looks, n_looks, metric, auto)
@@ -141,6 +146,21 @@ def auto_contest(config: dict) -> contest.Auto | None:
     return contest.Auto(cap=int(auto.get("max", 6)), min_effect=float(effect) if effect else None)
 
 
+def first_round(auto: contest.Auto, run_dir, seed: int, tables: dict, ended_at: dict) -> contest.Auto:
+    """seeds=auto's contest with its first round: (variant, seed) of each planned variant's first AUTO_FIRST
+    replicates (task.json), which a look waits for even before they record an evaluation (a queue with few slots
+    starts some variants' second seeds late). One that ended without a row (failed) goes into `ended_at` at -1,
+    so that no look waits for it."""
+    with_rows = {(v, s) for here in tables.values() for v, side in here.items() for s in side}
+    first = []
+    for variant, index, paths in planned(run_dir):
+        if index < AUTO_FIRST:
+            first.append((variant, seed + index))
+            if (variant, seed + index) not in with_rows and ended(paths):
+                ended_at.setdefault((variant, seed + index), -1)
+    return replace(auto, first_round=tuple(sorted(first)))
+
+
 def decided(spec, step: int) -> Decision | None:
     """The run's decision about this task's variant so far, without an evaluation: a replicate that starts (or
     resumes) after its variant was pruned ends at once, its devices free for the survivors."""
@@ -154,3 +174,50 @@ def _append(path: Path, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+def replicate_index(spec) -> int:
+    """The replicate's place among its variant's seeds (seeds=auto's seeds run from the config's seed on)."""
+    return int(spec.seed or 0) - int((spec.config or {}).get("seed", 0))
+
+
+def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
+    """(variant, replicate index, its folder) of every variants-stage task of the run (their task.json)."""
+    out = []
+    for task_file in sorted(RunLayout(run_dir).tasks.glob("*/task.json")):
+        try:
+            spec = TaskSpec.load(str(task_file))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if spec.stage == "variants":
+            out.append((spec.variant, replicate_index(spec), TaskPaths(task_file.parent)))
+    return out
+
+
+def ended(paths: TaskPaths) -> bool:
+    """Its result is written, or its last end row says it failed (a failed replicate is not waited for)."""
+    if paths.result.is_file():
+        return True
+    last = None
+    for row in read_rows(paths.events(0), tail_bytes=TAIL_BYTES):  # a long task's events: only their end is read
+        if row.get("event") == "end":
+            last = row.get("exit_state")
+    return last == "failed"
+
+
+def read_rows(path: Path, tail_bytes: int | None = None) -> list[dict]:
+    """The file's JSON lines (its last tail_bytes only: a cut first line is skipped like a torn one)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - tail_bytes) if tail_bytes is not None else 0)
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
