@@ -85,6 +85,7 @@ def _spec(run_dir: Path, **kw) -> SbatchSpec:
         array_size=2,
         partition=PARTITION,
         timeout_min=2,
+        signal_delay_s=30,  # the default (120 s) is the whole limit: USR2 would reach a probe slowed by load
         mem_gb=0.5,
         python=sys.executable,
     )
