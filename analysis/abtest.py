@@ -253,7 +253,7 @@ def winner(
 ) -> dict | None:
     """The variant with the lowest held-out loss (mean over its seeds; None when no variant has one): {variant,
     val_loss, n_seeds, decided (it beats every other variant: significant, after Holm's correction, with training
-    noise in each interval; a win that rests on one seed only leads), adapter
+    noise in each interval, or pruned by the run's contest; a win that rests on one seed only leads), adapter
     (of its best seed), seed, task, sentence}."""
     groups = replicates(tasks, metric)
     scored = [
@@ -266,17 +266,19 @@ def winner(
     val_loss, name = min(scored)
     done = [r for r in groups[name] if r.batches is not None]
     best = min(done, key=lambda r: cast(float, r.val_loss))
-    others = [n for _, n in scored if n != name]
+    # a variant the run's contest pruned lost to the best one at that look (worker/prune.py: one decision per variant,
+    # at the level its spending bounds), whether or not some of its replicates had finished before it
+    lost = [n for n in pruned(tasks) if n != name]
+    others = [n for _, n in scored if n != name and n not in lost]
     beaten = [
         r
         for r in rows
         if r["b"] != "base"
         and name in (r["a"], r["b"])
+        and ({r["a"], r["b"]} - {name}) <= set(others)
         and r.get("significant")
         and (r["a"] if r["diff"] < 0 else r["b"]) == name
     ]
-    # a variant every replicate of which was pruned lost to the best one at that evaluation (prune.py)
-    lost = [n for n in pruned(tasks) if n not in groups]
     beats_all = bool(others or lost) and len(beaten) == len(others)
     # a win on one seed measures eval-sample noise only: the variant leads, nothing is decided (DESIGN.md)
     leads = beats_all and any(one_seed(r) for r in beaten)

@@ -225,3 +225,19 @@ def test_a_task_that_failed_before_its_first_step_costs_what_it_spent_and_trains
     costs = cost.task_costs(tasks, {"base": 5 / 3600, "r8": 0.02})
     assert costs["base"]["train_device_hours"] == 0 and costs["base"]["device_hours"] == 5 / 3600
     assert costs["r8"]["train_device_hours"] > 0
+
+
+def test_a_variant_the_contest_pruned_lost_even_when_one_replicate_finished_first(tmp_path):
+    """With 2 slots a loser's first seed can finish before the look that prunes its variant: the verdict counts
+    the variant as lost at that look (one decision per variant), so the winner is decided, not 'leads on 1 seed'."""
+    from slurm_router.analysis import abtest
+
+    rng = np.random.default_rng(5)
+    for s in range(2):
+        write_task(tmp_path, f"good-s{s}", steps=6, rng=rng)
+    write_task(tmp_path, "bad-s0", steps=6, loss=2.5, rng=rng)  # ended before the look
+    write_task(tmp_path, "bad-s1", steps=6, trained=2, loss=2.5, end="pruned", rng=rng)
+    tasks = [load(tmp_path, n) for n in ("good-s0", "good-s1", "bad-s0", "bad-s1")]
+    final = abtest.winner(tasks, abtest.compare_all(tasks))
+    assert final and final["variant"] == "good" and final["decided"], final
+    assert "winner: good" in final["sentence"] and "beats bad (pruned)" in final["sentence"], final["sentence"]
