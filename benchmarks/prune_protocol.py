@@ -302,17 +302,22 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
+def require_optuna() -> None:
+    """optuna's WilcoxonPruner is one of the rules: no results file without it (exit 2, what to install)."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        print("optuna is needed for its WilcoxonPruner rule: pip install -e .[bench]")
+        sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2000, help="A/A runs")
     parser.add_argument("--power-runs", type=int, default=500, help="runs per loser effect")
     parser.add_argument("--out", type=Path, help="write here instead of benchmarks/results/ (any tree state)")
     args = parser.parse_args()
-    try:
-        import optuna  # noqa: F401 (optuna's WilcoxonPruner is one of the rules: no results file without it)
-    except ImportError:
-        print("optuna is needed for its WilcoxonPruner rule: pip install -e .[bench]")
-        sys.exit(2)
+    require_optuna()
     out = args.out / RESULTS.name if args.out else RESULTS
     if not args.out:
         check(RESULTS)

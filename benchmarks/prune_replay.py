@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import REPO, check, header, write  # noqa: E402
-from prune_protocol import RULES, Design, figures, run_rules, tally  # noqa: E402
+from prune_protocol import RULES, Design, figures, require_optuna, run_rules, tally  # noqa: E402
 from prune_real import VARIANTS, launch  # noqa: E402
 
 from slurm_router.rundir.events import read_events  # noqa: E402
@@ -144,11 +144,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS, help="results path without suffix (.md and .json)")
     ap.add_argument("--recordings", type=Path, help="replay the runs an earlier results .json recorded (no new run)")
     args = ap.parse_args()
-    try:
-        import optuna  # noqa: F401 (optuna's WilcoxonPruner is one of the rules: no results file without it)
-    except ImportError:
-        print("optuna is needed for its WilcoxonPruner rule: pip install -e .[bench]")
-        sys.exit(2)
+    require_optuna()
     check(args.out.with_suffix(".md"))
     command = "python benchmarks/prune_replay.py" + (f" --repeats {args.repeats}" if args.repeats != 20 else "")
     earlier = json.loads(args.recordings.read_text()) if args.recordings else None
