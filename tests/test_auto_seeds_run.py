@@ -56,6 +56,26 @@ def test_a_clear_loser_is_decided_on_two_seeds_and_no_reserve_trains(tmp_path):
     check_loser_run(run_dir_of(proc))
 
 
+def test_fused_first_round_decides_and_its_reserves_would_run_alone(tmp_path):
+    """resources.fuse_variants=2 with seeds=auto: the first round (2 seeds each) trains as 2 fused tasks, r8 and r32
+    side by side in each, so every replicate reaches the first look together; the reserves are planned unfused
+    after them and, the contest decided, end not_needed as in an unfused run."""
+    proc = run_cli(
+        *AUTO, "auto_seeds.max=3", "resources.fuse_variants=2", f"run_root={tmp_path}", cwd=tmp_path, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (
+        "resources.fuse_variants=2: 4 variant task(s) run as 2 task(s): 4 fused into 2 (one base in memory each), "
+        "0 alone; seeds=auto's 2 reserve(s) (each variant's seeds after its first 2) run alone, after them"
+    ) in proc.stdout
+    run_dir = run_dir_of(proc)
+    specs = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "tasks").glob("*/task.json")}
+    assert {t: s["fused_into"] for t, s in specs.items() if s["fused_into"]} == {"r32-s0": "r8-s0", "r32-s1": "r8-s1"}
+    assert not specs["r8-s2"]["members"] and not specs["r32-s2"]["members"]
+    assert sorted(specs[t]["index"] for t in ("r8-s0", "r8-s1", "r8-s2", "r32-s2")) == [0, 1, 2, 3]
+    check_loser_run(run_dir)
+
+
 def test_variants_that_cannot_be_told_apart_run_to_the_cap_and_the_report_says_so(tmp_path):
     """r8 given r32's settings: the two train alike, no look can decide, so every round runs (3 seeds each) and
     the later round is looked at again at each evaluation step (depth 3), its level in the decisions file."""

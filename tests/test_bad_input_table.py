@@ -480,10 +480,6 @@ CASES = [
     (["seeds=auto", "prune=true", "auto_seeds.max=2"], "auto_seeds.max=2: seeds=auto starts each variant with 2"),
     (["seeds=auto", "prune=true", "auto_seeds.min_effect=0"], "auto_seeds.min_effect=0: give the smallest difference"),
     (["seeds=3", "auto_seeds.min_effect=0.02"], "auto_seeds.min_effect=0.02 is not read with seeds=3"),
-    (
-        ["+experiment=lora_ab", "seeds=auto", "prune=true", "resources.fuse_variants=2"],
-        "seeds=auto with resources.fuse_variants=2: a fused group trains its variants' seeds together",
-    ),
     (["seeds=three"], "seeds='three' is not a whole number"),
     (["seeds=[0,x]"], "seeds=[0,x]: 'x' is not a whole number >= 0"),
     (["seeds=[1,-1]"], "seeds=[1,-1]: -1 is not a whole number >= 0"),

@@ -97,6 +97,32 @@ FUSED = [
 ]
 
 
+@pytest.mark.timeout(600)
+def test_a_replicate_stops_after_the_step_in_which_another_task_s_look_pruned_it(tmp_path):
+    """One in-training evaluation (step 10 of 19). r8 (the planted loser) reaches it first and trains on; the slower
+    r32 replicates take the look at step 10 later, and it prunes r8. Each r8 replicate stops within a step of that
+    look (worker/prune.py LookWatch), between evaluations: before this, having no evaluation left, it trained to
+    the end. r32 trains on to the end as it would alone."""
+    keep = [a for a in PLANTED if not a.startswith(("seeds=", "train.eval_every=", "train.steps=", "train.eval_b"))]
+    proc = run_cli(
+        *keep, "seeds=2", "train.steps=19", "train.eval_every=10", "train.eval_batches=16", "launcher.cpu_slots=4",
+        f"run_root={tmp_path}", cwd=tmp_path, env=slowdown("r8=4;r32=5"), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = run_dir_of(proc)
+    (look,) = [json.loads(line) for line in (run_dir / "decisions.jsonl").read_text().splitlines()]
+    assert look["step"] == 10 and look["pruned"] == ["r8"], look
+    pruned = _pruned(run_dir)
+    assert sorted(pruned) == ["r8-s0", "r8-s1"], pruned
+    for t, result in pruned.items():
+        rows = _steps(run_dir / "tasks" / t)
+        after = [r["step"] for r in rows if r["time"] > look["time"]]
+        assert 10 < result["step"] < 19 and len(rows) == result["step"], (t, result, len(rows))
+        assert len(after) <= 2, (t, after)  # the step it was in when the look was taken, and a torn second
+    for t in ("r32-s0", "r32-s1"):
+        assert [r["step"] for r in _steps(run_dir / "tasks" / t)] == list(range(19)), t
+
+
 def _fused_run(root: Path, *args: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     proc = run_cli(*FUSED, *args, f"run_root={root / 'runs'}", cwd=root)

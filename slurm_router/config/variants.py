@@ -12,7 +12,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slurm_router.config.checks import check_values, explain
 from slurm_router.config.metrics import check_eval_config
-from slurm_router.config.schema import NAME_RE, fusing
+from slurm_router.config.schema import NAME_RE
 from slurm_router.errors import UserError
 from slurm_router.verdict import AUTO_FIRST
 
@@ -142,12 +142,6 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
         raise UserError(
             "seeds=auto adds replicates only where the prune contest is undecided: set prune=true with it "
             "(seeds=auto prune=true), or give a number, e.g. seeds=3"
-        )
-    if is_auto(cfg) and fusing(cfg):
-        raise UserError(
-            f"seeds=auto with resources.fuse_variants={cfg.resources.fuse_variants}: a fused group trains its "
-            "variants' seeds together from the start, so no replicate could wait for its round; set "
-            "resources.fuse_variants=1 with seeds=auto, or a fixed number of seeds (e.g. seeds=3)"
         )
     budget = (cfg.get("auto_seeds") or {}).get("budget_device_hours")
     if budget is not None and budget <= 0:  # a number: the schema types it

@@ -28,6 +28,7 @@ from slurm_router.errors import UserError
 from slurm_router.launch.fuse import fuse_tasks
 from slurm_router.rundir.spec import Stage, TaskSpec, task_name
 from slurm_router.train import base_dropout
+from slurm_router.verdict import AUTO_FIRST
 
 # model keys that shape the base's weights (lora and dtype do not: every variant can fine-tune the same base)
 SHAPE_KEYS = ("kind", "name_or_path", "n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
@@ -124,6 +125,10 @@ def make_plan(
         for i, t in enumerate(tasks):
             t.index = i
     fused: list[TaskSpec] = []
+    # seeds=auto: only the first round is fused; a reserve waits for its round's call (worker/auto_seeds.py), so it
+    # runs alone, queued after every group
+    reserves = [t for t in tasks if cfg.get("seeds") == "auto" and t.seed - cfg.seed >= AUTO_FIRST]
+    tasks = [t for t in tasks if t not in reserves]
     width = cfg.resources.fuse_variants
     if width == FUSE_AUTO:
         if auto_fuse is None:
@@ -135,8 +140,14 @@ def make_plan(
     if int(width) > 1:  # compatible tasks trained as one, over one base (launch/fuse.py)
         fusion = fuse_tasks(queue_order(tasks), int(width))
         tasks, fused = fusion.runs, fusion.fused
-        for line in [*fusion.notes, fusion.summary(int(width), cfg.resources.fuse_variants)]:
+        summary = fusion.summary(int(width), cfg.resources.fuse_variants)
+        if reserves:
+            summary += f"; seeds=auto's {len(reserves)} reserve(s) (each variant's seeds after its first {AUTO_FIRST}) run alone, after them"
+        for line in [*fusion.notes, summary]:
             print(line, flush=True)
+    tasks += reserves  # after the groups (fuse_tasks indexed them 0..N-1; a member has its leader's index)
+    for i, t in enumerate(tasks):
+        t.index = i
     stages.append(Stage("variants", tasks, depends_on=[s.name for s in stages], fused=fused))
     return stages
 

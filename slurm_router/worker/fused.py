@@ -173,6 +173,8 @@ class FusedWorker(Worker):
                     member, judged = MemberAdapter(v.member), self.judged(v.last_metrics)
                     v.adapters(self.tokenizer).after_eval(member, step + 1, self._last_val[v.k], judged)
             self._prune(step + 1)
+        elif step + 1 < self.spec.steps and any(s.new_look for s in stats):  # another task's look
+            self._prune(step + 1, evaluated=False)
         signum = max(s.stop for s in stats)
         stop = signum and step + 1 < self.spec.steps
         every = self.cfg.train.checkpoint_every
@@ -301,6 +303,7 @@ class FusedWorker(Worker):
         if stopped is not None:
             return stopped
         self.start()
+        self.looks = self.watch_looks()
         self._prune(self.first_step, evaluated=False)  # members whose variant lost before the group started
         to_profile = profile_step() if self.rank == 0 else None  # SLURM_ROUTER_PROFILE_STEP (profile.py)
         for step in range(self.first_step, self.spec.steps):

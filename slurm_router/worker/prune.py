@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -131,7 +132,7 @@ def decide_after(spec, step: int, n_looks: int) -> Decision | None:
                 auto = first_round(auto, spec.run_dir, int(config.get("seed", 0)), tables, ended)
             at = contest.next_look(tables, ended, looks, auto)
             if at is not None:
-                line = contest.take(tables, at, looks, n_looks, metric, auto)
+                line = {**contest.take(tables, at, looks, n_looks, metric, auto), "time": time.time()}
                 _append(layout.decisions, json.dumps(line) + "\n")
                 looks.append(line)
     return contest.decision_for(looks, spec.variant, step, task=spec.name)
@@ -174,6 +175,27 @@ def _append(path: Path, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+class LookWatch:
+    """Whether the run took a look since this task last asked: one stat of RUN_DIR/decisions.jsonl per training
+    step (rank 0). A replicate whose variant another task's look pruned learns it at its next step, not at its
+    next evaluation, so its devices go to the survivors at once."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = RunLayout(run_dir).decisions
+        self.size = self._size()
+
+    def _size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def new_look(self) -> bool:
+        size = self._size()
+        grew, self.size = size != self.size, size
+        return grew
 
 
 def replicate_index(spec) -> int:

@@ -27,6 +27,7 @@ from slurm_router.train.tokenizer import make_tokenizer
 from slurm_router.worker import state as train_state
 from slurm_router.worker.cpu import worker_threads
 from slurm_router.worker.microbatch import CpuMemorySim, MicroBatchRunner
+from slurm_router.worker.prune import LookWatch
 from slurm_router.worker.telemetry import Telemetry, device_name
 
 # A collective waits at most this long for a peer. The job process kills the survivors as soon as a worker
@@ -38,6 +39,7 @@ class WorkerSetup:
     """The start-up half of a Worker: what setup() builds, every rank the same way."""
 
     runner_class: type[MicroBatchRunner] = MicroBatchRunner  # what runs a device's micro-batches (fused.py: its own)
+    looks: LookWatch | None = None  # prune=true, rank 0: whether the run took a look since the last step
 
     spec: TaskSpec
     rank: int

@@ -1,7 +1,7 @@
 """A step's records: the router's plan of it (StepPlan); what every worker tells every other after it
 (StepStats: one row of one small all-gather, float64, not a poll per routing decision; the router learns from
-every device's row, and the stop flag rides along so every rank sees every flag and all stop after the same
-step); and its event row (step_row), which the worker and the fused worker both write."""
+every device's row, and the stop flag and prune=true's new-look flag ride along so every rank sees every flag
+and all stop after the same step); and its event row (step_row), which the worker and the fused worker both write."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ class StepStats:
     oom_padded: int = 0  # the largest micro-batch that did not fit: padded tokens ...
     oom_n: int = 0  # ... and samples
     stop: int = 0  # the stop signal this worker received (0: none)
+    new_look: int = 0  # prune=true: rank 0 saw the run take a look since its last step (worker/prune.py LookWatch)
     plan_digest: int = 0  # plan_digest of the router's assignment this rank computed: every rank's must agree
 
     def pack(self) -> list[float]:

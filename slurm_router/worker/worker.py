@@ -28,7 +28,7 @@ from slurm_router.train.optim import lr_at
 from slurm_router.worker import state as train_state
 from slurm_router.worker.microbatch import DeviceStep, batch_tensors, loss_sum
 from slurm_router.worker.profile import profile_step, profiled
-from slurm_router.worker.prune import Pruned
+from slurm_router.worker.prune import LookWatch, Pruned
 from slurm_router.worker.setup import COLLECTIVE_TIMEOUT_S, WorkerSetup  # noqa: F401  (COLLECTIVE_TIMEOUT_S: read from here)
 from slurm_router.worker.step_stats import StepPlan, StepStats, plan_digest, step_row
 
@@ -106,6 +106,7 @@ class Worker(WorkerSetup):
         if stopped is not None:
             return stopped
         self.start()
+        self.looks = self.watch_looks()
         pruned = self.prune(self.first_step, evaluated=False)  # its variant lost before it started: end at once
         if pruned is not None:
             return pruned.result
@@ -160,9 +161,11 @@ class Worker(WorkerSetup):
         if not math.isfinite(loss):  # the same all-reduced loss on every rank: all of them end here
             return Diverged(step, loss, self.spec.lr)
         every_eval = self.cfg.train.eval_every
-        if every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps:
+        due = every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps
+        if due:
             self.keep_best(step + 1, self.evaluate(step + 1))
-            pruned = self.prune(step + 1)
+        if due or (step + 1 < self.spec.steps and any(s.new_look for s in stats)):  # another task's look
+            pruned = self.prune(step + 1, evaluated=bool(due))
             if pruned is not None:
                 return pruned
         signum = max(s.stop for s in stats)
@@ -217,6 +220,7 @@ class Worker(WorkerSetup):
             oom_padded=mine.oom_mb[0],
             oom_n=mine.oom_mb[1],
             stop=train_state.stop_requested(),
+            new_look=int(self.looks.new_look()) if self.looks else 0,
             plan_digest=plan_digest(plan.assignment.per_device),
         )
         stats = [StepStats.unpack(row) for row in self.gather(own.pack())]
@@ -343,8 +347,16 @@ class Worker(WorkerSetup):
         if self.rank == 0 and not self.spec.save_weights:
             self.adapters.after_eval(self.model, step, val_loss, self.judged(self.last_metrics))
 
+    def watch_looks(self) -> LookWatch | None:
+        """prune=true, rank 0: the run's looks, asked about after every step (worker/prune.py LookWatch); made
+        before the first check of the run's decisions, so no look falls between the two."""
+        if self.rank != 0 or not self.cfg.get("prune") or self.spec.save_weights:
+            return None
+        return LookWatch(self.spec.run_dir)
+
     def prune(self, step: int, evaluated: bool = True) -> Pruned | None:
-        """prune=true, after an in-training evaluation (or, evaluated=False, before the first step): rank 0 learns
+        """prune=true, after an in-training evaluation (or, evaluated=False, before the first step and after a step
+        in which the run took a look): rank 0 learns
         the run's decision about its variant (prune.py) and every rank learns it; a pruned variant's task ends
         here, its result says why."""
         if not self.cfg.get("prune") or self.spec.save_weights:
