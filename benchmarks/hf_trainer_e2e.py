@@ -8,6 +8,8 @@ to the decision, the seeds each variant ran, and the decision.
 
 slurm_router: one real command (`python -m slurm_router +experiment=lora_ab base.enabled=false data=stdlib
 seeds=auto prune=true auto_seeds.max=4`, the built-in variants replaced by 4 learning rates, launcher.cpu_slots=2),
+run twice: with resources.fuse_variants=auto (its first round fused over the 2 slots) and without (every replicate
+its own task), before and after the scripts,
 timed from start to exit (time.monotonic: planning, every task and reserve, the report); its device-hours, seeds
 and verdict are what RUN_DIR/report/summary.json says (cost.device_hours, cost.to_decision,
 cost.fixed_design_device_hours; auto_seeds.ran; winner.variant, winner.decided).
@@ -53,7 +55,7 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
 
 
-def sr_command(root: Path, steps: int, eval_every: int, cap: int, min_effect: float | None) -> list[str]:
+def sr_command(root: Path, steps: int, eval_every: int, cap: int, min_effect: float | None, fuse: bool) -> list[str]:
     variants = [f"+variants.{n}.train.lr={lr}" for n, lr in LRS.items()]
     return [
         sys.executable,
@@ -73,12 +75,13 @@ def sr_command(root: Path, steps: int, eval_every: int, cap: int, min_effect: fl
         f"train.eval_every={eval_every}",
         "launcher=local",
         "launcher.cpu_slots=2",
+        *(["resources.fuse_variants=auto"] if fuse else []),
         f"run_root={root / 'runs'}",
     ]
 
 
-def run_slurm_router(root: Path, steps: int, eval_every: int, cap: int, min_effect: float | None) -> dict:
-    cmd = sr_command(root, steps, eval_every, cap, min_effect)
+def run_slurm_router(root: Path, steps: int, eval_every: int, cap: int, min_effect: float | None, fuse: bool) -> dict:
+    cmd = sr_command(root, steps, eval_every, cap, min_effect, fuse)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=root, env=env(), capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - t0
@@ -104,6 +107,7 @@ def run_slurm_router(root: Path, steps: int, eval_every: int, cap: int, min_effe
         "seeds": auto.get("ran", {}),
         "auto_line": auto.get("line", ""),
         "looks": looks,
+        "fused": [line for line in proc.stdout.splitlines() if line.startswith("resources.fuse_variants")],
         "val_loss": {v: d.get("val_loss_mean") for v, d in (s.get("by_variant") or {}).items() if isinstance(d, dict)},
     }
 
@@ -243,16 +247,19 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="hf_e2e-") as tmp:
         root = Path(tmp)
-        sr = run_slurm_router(root, a.steps, a.eval_every, a.max_seeds, a.min_effect)
+        sr = run_slurm_router(root, a.steps, a.eval_every, a.max_seeds, a.min_effect, fuse=True)
         load.append(os.getloadavg()[0])
         hf = run_hf(root, a.steps, a.eval_every, a.max_seeds, a.parallel)
         load.append(os.getloadavg()[0])
+        unfused = run_slurm_router(root, a.steps, a.eval_every, a.max_seeds, a.min_effect, fuse=False)
+        load.append(os.getloadavg()[0])
     import torch  # noqa: F401  (its version in the header)
 
-    same = sr["winner"] == hf["winner"] and sr["decided"] == hf["decided"]
+    same = all(r["winner"] == hf["winner"] and r["decided"] == hf["decided"] for r in (sr, unfused))
     verdict = lambda r: f"{r['winner']} ({'decided' if r['decided'] else 'not decided'})"  # noqa: E731
     rows = [
-        ("slurm_router (one job, seeds=auto prune=true)", sr),
+        ("slurm_router, first round fused (resources.fuse_variants=auto)", sr),
+        ("slurm_router, every replicate its own task", unfused),
         (
             f"HF Trainer scripts ({hf['processes']} processes, {a.parallel} at a time, {len(hf['rounds'])} round{'s' if len(hf['rounds']) > 1 else ''})",
             hf,
@@ -267,13 +274,6 @@ def main() -> None:
         "decided": f"{hf['winner']} is the only variant left: decided",
         "cap": f"{', '.join(hf['rounds'][-1]['seeds'])} reached {a.max_seeds} seeds undecided",
     }[hf["stopped"]]
-    look_lines = [
-        f"look {x['look']} at step {x['step']} (seeds {seeds_text({v: len(r) for v, r in (x['rows'] or {}).items()})}"
-        f"; depth {x['depth']}, level {x['threshold']:.3g}): "
-        + (f"pruned {', '.join(x['pruned'])}" if x["pruned"] else "nothing pruned")
-        for x in sr["looks"]
-    ]
-    td = sr["to_decision"]
     lines = [
         "# The user's alternative end to end: HF Trainer scripts against one slurm_router job, seeds until decided",
         "",
@@ -286,11 +286,13 @@ def main() -> None:
         f"auto_seeds.max={a.max_seeds}`"
         + (f" `auto_seeds.min_effect={a.min_effect}`" if a.min_effect else "")
         + " (2 seeds each, then one more seed per round for the variants still in the contest; a loser stops at "
-        "the look that prunes it). HF Trainer scripts, as a user of scripts would run them: round 1 runs 2 seeds of "
+        "the step after the look that prunes it), run twice: with `resources.fuse_variants=auto` (the first round's "
+        "replicates fused over the 2 slots, so all of them reach each look together; reserves alone) and without "
+        "(every replicate its own task, 2 at a time). HF Trainer scripts, as a user of scripts would run them: round 1 runs 2 seeds of "
         "every variant; after each round the user decides with slurm_router's statistics (every pair by "
         "slurm_router.verdict.stats.compare, Holm, 5%), drops the variants decided worse than the best, and stops "
         f"when one variant is left (decided) or at {a.max_seeds} seeds (undecided); else runs one more seed of each "
-        "variant still in the contest. Measured one after the other in this run (slurm_router first) on the same 2 "
+        "variant still in the contest. Measured one after the other in this run (slurm_router fused, the scripts, slurm_router unfused) on the same 2 "
         "cores; device = one CPU core (a CPU worker, a Trainer process with 1 thread). Device-hours: slurm_router's "
         "summary.json `cost.device_hours` (every task, its events' span x 1 device); the scripts' sum of their "
         "processes' wall times x 1 device. Wall time: the command from start to exit; the scripts from the first "
@@ -303,17 +305,18 @@ def main() -> None:
             for name, r in rows
         ),
         "",
-        f"Ratio (HF Trainer scripts / slurm_router): wall time {hf['wall_s'] / sr['wall_s']:.2f}x, device-hours "
-        f"{hf['device_hours'] / sr['device_hours']:.2f}x. Same decision: {'yes' if same else 'no'}.",
+        *(
+            f"Ratio (HF Trainer scripts / slurm_router, {how}): wall time {hf['wall_s'] / r['wall_s']:.2f}x, "
+            f"device-hours {hf['device_hours'] / r['device_hours']:.2f}x.  "
+            for how, r in (("first round fused", sr), ("every replicate its own task", unfused))
+        ),
+        f"Same decision on all three: {'yes' if same else 'no'}.",
         "",
-        "slurm_router's run: " + sr["auto_line"] + ".  ",
-        "Its looks: " + ("; ".join(look_lines) if look_lines else "none") + ".  ",
-        f"Its verdict: {sr['sentence']}  ",
-        f"Its cost (summary.json): {sr['device_hours']:.4f} device-hours in all; to the decision "
-        + (f"{td['device_hours']:.4f} ({td['text']})" if td.get("decided") else "not decided")
-        + f"; the fixed design (`fixed_design_device_hours`: every seed to the cap, {a.max_seeds} per variant, to the end) "
-        f"{sr['fixed_design_device_hours']:.4f}.",
-        "",
+        *(
+            line
+            for how, r in (("first round fused", sr), ("every replicate its own task", unfused))
+            for line in sr_lines(how, r, a.max_seeds)
+        ),
         "The scripts' rounds (the user's decision after each):",
         "",
         *round_lines,
@@ -323,12 +326,15 @@ def main() -> None:
         "Held-out loss, mean over the seeds each side ran (slurm_router's report, over its finished replicates / "
         "the scripts' final pass):",
         "",
-        "| variant | slurm_router | HF Trainer |",
-        "|---|---|---|",
-        *(f"| {v} | {fmt(sr['val_loss'].get(v))} | {fmt(hf['val_loss'].get(v))} |" for v in LRS),
+        "| variant | slurm_router, fused | slurm_router, unfused | HF Trainer |",
+        "|---|---|---|---|",
+        *(
+            f"| {v} | {fmt(sr['val_loss'].get(v))} | {fmt(unfused['val_loss'].get(v))} | {fmt(hf['val_loss'].get(v))} |"
+            for v in LRS
+        ),
         "",
         f"HF Trainer processes spent {hf['setup_s_mean']:.1f} s each on average before their first step (imports, "
-        "the corpus, the model). Load average (1 min) before, between and after: "
+        "the corpus, the model). Load average (1 min) before, between and after the three: "
         + ", ".join(f"{x:.1f}" for x in load)
         + " (other work on the machine slows both sides).",
         "",
@@ -344,7 +350,7 @@ def main() -> None:
         "of ever pruning a variant as good as the best at 5%, and a round runs only while the contest is open; a "
         "look prunes only a variant with 2 seeds there, against a best with 2, and with 2 slots the local queue "
         "(every variant's seed 0, then seed 1, ...) reaches a look when the first variants have their second seed "
-        "and the last ones one (the seeds each look held are in its line). "
+        "and the last ones one (the seeds each look held are in its line) when every replicate is its own task. "
         "So the two sides can take different numbers of seeds to the same decision: the seeds per variant are "
         "in the table.",
     ]
@@ -353,8 +359,36 @@ def main() -> None:
     write(
         md,
         text,
-        {"command": command, "slurm_router": sr, "hf_trainer": hf, "load_average": load, "same_decision": same},
+        {
+            "command": command,
+            "slurm_router": sr,
+            "slurm_router_unfused": unfused,
+            "hf_trainer": hf,
+            "load_average": load,
+            "same_decision": same,
+        },
     )
+
+
+def sr_lines(how: str, r: dict, cap: int) -> list[str]:
+    """One slurm_router run's paragraph: its fusion, its seeds, looks, verdict and cost."""
+    looks = [
+        f"look {x['look']} at step {x['step']} (seeds {seeds_text({v: len(s) for v, s in (x['rows'] or {}).items()})}"
+        f"; depth {x['depth']}, level {x['threshold']:.3g}): "
+        + (f"pruned {', '.join(x['pruned'])}" if x["pruned"] else "nothing pruned")
+        for x in r["looks"]
+    ]
+    td = r["to_decision"]
+    return [
+        f"slurm_router, {how}: " + (" ".join(r["fused"]) + ".  " if r["fused"] else "") + r["auto_line"] + ".  ",
+        "Its looks: " + ("; ".join(looks) if looks else "none") + ".  ",
+        f"Its verdict: {r['sentence']}  ",
+        f"Its cost (summary.json): {r['device_hours']:.4f} device-hours in all; to the decision "
+        + (f"{td['device_hours']:.4f} ({td['text']})" if td.get("decided") else "not decided")
+        + f"; the fixed design (`fixed_design_device_hours`: every seed to the cap, {cap} per variant, to the end) "
+        f"{r['fixed_design_device_hours']:.4f}.",
+        "",
+    ]
 
 
 def fmt(x: float | None) -> str:

@@ -35,7 +35,8 @@ Rules, on the same arrivals and tables:
   Pocock-corrected threshold gives the nominal rate over looks; the defaults are what a user gets): it controls
   no error and is shown, like ASHA, for its false-prune rate;
 - **fixed**: every task to the end (never prunes).
-Device-steps: the training steps the tasks ran (each task stops at the evaluation that pruned it), beside the
+Device-steps: the training steps the tasks ran (a task stops at the evaluation that pruned it; under the contest
+its variant's other replicates stop at the step they are in then, as the workers do), beside the
 fixed design's 9 x 50. benchmarks/prune_replay.py runs the same rule functions (a Design instead of the constants
 below) on real runs' recorded curves.
 """
@@ -126,11 +127,21 @@ def contest_rule(
     run: Path, events, tabs, design: Design = PROTOCOL, config: dict | None = None
 ) -> tuple[set[str], dict[tuple[str, int], int]]:
     """The production code: worker/prune.after_eval for each evaluation as it arrives; a pruned task stops and
-    writes its result (as the worker does); a task that reaches its last step ends the same way. A table row's
-    `sources` (eval batches' files: the verdict's clusters), when recorded, go in as the worker passes them.
-    config: the tasks' config, as task.json holds it (seeds=auto's contest: auto_seeds.py)."""
+    writes its result (as the worker does); a task that reaches its last step ends the same way. A look that prunes
+    a variant stops its other replicates where they are then (the worker checks the run's looks after every step:
+    worker/prune.py LookWatch): at the step they are in, `step_at` on their own pace; one not started yet at 0. A
+    table row's `sources` (eval batches' files: the verdict's clusters), when recorded, go in as the worker passes
+    them. config: the tasks' config, as task.json holds it (seeds=auto's contest: auto_seeds.py)."""
     stopped: dict[tuple[str, int], int] = {}
-    for _, v, s, step in events:
+    paces = replicate_paces(events)
+    pruned_so_far = {x for line in prune.read_looks(run) for x in line["pruned"]}  # an earlier round's too
+
+    def end(v: str, s: int, at: int) -> None:
+        stopped[v, s] = at
+        (run / "tasks" / f"{v}-s{s}").mkdir(parents=True, exist_ok=True)
+        (run / "tasks" / f"{v}-s{s}" / RESULT_FILE).write_text("{}")
+
+    for t, v, s, step in events:
         if (v, s) in stopped:
             continue
         name = f"{v}-s{s}"
@@ -139,13 +150,42 @@ def contest_rule(
         row = tabs[step][v][s]
         n_looks = len(design.eval_steps)
         if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], n_looks, row.get("sources")) is not None:
-            stopped[v, s] = step
+            end(v, s, step)
         elif step == design.eval_steps[-1]:
-            stopped[v, s] = design.steps
-        if (v, s) in stopped:
-            (spec.task_dir / RESULT_FILE).write_text("{}")
-    pruned = {line_v for line in prune.read_looks(run) for line_v in line["pruned"]}
-    return pruned, stopped
+            end(v, s, design.steps)
+        newly = {x for line in prune.read_looks(run) for x in line["pruned"]} - pruned_so_far
+        pruned_so_far |= newly
+        for rv, rs in paces:
+            if rv in newly and (rv, rs) not in stopped:
+                end(rv, rs, step_at(paces[rv, rs], t, design.steps))
+    return pruned_so_far, stopped
+
+
+def replicate_paces(events) -> dict[tuple[str, int], list[tuple[float, int]]]:
+    """{(variant, seed): [(time, step), ...]}: each replicate's evaluations in time order."""
+    out: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    for t, v, s, step in events:
+        out.setdefault((v, s), []).append((t, step))
+    return out
+
+
+def step_at(evals: list[tuple[float, int]], t: float, steps: int) -> int:
+    """The steps a replicate with these evaluations has trained when it learns, at time t, that its variant was
+    pruned: the step it is in, finished (linear between its evaluations; from its start, one period before its
+    first, and on at its last pace after its last), at most `steps`; 0 when it has not started."""
+    points = sorted(evals)
+    if len(points) == 1:
+        return min(steps, points[0][1])
+    (t0, s0), (t1, s1) = points[0], points[1]
+    start = t0 - (t1 - t0) * s0 / max(1, s1 - s0)
+    points = [(start, 0), *points]
+    if t <= start:
+        return 0
+    for (ta, sa), (tb, sb) in zip(points, points[1:]):
+        if t <= tb:
+            return min(steps, int(sa + (sb - sa) * (t - ta) / max(tb - ta, 1e-12)) + 1)
+    (ta, sa), (tb, sb) = points[-2], points[-1]
+    return min(steps, int(sb + (sb - sa) * (t - tb) / max(tb - ta, 1e-12)) + 1)
 
 
 def per_replicate_rule(events, tabs, design: Design = PROTOCOL) -> tuple[set[str], dict[tuple[str, int], int]]:
