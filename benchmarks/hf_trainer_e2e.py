@@ -380,7 +380,7 @@ def sr_lines(how: str, r: dict, cap: int) -> list[str]:
     ]
     td = r["to_decision"]
     return [
-        f"slurm_router, {how}: " + (" ".join(r["fused"]) + ".  " if r["fused"] else "") + r["auto_line"] + ".  ",
+        f"slurm_router, {how}: " + ("; ".join(r["fused"]) + ".  " if r["fused"] else "") + r["auto_line"] + ".  ",
         "Its looks: " + ("; ".join(looks) if looks else "none") + ".  ",
         f"Its verdict: {r['sentence']}  ",
         f"Its cost (summary.json): {r['device_hours']:.4f} device-hours in all; to the decision "
