@@ -396,6 +396,21 @@ for _effect in ("0.01", "0.02", "0.05"):
         OTHERS[f"auto_seeds_min_effect.json:{_key}_{_effect}"] = functools.partial(_auto_min_effect, _effect, _key)
 
 
+def _e2e(side: str, key: str) -> str:
+    """hf_trainer_e2e.json: a side's wall time ('31.6 s'), or the scripts' wall time or device-hours over a side's
+    ('2.18x'); side: slurm_router (its first round fused), slurm_router_unfused or hf_trainer."""
+    x = j("hf_trainer_e2e.json")
+    if key == "wall_s":
+        return f"{x[side]['wall_s']:.1f} s"
+    measure = {"wall_ratio": "wall_s", "device_ratio": "device_hours"}[key]
+    return f"{x['hf_trainer'][measure] / x[side][measure]:.2f}x"
+
+
+for _side, _name in (("slurm_router", "fused"), ("slurm_router_unfused", "unfused"), ("hf_trainer", "hf")):
+    for _key in ("wall_s",) if _name == "hf" else ("wall_s", "wall_ratio", "device_ratio"):
+        OTHERS[f"hf_trainer_e2e.json:{_name}_{_key}"] = functools.partial(_e2e, _side, _key)
+
+
 def _drift_span(steps: int) -> str:
     return f"{dict(j('long_run_drift.json')['spans'])[steps]:.1e}"
 
