@@ -138,5 +138,24 @@ def test_under_slurm_the_reserves_of_a_decided_contest_end_not_needed(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dir = run_dir_of(proc)
     check_loser_run(run_dir)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
+)
+def test_under_slurm_a_fused_first_round_decides_and_the_reserve_array_tasks_end_not_needed(tmp_path):
+    """launcher=slurm with resources.fuse_variants=2: the first round runs as 2 fused array tasks (r8 and r32 side
+    by side in each), the reserves as the array's last tasks, alone; the contest decided, they end not_needed."""
+    proc = run_cli(
+        *AUTO, "auto_seeds.max=3", "resources.fuse_variants=2", "launcher=slurm", "launcher.wait=true",
+        "launcher.timeout_min=10", f"run_root={tmp_path}", cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_dir = run_dir_of(proc)
+    specs = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "tasks").glob("*/task.json")}
+    assert {t: s["fused_into"] for t, s in specs.items() if s["fused_into"]} == {"r32-s0": "r8-s0", "r32-s1": "r8-s1"}
+    check_loser_run(run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["state"] == "completed", manifest["state"]
