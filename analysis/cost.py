@@ -240,7 +240,7 @@ def account(tasks: list[Task], per_task: dict[str, dict], winner: dict | None) -
         v["pruned"] += [name] if c["state"] in ("pruned", "not_needed") else []  # stopped early, or never run
         for k in keys:
             v[k] += c[k] or 0.0
-    step = decision(tasks, winner)
+    step = decision([t for t in tasks if not t.not_needed], winner)  # the verdict's tasks (report.analyze)
     spent = _sum(rows, "device_hours")
     fixed = _sum(rows, "fixed_design_device_hours")
     decided: dict[str, Any] = {"decided": step is not None, "step": step, "device_hours": None, "winner": None}

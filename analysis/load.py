@@ -115,10 +115,11 @@ class Task:
 
     @property
     def not_needed(self) -> dict | None:
-        """{step: 0, detail} when this seeds=auto reserve never ran (worker/auto_seeds.py), else None."""
+        """{step, detail} when this seeds=auto reserve was not needed (worker/auto_seeds.py): step 0 when it never
+        ran, else the step it stopped at once its contest was decided; None for any other task."""
         if not self.end or self.end.get("exit_state") != "not_needed":
             return None
-        return {"step": 0, "detail": self.end.get("detail") or f"{self.name}: not needed"}
+        return {"step": int(self.end.get("step") or 0), "detail": self.end.get("detail") or f"{self.name}: not needed"}
 
 
 def load_manifest(run_dir: Path) -> dict:

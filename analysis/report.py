@@ -240,7 +240,7 @@ def partial_line(run_dir: Path, manifest: dict, tasks: list[Task], facts: dict) 
 def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, every = load_run(run_dir)
-    tasks = [t for t in every if not t.not_needed]  # seeds=auto reserves that never ran: only the cost counts them
+    tasks = [t for t in every if not t.not_needed]  # seeds=auto reserves not needed: only the cost counts them
     facts = jobfacts.job_facts(manifest, every, runner)
     summary: dict[str, Any] = {
         "experiment": manifest.get("experiment"),
@@ -371,21 +371,28 @@ def prune_looks(run_dir: Path) -> list[dict]:
 
 
 def auto_seeds(run_dir: Path, every: list[Task], looks: list[dict]) -> dict | None:
-    """seeds=auto's account: replicates run per variant, the reserves not run (why), and its one line."""
+    """seeds=auto's account: replicates run per variant, the reserves not run (why) or stopped once the contest was
+    decided, and its one line."""
     config = next((_task_config(run_dir, t.name) for t in every if t.stage != "base"), {})
     if config.get("seeds") != "auto":
         return None
     ran: dict[str, int] = {}
     for t in every:
         if t.stage != "base":
-            ran[t.variant] = ran.get(t.variant, 0) + (0 if t.not_needed else 1)
-    not_run = [t.not_needed["detail"] for t in every if t.not_needed]
+            ran[t.variant] = ran.get(t.variant, 0) + (0 if t.not_needed and not t.not_needed["step"] else 1)
+    not_run = [t.not_needed["detail"] for t in every if t.not_needed and not t.not_needed["step"]]
+    stopped = [
+        f"{t.name}: stopped at step {t.not_needed['step']}: {t.not_needed['detail']}"
+        for t in every
+        if t.not_needed and t.not_needed["step"]
+    ]
     cap = int((config.get("auto_seeds") or {}).get("max", 6))
     settled = contest.settled_by(looks)
     return {
         "cap": cap,
         "ran": ran,
         "not_run": not_run,
+        "stopped": stopped,  # reserves running when the contest was decided for their variant: stopped then
         "settled_at_look": settled["look"] if settled else None,  # auto_seeds.min_effect: all within it
-        "line": contest.auto_line(looks, ran, not_run, cap),
+        "line": contest.auto_line(looks, ran, not_run, cap, stopped),
     }

@@ -9,7 +9,9 @@ start at random within 1.5 evaluation periods of their round and evaluate every 
 benchmarks/verdict_calibration.py (lora_ab's noise sizes, 32 eval batches; one table of `cap` seeds per step).
 seeds=auto: round 1 runs 2 seeds of every variant; each later round adds one seed to each variant that
 reserve_call lets run, once every task of the round before has ended (the barrier worker/auto_seeds.py waits on);
-a pruned task stops at that evaluation (its result written, as the worker does).
+a pruned task stops at that evaluation (its result written, as the worker does), its variant's other running
+replicates at the step they are in then, and so does a running reserve of the variant left once a look decides the
+contest (prune_protocol.contest_rule, as the workers do).
 
 - **A/A** (--runs): three equally good variants, `cap` seeds at most: any variant pruned is a false decision.
   The contest cannot end (no variant is worse), so every run goes to the cap: its cost is the price of asking.

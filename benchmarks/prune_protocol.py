@@ -60,6 +60,8 @@ from provenance import check, header, write  # noqa: E402
 from verdict_calibration import simulate  # noqa: E402
 
 from slurm_router.rundir.layout import RESULT_FILE  # noqa: E402
+from slurm_router.verdict import AUTO_FIRST  # noqa: E402
+from slurm_router.verdict.contest import decided_stop  # noqa: E402
 from slurm_router.verdict.pruning import decide, mean_loss  # noqa: E402
 from slurm_router.worker import prune  # noqa: E402
 
@@ -129,11 +131,14 @@ def contest_rule(
     """The production code: worker/prune.after_eval for each evaluation as it arrives; a pruned task stops and
     writes its result (as the worker does); a task that reaches its last step ends the same way. A look that prunes
     a variant stops its other replicates where they are then (the worker checks the run's looks after every step:
-    worker/prune.py LookWatch): at the step they are in, `step_at` on their own pace; one not started yet at 0. A
+    worker/prune.py LookWatch): at the step they are in, `step_at` on their own pace; one not started yet at 0.
+    Under seeds=auto a look that decides the contest stops the winner's running reserves the same way
+    (verdict/contest.py decided_stop, as worker/auto_seeds.py decided_reserve asks it). A
     table row's `sources` (eval batches' files: the verdict's clusters), when recorded, go in as the worker passes
     them. config: the tasks' config, as task.json holds it (seeds=auto's contest: auto_seeds.py)."""
     stopped: dict[tuple[str, int], int] = {}
     paces = replicate_paces(events)
+    auto = (config or {}).get("seeds") == "auto"
     pruned_so_far = {x for line in prune.read_looks(run) for x in line["pruned"]}  # an earlier round's too
 
     def end(v: str, s: int, at: int) -> None:
@@ -153,11 +158,14 @@ def contest_rule(
             end(v, s, step)
         elif step == design.eval_steps[-1]:
             end(v, s, design.steps)
-        newly = {x for line in prune.read_looks(run) for x in line["pruned"]} - pruned_so_far
+        looks = prune.read_looks(run)
+        newly = {x for line in looks for x in line["pruned"]} - pruned_so_far
         pruned_so_far |= newly
         for rv, rs in paces:
-            if rv in newly and (rv, rs) not in stopped:
-                end(rv, rs, step_at(paces[rv, rs], t, design.steps))
+            if (rv, rs) in stopped or not newly:
+                continue
+            if rv in newly or (auto and rs >= AUTO_FIRST and decided_stop(rv, rs, set(design.variants), looks)):
+                end(rv, rs, step_at(paces[rv, rs], t, design.steps))  # a decided contest's running reserve too
     return pruned_so_far, stopped
 
 

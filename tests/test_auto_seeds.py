@@ -106,6 +106,25 @@ def test_a_reserve_waits_for_the_round_before_it_then_runs_or_is_not_needed():
     assert contest.reserve_call("a", 2, c, [{"look": 1, "step": 2, "pruned": ["c"]}])[0] == RUN  # not waited for
 
 
+def test_a_running_reserve_stops_only_when_the_contest_is_decided_for_its_variant(tmp_path):
+    """decided_stop: the winner's running reserve stops once every other variant is pruned; not while two are
+    left, not a settled contest's (a later look may still prune), and never a first-round replicate (the worker
+    asks only for a reserve: auto_seeds.decided_reserve)."""
+    looks = [{"look": 1, "step": 2, "pruned": []}, {"look": 3, "step": 4, "pruned": ["b", "c"]}]
+    why = contest.decided_stop("a", 2, {"a", "b", "c"}, looks)
+    assert why == "a's replicate 3 not needed: the contest was decided at look 3 (step 4), a is the only variant left"
+    assert contest.decided_stop("a", 2, {"a", "b", "c"}, looks[:1]) is None
+    assert contest.decided_stop("a", 2, {"a", "b", "c"}, [{"look": 1, "step": 2, "pruned": ["b"]}]) is None
+    assert contest.decided_stop("b", 2, {"a", "b", "c"}, looks) is None  # b's replicates stop as pruned
+    settled = [{"look": 1, "step": 2, "pruned": [], "equivalent": {"b": {}}}]
+    assert contest.decided_stop("a", 2, {"a", "b"}, settled) is None
+    for v, i in (("a", 0), ("a", 1), ("a", 2), ("b", 2)):
+        _task(tmp_path, v, i)
+    (tmp_path / "decisions.jsonl").write_text(json.dumps({"look": 2, "step": 4, "pruned": ["b"]}) + "\n")
+    assert auto_seeds.decided_reserve(_task(tmp_path, "a", 2)).startswith("a's replicate 3 not needed")
+    assert auto_seeds.decided_reserve(_task(tmp_path, "a", 1)) is None  # the first round trains to the end
+
+
 def _task(run, variant, index, cap=4, steps=6, min_effect=None) -> TaskSpec:
     """A variants-stage task of a seeds=auto run, its task.json written as create_run_dir writes it."""
     config = {"seed": 0, "seeds": "auto", "auto_seeds": {"max": cap, "budget_device_hours": None}}

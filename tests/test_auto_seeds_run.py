@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from conftest import run_cli, run_dir_of
+from conftest import event_rows, run_cli, run_dir_of
 from test_prune import PLANTED
 
 pytestmark = pytest.mark.integration
@@ -97,6 +97,40 @@ def test_variants_that_cannot_be_told_apart_run_to_the_cap_and_the_report_says_s
     assert summary["auto_seeds"]["ran"] == {"r8": 3, "r32": 3}
     assert summary["auto_seeds"]["line"].endswith("r8, r32 reached auto_seeds.max=3 seeds undecided")
     assert (run_dir / "tasks" / "r8-s2" / "reserve.json").is_file()
+
+
+def test_a_reserve_still_running_when_its_contest_is_decided_stops_there(tmp_path):
+    """r8 at lr 3e-3, close to r32: 2 seeds cannot decide (p 0.016 at step 2, above the 2-seed looks' 0.0125), so
+    round 2 runs r8-s2 and r32-s2, and their look at 3 seeds prunes r8. r32-s2 ran only to decide: it stops within
+    a step, not_needed, at the step it reached. The report counts it as run and stopped, the cost prices the
+    steps it did not train in the fixed design, the verdict rests on r32's finished seeds, status says so."""
+    args = [a for a in AUTO if not a.startswith("variants.r8.train.lr")]
+    proc = run_cli(
+        *args, "variants.r8.train.lr=3e-3", "auto_seeds.max=3", f"run_root={tmp_path}", cwd=tmp_path, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = run_dir_of(proc)
+    got = results(run_dir)
+    looks = [json.loads(line) for line in (run_dir / "decisions.jsonl").read_text().splitlines()]
+    assert [(line["depth"], line["pruned"]) for line in looks][-1] == (3, ["r8"]), looks
+    assert got["r8-s2"]["exit_state"] == "pruned", got
+    stopped = got["r32-s2"]
+    assert stopped["exit_state"] == "not_needed" and 0 < stopped["step"] < 6, stopped
+    assert f"the contest was decided at look {looks[-1]['look']}" in stopped["reason"], stopped
+    steps = [r for r in event_rows(run_dir / "tasks" / "r32-s2") if r["event"] == "step"]
+    assert len(steps) == stopped["step"], (len(steps), stopped)
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    auto = summary["auto_seeds"]
+    assert auto["ran"] == {"r8": 3, "r32": 3} and not auto["not_run"], auto
+    assert auto["stopped"] == [f"r32-s2: stopped at step {stopped['step']}: {stopped['reason']}"], auto
+    assert auto["line"].endswith("the contest is decided: r32 is left; 1 stopped once decided"), auto
+    cost = summary["cost"]["tasks"]["r32-s2"]
+    assert cost["state"] == "not_needed" and cost["remaining_steps"] == 6 - stopped["step"], cost
+    assert summary["winner"]["variant"] == "r32" and summary["winner"]["decided"], summary["winner"]
+    assert summary["cost"]["to_decision"]["decided"], summary["cost"]["to_decision"]
+    status = run_cli("status", str(run_dir), "--json", cwd=run_dir, timeout=120)
+    tasks = {t["task"]: t for t in json.loads(status.stdout)["tasks"]}
+    assert tasks["r32-s2"]["ended_as"] == f"not needed (stopped at step {stopped['step']})", tasks["r32-s2"]
 
 
 def test_min_effect_settles_variants_that_train_alike_on_two_seeds(tmp_path):

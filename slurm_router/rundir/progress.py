@@ -123,11 +123,14 @@ def read_progress(task_dir: str | os.PathLike, running: bool, all_steps: bool = 
 
 def ended_as(end: list[dict]) -> str | None:
     """How the newest attempt's end row says the run's decision ended the task: 'pruned at step 4' (prune=true),
-    'not needed' (a seeds=auto reserve that never ran); None for any other end, or none yet."""
+    'not needed' (a seeds=auto reserve that never ran; 'not needed (stopped at step 7)' when its contest was decided
+    while it ran); None for any other end, or none yet."""
     state = end[0].get("exit_state") if end else None
     if state == "pruned":
         return f"pruned at step {end[0].get('step')}"
-    return "not needed" if state == "not_needed" else None
+    if state == "not_needed":  # a reserve stopped once its contest was decided has a step
+        return f"not needed (stopped at step {end[0]['step']})" if end[0].get("step") else "not needed"
+    return None
 
 
 def setup_failure(run_dir: str | Path | None, job_id: str | None) -> str | None:

@@ -233,13 +233,31 @@ def reserve_call(
     return WAIT, None
 
 
-def auto_line(looks: list[dict], ran: dict[str, int], not_run: list[str], cap: int) -> str:
+def decided_stop(variant: str, index: int, variants: set[str], looks: list[dict]) -> str | None:
+    """Why seeds=auto's running reserve replicate `index` (0-based) of `variant` stops now: the contest is decided
+    and `variant` is the one left, so the replicate, which ran only to decide, has nothing left to decide. None
+    otherwise (a pruned variant's replicates stop as pruned; an open or settled contest's run on)."""
+    if set(variants) - pruned_in(looks) != {variant}:
+        return None
+    line = max((line for line in looks if line["pruned"]), key=lambda line: line["look"])
+    return (
+        f"{variant}'s replicate {index + 1} not needed: the contest was decided at look {line['look']} (step "
+        f"{line['step']}), {variant} is the only variant left"
+    )
+
+
+def auto_line(
+    looks: list[dict], ran: dict[str, int], not_run: list[str], cap: int, stopped: list[str] | None = None
+) -> str:
     """The report's one line on seeds=auto: how many replicates each variant ran, and what stopped adding them
-    (the contest decided, the budget spent, or the cap reached undecided)."""
+    (the contest decided, the budget spent, or the cap reached undecided); `stopped`: the reserves that were
+    running when the contest was decided and stopped then (decided_stop)."""
     out = pruned_in(looks)
     alive = [v for v in ran if v not in out]
     seeds = ", ".join(f"{v} {n}" for v, n in ran.items())
     skipped = f"; {len(not_run)} reserve replicate{'s' if len(not_run) != 1 else ''} not run" if not_run else ""
+    if stopped:
+        skipped += f"; {len(stopped)} stopped once decided"
     settled = settled_by(looks)
     if len(alive) <= 1:
         why = f"the contest is decided: {alive[0]} is left" if alive else "the contest is decided"

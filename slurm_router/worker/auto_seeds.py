@@ -17,12 +17,12 @@ from slurm_router.fileio import atomic_write_text
 from slurm_router.rundir.layout import RunLayout, TaskPaths
 from slurm_router.rundir.lock import short_lock
 from slurm_router.verdict import AUTO_FIRST
-from slurm_router.verdict.contest import RUN, SKIP, Replicate, reserve_call
+from slurm_router.verdict.contest import RUN, SKIP, Replicate, decided_stop, reserve_call
 from slurm_router.worker.prune import ended, planned, read_looks, read_rows, replicate_index
 
 RESERVE_FILE = "reserve.json"
 POLL_S = 1.0
-NOT_NEEDED = "not_needed"  # a reserve's exit_state when it never ran
+NOT_NEEDED = "not_needed"  # a reserve's exit_state when it never ran, or stopped once its contest was decided
 
 
 def reserve_index(spec) -> int | None:
@@ -33,6 +33,16 @@ def reserve_index(spec) -> int | None:
         return None
     index = replicate_index(spec)
     return index if index >= AUTO_FIRST else None
+
+
+def decided_reserve(spec) -> str | None:
+    """Why this running seeds=auto reserve stops now: its contest was decided, its variant the one left
+    (verdict/contest.py decided_stop); None for any other task, or while the contest is open."""
+    index = reserve_index(spec)
+    if index is None:
+        return None
+    variants = {variant for variant, _, _ in planned(spec.run_dir)}
+    return decided_stop(spec.variant, index, variants, read_looks(spec.run_dir))
 
 
 def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float = POLL_S) -> dict | None:

@@ -26,6 +26,7 @@ from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.train.optim import lr_at
 from slurm_router.worker import state as train_state
+from slurm_router.worker.auto_seeds import NOT_NEEDED, decided_reserve
 from slurm_router.worker.microbatch import DeviceStep, batch_tensors, loss_sum
 from slurm_router.worker.profile import profile_step, profiled
 from slurm_router.worker.prune import LookWatch, Pruned
@@ -63,6 +64,9 @@ class Diverged(Exception):
         self.step, self.loss, self.lr = step, loss, lr
         self.message = f"diverged at step {step} (loss {loss}, lr {lr:g})"
         super().__init__(f"{self.message}: lower {key}")
+
+
+PRUNED, NOT_NEEDED_NOW = 1.0, 2.0  # prune(): what rank 0 learned, gathered so every rank ends the same way
 
 
 class Worker(WorkerSetup):
@@ -356,7 +360,8 @@ class Worker(WorkerSetup):
 
     def prune(self, step: int, evaluated: bool = True) -> Pruned | None:
         """prune=true, after an in-training evaluation (or, evaluated=False, before the first step and after a step
-        in which the run took a look): rank 0 learns
+        in which the run took a look): a seeds=auto reserve whose contest was decided for its variant ends
+        not_needed (worker/auto_seeds.py decided_reserve); otherwise rank 0 learns
         the run's decision about its variant (prune.py) and every rank learns it; a pruned variant's task ends
         here, its result says why."""
         if not self.cfg.get("prune") or self.spec.save_weights:
@@ -378,8 +383,17 @@ class Worker(WorkerSetup):
                 sources=self.eval_sources,
                 metrics=self.last_metrics,
             )
-        if not self.gather([1.0 if decision else 0.0])[0][0]:
+        unneeded = decided_reserve(self.spec) if self.rank == 0 and decision is None else None
+        flag = self.gather([PRUNED if decision else NOT_NEEDED_NOW if unneeded else 0.0])[0][0]
+        if not flag:
             return None
+        if flag == NOT_NEEDED_NOW:  # a seeds=auto reserve of the variant the contest was decided for
+            self.events.write(ev.EndRow(exit_state=NOT_NEEDED, step=step, detail=unneeded, steps=self.spec.steps))
+            self.close()
+            if self.rank == 0:
+                print(f"{self.spec.name}: {unneeded} (step {step})", flush=True)
+            result = {"exit_state": NOT_NEEDED, "reason": unneeded, "step": step, "steps": self.spec.steps}
+            return Pruned(step, result if self.rank == 0 else None)
         self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=decision.reason if decision else None))
         self.close()
         if self.rank != 0:
