@@ -68,9 +68,8 @@ def document(summary: dict, tables: dict) -> list[tuple]:
     verdict = winner + summary.get("diverged", []) + [r["sentence"] for r in summary["ab"]] + summary.get("pruned", [])
     verdict += [line for line in [contest.looks_line(summary.get("prune_looks") or [])] if line]
     verdict += [summary["auto_seeds"]["line"]] if summary.get("auto_seeds") else []  # and why reserves did not run
-    verdict += (summary.get("auto_seeds") or {}).get("not_run", []) + (summary.get("auto_seeds") or {}).get(
-        "stopped", []
-    )
+    auto = summary.get("auto_seeds") or {}
+    verdict += auto.get("not_run", []) + auto.get("stopped", [])  # reserves never run, or stopped once decided
     b += [("h", 2, "Verdict")] + ([("banner", summary["caveat"])] if summary.get("caveat") else [])
     b += [("ul", verdict or ["no variants to compare"])]
     b += _seeds_section(summary) + _metrics_section(summary)

@@ -142,7 +142,10 @@ def make_plan(
         tasks, fused = fusion.runs, fusion.fused
         summary = fusion.summary(int(width), cfg.resources.fuse_variants)
         if reserves:
-            summary += f"; seeds=auto's {len(reserves)} reserve(s) (each variant's seeds after its first {AUTO_FIRST}) run alone, after them"
+            summary += (
+                f"; seeds=auto's {len(reserves)} reserve(s) (each variant's seeds after its first {AUTO_FIRST}) "
+                "run alone, after them"
+            )
         for line in [*fusion.notes, summary]:
             print(line, flush=True)
     tasks += reserves  # after the groups (fuse_tasks indexed them 0..N-1; a member has its leader's index)
