@@ -28,6 +28,7 @@ def test_step_stats_round_trip_through_the_gathered_tensor():
         oom_padded=4096,
         oom_n=8,
         stop=15,
+        new_look=1,
         plan_digest=2**32 - 1,
     )
     row = s.pack()
@@ -37,7 +38,7 @@ def test_step_stats_round_trip_through_the_gathered_tensor():
     assert back == s
     assert all(type(getattr(back, f.name)) is (int if f.type == "int" else float) for f in dataclasses.fields(back))
     assert StepStats.unpack(StepStats().pack()) == StepStats()
-    with pytest.raises(ValueError, match="10 values, got 9"):
+    with pytest.raises(ValueError, match="11 values, got 10"):
         StepStats.unpack(row[:-1])
 
 

@@ -26,11 +26,11 @@ from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.train.optim import lr_at
 from slurm_router.worker import state as train_state
-from slurm_router.worker.auto_seeds import NOT_NEEDED, decided_reserve
+from slurm_router.worker.decisions import RunDecisions
 from slurm_router.worker.microbatch import DeviceStep, batch_tensors, loss_sum
 from slurm_router.worker.profile import profile_step, profiled
-from slurm_router.worker.prune import LookWatch, Pruned
-from slurm_router.worker.setup import COLLECTIVE_TIMEOUT_S, WorkerSetup  # noqa: F401  (COLLECTIVE_TIMEOUT_S: read from here)
+from slurm_router.worker.prune import Pruned
+from slurm_router.worker.setup import COLLECTIVE_TIMEOUT_S  # noqa: F401  (COLLECTIVE_TIMEOUT_S: read from here)
 from slurm_router.worker.step_stats import StepPlan, StepStats, plan_digest, step_row
 
 
@@ -66,10 +66,7 @@ class Diverged(Exception):
         super().__init__(f"{self.message}: lower {key}")
 
 
-PRUNED, NOT_NEEDED_NOW = 1.0, 2.0  # prune(): what rank 0 learned, gathered so every rank ends the same way
-
-
-class Worker(WorkerSetup):
+class Worker(RunDecisions):
     """One rank of one task: setup (setup.py), then per step plan -> run micro-batches -> sync -> learn ->
     observe, with evaluate and checkpoint when due."""
 
@@ -350,57 +347,6 @@ class Worker(WorkerSetup):
         """After an in-training evaluation: rank 0 of a variant saves adapter-best/ if this one improves it."""
         if self.rank == 0 and not self.spec.save_weights:
             self.adapters.after_eval(self.model, step, val_loss, self.judged(self.last_metrics))
-
-    def watch_looks(self) -> LookWatch | None:
-        """prune=true, rank 0: the run's looks, asked about after every step (worker/prune.py LookWatch); made
-        before the first check of the run's decisions, so no look falls between the two."""
-        if self.rank != 0 or not self.cfg.get("prune") or self.spec.save_weights:
-            return None
-        return LookWatch(self.spec.run_dir)
-
-    def prune(self, step: int, evaluated: bool = True) -> Pruned | None:
-        """prune=true, after an in-training evaluation (or, evaluated=False, before the first step and after a step
-        in which the run took a look): a seeds=auto reserve whose contest was decided for its variant ends
-        not_needed (worker/auto_seeds.py decided_reserve); otherwise rank 0 learns
-        the run's decision about its variant (prune.py) and every rank learns it; a pruned variant's task ends
-        here, its result says why."""
-        if not self.cfg.get("prune") or self.spec.save_weights:
-            return None
-        decision = None
-        if self.rank == 0 and not evaluated:
-            from slurm_router.worker.prune import decided
-
-            decision = decided(self.spec, step)
-        elif self.rank == 0:
-            from slurm_router.verdict.pruning import looks
-            from slurm_router.worker.prune import after_eval
-
-            decision = after_eval(
-                self.spec,
-                step,
-                *self.last_eval,
-                n_looks=looks(self.spec.steps, self.cfg.train.eval_every),
-                sources=self.eval_sources,
-                metrics=self.last_metrics,
-            )
-        unneeded = decided_reserve(self.spec) if self.rank == 0 and decision is None else None
-        flag = self.gather([PRUNED if decision else NOT_NEEDED_NOW if unneeded else 0.0])[0][0]
-        if not flag:
-            return None
-        if flag == NOT_NEEDED_NOW:  # a seeds=auto reserve of the variant the contest was decided for
-            self.events.write(ev.EndRow(exit_state=NOT_NEEDED, step=step, detail=unneeded, steps=self.spec.steps))
-            self.close()
-            if self.rank == 0:
-                print(f"{self.spec.name}: {unneeded} (step {step})", flush=True)
-            result = {"exit_state": NOT_NEEDED, "reason": unneeded, "step": step, "steps": self.spec.steps}
-            return Pruned(step, result if self.rank == 0 else None)
-        self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=decision.reason if decision else None))
-        self.close()
-        if self.rank != 0:
-            return Pruned(step)
-        assert decision is not None
-        print(decision.reason, flush=True)
-        return Pruned(step, {"exit_state": "pruned", **decision.as_dict(), "steps": self.spec.steps})
 
     def diverged(self, d: Diverged) -> dict | None:
         """The loss went non-finite: a variant's result says so (the run goes on, the report lists it as
