@@ -52,7 +52,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "experiment": (PLAN, "experiment=cfg.experiment"),
     "seed": (PLAN, "seed=cfg.seed"),
     "seeds": ("config/variants.py", "value = cfg.seeds"),
-    "prune": (WORKER, 'self.cfg.get("prune")'),
+    "prune": ("worker/decisions.py", 'self.cfg.get("prune")'),
     "auto_seeds.max": ("config/variants.py", '.get("max", 6)'),
     "auto_seeds.budget_device_hours": ("worker/auto_seeds.py", '.get("budget_device_hours")'),
     "auto_seeds.min_effect": ("worker/prune.py", 'auto.get("min_effect")'),

@@ -60,13 +60,13 @@ class WorkerSetup:
             backend = "gloo"
             # srun workers (attempt < 0, see job.py) are one Slurm task each, with their own allocation
             torch.set_num_threads(worker_threads(1 if self.spec.attempt < 0 else self.world))
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{self.master}",
-            rank=self.rank,
-            world_size=self.world,
-            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-        )
+        timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        if self.world == 1:  # no peer to meet: an in-process store, so no port can be taken between pick and bind
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend, init_method=f"tcp://{self.master}", rank=self.rank, world_size=self.world, timeout=timeout
+            )
         if self.spec.attempt < 0:  # srun workers (no job process above them): rank 0 counts, the others learn it
             from slurm_router.rundir.attempts import next_attempt
 
