@@ -376,16 +376,13 @@ def auto_seeds(run_dir: Path, every: list[Task], looks: list[dict]) -> dict | No
     config = next((_task_config(run_dir, t.name) for t in every if t.stage != "base"), {})
     if config.get("seeds") != "auto":
         return None
+    unneeded = {t.name: t.not_needed for t in every if t.not_needed}  # step 0: never ran
     ran: dict[str, int] = {}
     for t in every:
         if t.stage != "base":
-            ran[t.variant] = ran.get(t.variant, 0) + (0 if t.not_needed and not t.not_needed["step"] else 1)
-    not_run = [t.not_needed["detail"] for t in every if t.not_needed and not t.not_needed["step"]]
-    stopped = [
-        f"{t.name}: stopped at step {t.not_needed['step']}: {t.not_needed['detail']}"
-        for t in every
-        if t.not_needed and t.not_needed["step"]
-    ]
+            ran[t.variant] = ran.get(t.variant, 0) + (0 if t.name in unneeded and not unneeded[t.name]["step"] else 1)
+    not_run = [u["detail"] for u in unneeded.values() if not u["step"]]
+    stopped = [f"{n}: stopped at step {u['step']}: {u['detail']}" for n, u in unneeded.items() if u["step"]]
     cap = int((config.get("auto_seeds") or {}).get("max", 6))
     settled = contest.settled_by(looks)
     return {

@@ -255,7 +255,8 @@ def main() -> None:
         load.append(os.getloadavg()[0])
     import torch  # noqa: F401  (its version in the header)
 
-    same = all(r["winner"] == hf["winner"] and r["decided"] == hf["decided"] for r in (sr, unfused))
+    runs = (("first round fused", sr), ("every replicate its own task", unfused))
+    same = all(r["winner"] == hf["winner"] and r["decided"] == hf["decided"] for _, r in runs)
     verdict = lambda r: f"{r['winner']} ({'decided' if r['decided'] else 'not decided'})"  # noqa: E731
     rows = [
         ("slurm_router, first round fused (resources.fuse_variants=auto)", sr),
@@ -308,15 +309,11 @@ def main() -> None:
         *(
             f"Ratio (HF Trainer scripts / slurm_router, {how}): wall time {hf['wall_s'] / r['wall_s']:.2f}x, "
             f"device-hours {hf['device_hours'] / r['device_hours']:.2f}x.  "
-            for how, r in (("first round fused", sr), ("every replicate its own task", unfused))
+            for how, r in runs
         ),
         f"Same decision on all three: {'yes' if same else 'no'}.",
         "",
-        *(
-            line
-            for how, r in (("first round fused", sr), ("every replicate its own task", unfused))
-            for line in sr_lines(how, r, a.max_seeds)
-        ),
+        *(line for how, r in runs for line in sr_lines(how, r, a.max_seeds)),
         "The scripts' rounds (the user's decision after each):",
         "",
         *round_lines,

@@ -161,8 +161,10 @@ def contest_rule(
         looks = prune.read_looks(run)
         newly = {x for line in looks for x in line["pruned"]} - pruned_so_far
         pruned_so_far |= newly
+        if not newly:
+            continue
         for rv, rs in paces:
-            if (rv, rs) in stopped or not newly:
+            if (rv, rs) in stopped:
                 continue
             if rv in newly or (auto and rs >= AUTO_FIRST and decided_stop(rv, rs, set(design.variants), looks)):
                 end(rv, rs, step_at(paces[rv, rs], t, design.steps))  # a decided contest's running reserve too

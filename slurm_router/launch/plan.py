@@ -29,6 +29,7 @@ from slurm_router.launch.fuse import fuse_tasks
 from slurm_router.rundir.spec import Stage, TaskSpec, task_name
 from slurm_router.train import base_dropout
 from slurm_router.verdict import AUTO_FIRST
+from slurm_router.worker.auto_seeds import reserve_index
 
 # model keys that shape the base's weights (lora and dtype do not: every variant can fine-tune the same base)
 SHAPE_KEYS = ("kind", "name_or_path", "n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
@@ -127,7 +128,7 @@ def make_plan(
     fused: list[TaskSpec] = []
     # seeds=auto: only the first round is fused; a reserve waits for its round's call (worker/auto_seeds.py), so it
     # runs alone, queued after every group
-    reserves = [t for t in tasks if cfg.get("seeds") == "auto" and t.seed - cfg.seed >= AUTO_FIRST]
+    reserves = [t for t in tasks if reserve_index(t) is not None]
     tasks = [t for t in tasks if t not in reserves]
     width = cfg.resources.fuse_variants
     if width == FUSE_AUTO:

@@ -10,6 +10,7 @@ from slurm_router.rundir import events as ev
 from slurm_router.worker.auto_seeds import NOT_NEEDED, decided_reserve
 from slurm_router.worker.prune import LookWatch, Pruned
 from slurm_router.worker.setup import WorkerSetup
+from slurm_router.worker.step_stats import StepStats
 
 PRUNED, NOT_NEEDED_NOW = 1.0, 2.0  # what rank 0 learned, gathered so every rank ends the same way
 
@@ -26,6 +27,11 @@ class RunDecisions(WorkerSetup):
         if self.rank != 0 or not self.cfg.get("prune") or self.spec.save_weights:
             return None
         return LookWatch(self.spec.run_dir)
+
+    def look_taken(self, step: int, stats: list[StepStats]) -> bool:
+        """Whether, after `step`, the run's decisions are worth asking without an evaluation: a look was taken since
+        the step before (rank 0's LookWatch flag, gathered with the step's stats) and steps remain."""
+        return step + 1 < self.spec.steps and any(s.new_look for s in stats)
 
     def prune(self, step: int, evaluated: bool = True) -> Pruned | None:
         """prune=true, after an in-training evaluation (or, evaluated=False, before the first step and after a step

@@ -173,7 +173,7 @@ class FusedWorker(Worker):
                     member, judged = MemberAdapter(v.member), self.judged(v.last_metrics)
                     v.adapters(self.tokenizer).after_eval(member, step + 1, self._last_val[v.k], judged)
             self._prune(step + 1)
-        elif step + 1 < self.spec.steps and any(s.new_look for s in stats):  # another task's look
+        elif self.look_taken(step, stats):  # another task's look
             self._prune(step + 1, evaluated=False)
         signum = max(s.stop for s in stats)
         stop = signum and step + 1 < self.spec.steps

@@ -165,7 +165,7 @@ class Worker(RunDecisions):
         due = every_eval and (step + 1) % every_eval == 0 and step + 1 < self.spec.steps
         if due:
             self.keep_best(step + 1, self.evaluate(step + 1))
-        if due or (step + 1 < self.spec.steps and any(s.new_look for s in stats)):  # another task's look
+        if due or self.look_taken(step, stats):  # an evaluation, or another task's look
             pruned = self.prune(step + 1, evaluated=bool(due))
             if pruned is not None:
                 return pruned
