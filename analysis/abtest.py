@@ -29,7 +29,7 @@ import numpy as np
 from slurm_router.analysis.load import Task
 from slurm_router.config.metrics import LOSS
 from slurm_router.rundir.layout import FULL_MODEL
-from slurm_router.verdict import sentences, stats
+from slurm_router.verdict import judge, sentences, stats
 from slurm_router.verdict.sentences import one_seed
 
 
@@ -216,12 +216,16 @@ def trained(reps: list[Replicate]) -> dict:
 
 
 def _decide(rows: list[dict], groups: dict[str, list[Replicate]], adapters: dict | None) -> None:
-    """Holm over the pairs of variants, each row's decision and sentence (verdict/sentences.py), then the
-    winner's adapter and the not-final note."""
+    """The one judgement over the pairs of variants, each row's decision and sentence (verdict/sentences.py), the
+    interval at the level each claim was judged, then the winner's adapter and the not-final note."""
     sentences.decide_rows(rows)
     for r in rows:
         if "p" not in r:
             continue
+        if "p_adjusted" in r:  # the interval the report draws beside the adjusted p: the level Holm gave the claim
+            side_a, side_b = trained(groups[r["a"]]), trained(groups[r["b"]])
+            low, high, coverage = judge.adjusted_interval(side_a, side_b, r["p"], r["p_adjusted"])
+            r.update(ci_adjusted_low=low, ci_adjusted_high=high, ci_adjusted_coverage=coverage)
         if r["significant"] and r["b"] != "base":
             won = r["a"] if r["diff"] < 0 else r["b"]
             r["sentence"] += f"; {_weights_text(*best_adapter(groups[won], adapters, r.get('metric', LOSS)))}"

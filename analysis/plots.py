@@ -103,7 +103,7 @@ def forest(summary: dict, out: Path) -> str | None:
         other = r["b"] if r["a"] == best else r["a"]
         sign = 1 if r["a"] == other else -1  # other minus best
         lo, hi = sorted((sign * r["ci_low"], sign * r["ci_high"]))
-        rows.append((other, sign * r["diff"], lo, hi, bool(r.get("significant")), r.get("p_holm", r.get("p"))))
+        rows.append((other, sign * r["diff"], lo, hi, bool(r.get("significant")), r.get("p_adjusted", r.get("p"))))
     if any(r[0] != "base" for r in rows):
         rows = [r for r in rows if r[0] != "base"]
     if not rows:

@@ -199,8 +199,8 @@ def decide(sides: dict[str, dict]) -> dict:
     decided)."""
     import numpy as np
 
-    from slurm_router.verdict.sentences import significant
-    from slurm_router.verdict.stats import compare, holm
+    from slurm_router.verdict.judge import adjust, decided
+    from slurm_router.verdict.stats import compare
 
     mean = {
         v: float(np.mean([sum(r["loss_sums"]) / sum(r["tokens"]) for r in reps.values()])) for v, reps in sides.items()
@@ -209,11 +209,10 @@ def decide(sides: dict[str, dict]) -> dict:
     names = list(sides)
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     diffs = [compare(sides[a], sides[b]) for a, b in pairs]
-    adjusted = holm([d.p for d in diffs])
+    adjusted, _ = adjust([d.p for d in diffs])  # the report's one judgement, not a float-order gap
     worse = []
     for (a, b), d, p in zip(pairs, diffs, adjusted):
-        row = {"p": d.p, "p_holm": p, "diff": d.diff}  # the report's test: Holm-adjusted p, not a float-order gap
-        if best in (a, b) and significant(row) and (a if d.diff < 0 else b) == best and d.training_noise:
+        if best in (a, b) and decided(p, d.diff) and (a if d.diff < 0 else b) == best and d.training_noise:
             worse.append(b if a == best else a)
     return {"winner": best, "decided": len(worse) == len(names) - 1, "worse": sorted(worse), "val_loss": mean}
 

@@ -26,9 +26,9 @@ def test_a_clear_loser_is_pruned_and_says_why_the_best_never_is():
     assert pruning.decide(g, "a", 10, 4) is None and pruning.decide(g, "b", 10, 4) is None
     d = pruning.decide(g, "c", 10, 4, task="c-s1")
     assert d is not None and d.best in ("a", "b") and d.diff > 0.09 and d.ci_low > 0
-    assert d.n_compared == 2 and abs(d.threshold - 0.05 / 4) < 1e-12 and d.p_holm < d.threshold and d.training_noise
+    assert d.family == 6 and abs(d.threshold - 0.05 / 4) < 1e-12 and d.p_adjusted < d.threshold and d.training_noise
     assert d.reason.startswith(f"c-s1: pruned at step 10: worse than {d.best} by 0.1")
-    assert "Holm-adjusted over 2 variants" in d.reason and "below 0.0125 = 5% / 4 looks" in d.reason
+    assert "Holm-adjusted over the 6 ordered pairs of 3 variants" in d.reason and "below 0.0125 = 5% / 4 looks" in d.reason
     assert "c 3 seeds, " in d.reason and "x 32 eval batches" in d.reason
 
 

@@ -320,7 +320,7 @@ def test_three_seeds_three_variants_verdict_and_report(tmp_path):
     assert set(pairs) == {("r8", "r32"), ("r8", "r4"), ("r32", "r4"), ("r8", "base"), ("r32", "base"), ("r4", "base")}
     for (a, b), r in pairs.items():
         assert "3 seeds x 32 eval batches" in r["sentence"], r["sentence"]
-        assert ("Holm-adjusted for 3 comparisons" in r["sentence"]) == (b != "base")
+        assert ("Holm-adjusted over the 6 ordered pairs of 3 variants" in r["sentence"]) == (b != "base")
         assert r["diff"] == pytest.approx(
             s["by_variant"][a]["val_loss_mean"]
             - (s["base"]["val_loss"] if b == "base" else s["by_variant"][b]["val_loss_mean"]),

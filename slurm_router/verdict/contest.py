@@ -162,7 +162,7 @@ def decision_for(looks: list[dict], variant: str, step: int, task: str | None = 
     """What the run decided about `variant` so far, as its replicate `task` stopping at `step` says it."""
     for line in looks:
         if variant in line["pruned"]:
-            d = Decision(**{**line["decisions"][variant], "step": step, "compared_step": line["step"]})
+            d = Decision.from_dict({**line["decisions"][variant], "step": step, "compared_step": line["step"]})
             d.look = line["look"]
             d.reason = reason(task if task and task != variant else variant, d)
             return d

@@ -32,9 +32,9 @@ class Decision:
     ci_low: float
     ci_high: float
     p: float
-    p_holm: float
-    threshold: float  # (1 - LEVEL) / looks: the prune level
-    n_compared: int  # variants compared with the best (Holm's family)
+    p_adjusted: float  # verdict/judge.py: Holm over every ordered pair of the variants at the look
+    threshold: float  # the look's share of 1 - LEVEL (verdict/contest.py spend)
+    family: int  # the claims Holm adjusted over: k(k-1) for k variants at the look
     looks: int
     n_seeds: int
     n_seeds_best: int
@@ -45,6 +45,18 @@ class Decision:
     metric: str = "loss"  # what it is worse in: held-out loss, or eval.primary's task metric
     look: int = 0  # the run's look that decided it (verdict/contest.py); 0: a table decided on its own
     spending: str = ""  # how the threshold was set, when not 5% / looks (seeds=auto: verdict/contest.py Auto)
+    adjustment: str = "holm-ordered-pairs"  # verdict/judge.py ADJUSTMENT
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Decision:
+        """A decisions.jsonl entry, also one written before the one judgement (p_holm over the k - 1 variants
+        compared with the best)."""
+        d = dict(d)
+        if "p_holm" in d:
+            d["p_adjusted"] = d.pop("p_holm")
+            d["family"] = d.pop("n_compared", 1)
+            d["adjustment"] = "holm-vs-best"
+        return cls(**d)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -88,48 +100,67 @@ def look_at(
     single_seed_ok: bool = False,
     metric: str = "loss",
 ) -> dict[str, Decision]:
-    """{variant: Decision} of every variant a look at this table prunes: worse than the best, training noise in
-    the interval, Holm-adjusted p below `threshold`."""
+    """{variant: Decision} of every variant a look at this table prunes: some other variant is better than it by a
+    claim the one judgement decides at `threshold` (verdict/judge.py: Holm over every ordered pair, so a variant as
+    good as the best is pruned with chance at most `threshold`, for any number of variants), with training noise in
+    the interval. It names the variant whose claim against it is strongest. Seeds whose held-out numbers are not
+    finite (a diverged replicate) are left out; a variant with none left is not compared."""
+    from slurm_router.verdict import judge, stats  # scipy: imported when a prune decision is made, not by every worker
+
+    groups = finite_groups(groups)
     if len(groups) < 2:
         return {}
-    from slurm_router.verdict import stats  # scipy: imported when a prune decision is made, not by every worker
-
-    best = min(groups, key=lambda v: mean_loss(groups[v]))
+    names = list(groups)
     rows = {}
-    for other in groups:
-        if other == best:
-            continue
-        try:
-            rows[other] = stats.compare(groups[other], groups[best], level=level)
-        except ValueError:  # not comparable (other eval batches): never a reason to prune
-            continue
-    names = list(rows)
-    adjusted = dict(zip(names, stats.holm([rows[n].p for n in names])))
-    out = {}
-    for variant, r in rows.items():
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            try:
+                rows[a, b] = stats.compare(groups[a], groups[b], level=level)
+            except ValueError:  # not comparable (other eval batches): never a reason to prune
+                continue
+    pairs = list(rows)
+    adjusted, family = judge.adjust([rows[p].p for p in pairs])
+    out: dict[str, Decision] = {}
+    for (a, b), p_adjusted in zip(pairs, adjusted):
+        r = rows[a, b]
+        loser, best = (a, b) if r.diff > 0 else (b, a)
         # Training noise must be in the interval: with one seed on a side (so far), eval-sample noise alone would
         # stop equally good variants most of the time (benchmarks/results/verdict_calibration.md).
-        if not ((r.training_noise or single_seed_ok) and r.diff >= NEGLIGIBLE and adjusted[variant] < threshold):
+        if not ((r.training_noise or single_seed_ok) and judge.decided(p_adjusted, r.diff, threshold)):
             continue
-        out[variant] = Decision(
-            variant=variant,
+        if loser in out and out[loser].p_adjusted <= p_adjusted:
+            continue
+        flip = loser != a  # the Decision reads loser minus best
+        out[loser] = Decision(
+            variant=loser,
             step=step,
             best=best,
-            diff=r.diff,
-            ci_low=r.ci_low,
-            ci_high=r.ci_high,
+            diff=-r.diff if flip else r.diff,
+            ci_low=-r.ci_high if flip else r.ci_low,
+            ci_high=-r.ci_low if flip else r.ci_high,
             p=r.p,
-            p_holm=adjusted[variant],
+            p_adjusted=p_adjusted,
             threshold=threshold,
-            n_compared=len(names),
+            family=family,
             looks=max(1, n_looks),
-            n_seeds=r.n_seeds_a,
-            n_seeds_best=r.n_seeds_b,
+            n_seeds=r.n_seeds_b if flip else r.n_seeds_a,
+            n_seeds_best=r.n_seeds_a if flip else r.n_seeds_b,
             n_batches=r.n_batches,
             training_noise=r.training_noise,
             compared_step=step,
             metric=metric,
         )
+    return out
+
+
+def finite_groups(groups: dict[str, dict[int, dict]]) -> dict[str, dict[int, dict]]:
+    """`groups` without the seeds whose held-out sums are not all finite (a replicate that diverged: NaN never
+    reaches a test, and a NaN variant is never the best), and without a variant left with no seed."""
+    out = {}
+    for v, side in groups.items():
+        kept = {s: r for s, r in side.items() if np.isfinite(np.asarray(r["loss_sums"], float)).all()}
+        if kept:
+            out[v] = kept
     return out
 
 
@@ -163,7 +194,9 @@ def reason(who: str, d: Decision) -> str:
     Holm-adjusted over 2 variants p = 2e-05, below 0.0167 = 5% / 3 looks; r4 2 seeds, r32 2 seeds x 16 eval
     batches at step 8, the run's look 2)'."""
     nd = 3 if max(abs(d.ci_low), abs(d.ci_high)) >= 0.01 else 4
-    family = f"Holm-adjusted over {d.n_compared} variants {_p(d.p_holm)}, " if d.n_compared > 1 else ""
+    from slurm_router.verdict.judge import family_words
+
+    family = f"Holm-adjusted over {family_words(d.family)} {_p(d.p_adjusted)}, " if d.family > 2 else ""
     units = "eval batches" if d.metric == "loss" else "example clusters"
     seeds = f"{d.variant} {_n(d.n_seeds, 'seed')}, {d.best} {_n(d.n_seeds_best, 'seed')} x {d.n_batches} {units}"
     if d.look:

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from slurm_router.verdict import LEVEL, NEGLIGIBLE, stats
+from slurm_router.verdict import LEVEL, NEGLIGIBLE, judge, stats
 
 N_BOOT = 2000
 SEED = 0  # fixed: the same run gives the same report, every time it is regenerated
 
 
 def decide_rows(rows: list[dict]) -> None:
-    """Holm over the pairs of variants (rows whose b is not "base"), then each compared row's `significant` and
-    `sentence`."""
+    """The one judgement (verdict/judge.py) over the pairs of variants (rows whose b is not "base"): each row's
+    adjusted p (`p_adjusted`, `adjustment`, `family`), `significant` and `sentence`. A row against the base asks
+    its own question (did this variant learn?) and is judged on its own p."""
     family = [r for r in rows if r["b"] != "base" and "p" in r]
-    if len(family) > 1:
-        for r, adjusted in zip(family, stats.holm([r["p"] for r in family])):
-            r.update(p_holm=adjusted, holm_m=len(family))
+    adjusted, size = judge.adjust([r["p"] for r in family])
+    for r, p_adjusted in zip(family, adjusted):
+        r.update(p_adjusted=p_adjusted, adjustment=judge.ADJUSTMENT, family=size)
     for r in rows:
         if "p" in r:
             r["significant"] = significant(r)
@@ -31,8 +32,8 @@ def decide_rows(rows: list[dict]) -> None:
 
 
 def significant(r: dict) -> bool:
-    """Below the level (Holm-adjusted when the row has it) and larger than float reduction order."""
-    return bool(r.get("p_holm", r["p"]) < 1 - LEVEL and abs(r["diff"]) >= NEGLIGIBLE)
+    """The one rule (verdict/judge.decided) at 5%, on the row's adjusted p when it has one."""
+    return judge.decided(r.get("p_adjusted", r["p"]), r["diff"])
 
 
 def sentence(name_a: str, name_b: str, r: dict) -> str:
@@ -48,10 +49,17 @@ def sentence(name_a: str, name_b: str, r: dict) -> str:
             f"{name_a} vs {name_b}: no difference detectable: {shown:+.2g} {unit}, below "
             f"{NEGLIGIBLE:g} (float rounding, not an effect; {how})"
         )
-    p = _p(r["p"]) + (f", Holm-adjusted for {r['holm_m']} comparisons {_p(r['p_holm'])}" if "p_holm" in r else "")
+    adjusted = r.get("family", 0) > 2  # one pair: its adjusted p is its own
+    p = _p(r["p"]) + (f", Holm-adjusted over {judge.family_words(r['family'])} {_p(r['p_adjusted'])}" if adjusted else "")
+    if r["se"] == 0:  # the same difference on every seed and eval batch: no noise to judge it against
+        return (
+            f"{name_a} vs {name_b}: not judged: {shown:+.{nd}f} {unit} on every seed and "
+            f"{'example' if r.get('metric') else 'eval batch'} alike, so there is no noise to measure it against "
+            f"(more eval samples, or seeds=3, give it some; {how})"
+        )
     if not r["significant"]:
         covers = r["ci_low"] <= 0 <= r["ci_high"]
-        after = "" if covers else f" after Holm's correction for {r['holm_m']} comparisons"
+        after = "" if covers or not adjusted else f" after Holm's correction over {judge.family_words(r['family'])}"
         return (
             f"{name_a} vs {name_b}: no difference detectable{after}: {shown:+.{nd}f} +/- {r['se']:.{nd}f} "
             f"{unit} (95% CI {low:+.{nd}f} to {high:+.{nd}f}"

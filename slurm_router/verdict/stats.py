@@ -143,6 +143,8 @@ def compare(a: dict, b: dict, b_fixed: bool = False, level: float = LEVEL) -> Di
     a, b = by_cluster(a, b)
     seeds_a, xa = table(a)
     seeds_b, xb = table(b)
+    if not (np.isfinite(xa).all() and np.isfinite(xb).all()):
+        raise ValueError("a held-out number is not finite (a diverged replicate): the losses cannot be compared")
     if xa.shape[1] != xb.shape[1]:
         raise ValueError(f"different eval batches ({xa.shape[1]} vs {xb.shape[1]}): the losses cannot be paired")
     tokens = {tuple(np.asarray(r["tokens"], float)) for r in (*a.values(), *b.values())}
@@ -220,8 +222,9 @@ def _finish(diff, parts, level, n_a, n_b, n_paired, B, method) -> Difference:
     se = float(np.sqrt(sum(v for v, _ in parts)))
     if se > 0:
         half, p = half_width(parts, 1 - level), p_value(diff, parts)
-    else:  # no spread at all (identical tasks): the difference is exact
-        half, p = 0.0, 1.0 if diff == 0 else 0.0
+    else:  # no spread at all: identical tasks, or a difference the same on every seed and batch (a constant
+        # metric). Nothing measures its noise, so it is never a finding (verdict/judge.py); p 1, not 0.
+        half, p = 0.0, 1.0
     df = satterthwaite(parts) if parts else float("inf")
     return Difference(
         diff=diff,
