@@ -60,8 +60,8 @@ from provenance import check, header, write  # noqa: E402
 from verdict_calibration import simulate  # noqa: E402
 
 from slurm_router.rundir.layout import RESULT_FILE  # noqa: E402
-from slurm_router.verdict import AUTO_FIRST  # noqa: E402
-from slurm_router.verdict.contest import decided_stop  # noqa: E402
+from slurm_router.verdict import AUTO_FIRST, GRACE  # noqa: E402
+from slurm_router.verdict.contest import Schedule, decided_stop  # noqa: E402
 from slurm_router.verdict.pruning import decide, mean_loss  # noqa: E402
 from slurm_router.worker import prune  # noqa: E402
 
@@ -84,6 +84,7 @@ class Design:
     eval_steps: tuple[int, ...] = EVAL_STEPS
     steps: int = STEPS
     final: int | None = None
+    grace: float = GRACE  # the production default (verdict/contest.py Schedule): looks from half of training on
 
     @property
     def final_step(self) -> int:
@@ -153,8 +154,8 @@ def contest_rule(
         spec = SimpleNamespace(task_dir=run / "tasks" / name, run_dir=run, variant=v, seed=s, name=name, config=config)
         spec.task_dir.mkdir(parents=True, exist_ok=True)
         row = tabs[step][v][s]
-        n_looks = len(design.eval_steps)
-        if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], n_looks, row.get("sources")) is not None:
+        schedule = Schedule(tuple(design.eval_steps), design.steps, grace=design.grace)
+        if prune.after_eval(spec, step, row["loss_sums"], row["tokens"], schedule, row.get("sources")) is not None:
             end(v, s, step)
         elif step == design.eval_steps[-1]:
             end(v, s, design.steps)

@@ -15,9 +15,11 @@ from verdict_calibration import simulate
 from slurm_router.errors import UserError
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.verdict import contest
-from slurm_router.verdict.contest import RUN, SKIP, WAIT, Auto, Replicate
+from slurm_router.verdict.contest import RUN, SKIP, WAIT, Auto, Replicate, Schedule
 from slurm_router.verdict.pruning import equivalent
 from slurm_router.worker import auto_seeds, prune
+
+TWO_LOOKS = Schedule((2, 4), 5, grace=0)  # the looks at steps 2 and 4 these simulated rounds evaluate at
 
 
 def _cfg(**over):
@@ -193,7 +195,7 @@ def simulated_rounds(run, rng, effect: float, min_effect: float | None = None) -
         rounds += 1
         for step in (2, 4):
             for v, i in batch:
-                prune.after_eval(specs[v, i], step, *rows[v][i].values(), n_looks=2)
+                prune.after_eval(specs[v, i], step, *rows[v][i].values(), schedule=TWO_LOOKS)
         for v, i in batch:
             (run / "tasks" / f"{v}-s{i}" / "result.json").write_text("{}")
     return rounds, prune.read_looks(run)
@@ -267,7 +269,7 @@ def test_a_look_waits_for_every_variants_first_round_seen_or_not(tmp_path):
         def evaluate(v: str, i: int):
             row = sides[v][i]
             return prune.after_eval(specs[v, i], 2, [float(x) for x in row["loss_sums"]], [int(t) for t in row["tokens"]],
-                                    n_looks=2)  # fmt: skip
+                                    schedule=TWO_LOOKS)  # fmt: skip
 
         for v, i in (("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1)):
             evaluate(v, i)

@@ -14,7 +14,10 @@ from verdict_calibration import band, prune_rates, simulate
 
 from slurm_router.verdict import contest, pruning
 from slurm_router.worker import prune
+from slurm_router.verdict.contest import Schedule
 from slurm_router.worker.cpu import available_cores
+
+EVERY_5 = Schedule((5, 10, 15, 20), 25, grace=0)  # 4 looks: these tests drive the protocol, not the grace period
 
 
 def groups(rng, effects, n_seeds=3, names=("a", "b", "c")) -> dict:
@@ -163,7 +166,7 @@ def test_a_loser_that_ran_ahead_is_decided_at_the_step_everyone_reached(tmp_path
             (tmp_path / "tasks" / f"{variant}-s{seed}").mkdir(parents=True)
             for step in (2, 4) if variant == "bad" else (2,):  # good has not reached step 4 yet
                 prune.record(tmp_path / "tasks" / f"{variant}-s{seed}", step, variant, seed, *row.values())
-    d = prune.after_eval(_spec(tmp_path, "bad", 0), 4, *bad[0].values(), n_looks=3)
+    d = prune.after_eval(_spec(tmp_path, "bad", 0), 4, *bad[0].values(), schedule=Schedule((2, 4, 6), 8, grace=0))
     assert d is not None and d.step == 4 and d.compared_step == 2 and d.best == "good" and d.look == 1
     assert d.reason.startswith("bad-s0: pruned at step 4: worse than good by")
     assert "at step 2, the run's look 1" in d.reason and "5% / 3 looks" in d.reason
@@ -178,17 +181,17 @@ def test_a_look_is_taken_once_for_the_run_and_every_replicate_follows_it(tmp_pat
     seen = []
     for variant, seed in order:
         row = (good if variant == "good" else bad)[seed]
-        seen.append(prune.after_eval(_spec(tmp_path, variant, seed), 5, *row.values(), n_looks=4))
+        seen.append(prune.after_eval(_spec(tmp_path, variant, seed), 5, *row.values(), schedule=EVERY_5))
     assert seen[:3] == [None, None, None] and seen[3] is not None
     looks = prune.read_looks(tmp_path)
     assert [(line["look"], line["step"], line["pruned"]) for line in looks] == [(1, 5, ["bad"])]
     assert looks[0]["rows"] == {"bad": [0, 1], "good": [0, 1]} and looks[0]["threshold"] == pytest.approx(0.05 / 4)
-    other = prune.decide_after(_spec(tmp_path, "bad", 0), 10, n_looks=4)  # its next evaluation
+    other = prune.decide_after(_spec(tmp_path, "bad", 0), 10, schedule=EVERY_5)  # its next evaluation
     assert other is not None and (other.step, other.compared_step, other.look) == (10, 5, 1)
     assert other.reason.startswith("bad-s0: pruned at step 10: worse than good")
     late = prune.decided(_spec(tmp_path, "bad", 2), 0)  # a replicate starting now ends before its first step
     assert late is not None and (late.step, late.compared_step) == (0, 5) and late.reason.startswith("bad-s2: pruned")
-    again = prune.after_eval(_spec(tmp_path, "good", 1), 5, *good[1].values(), n_looks=4)  # after a requeue
+    again = prune.after_eval(_spec(tmp_path, "good", 1), 5, *good[1].values(), schedule=EVERY_5)  # after a requeue
     assert again is None and len(prune.read_looks(tmp_path)) == 1
 
 
@@ -205,7 +208,7 @@ def test_looks_go_forward_at_most_one_per_evaluation_whatever_the_arrival_order(
             v, s = list(queues)[rng.integers(len(queues))]
             step = queues[v, s].pop(0)
             row = (good if v == "good" else other)[s]
-            prune.after_eval(_spec(run, v, s), step, *row.values(), n_looks=len(steps))
+            prune.after_eval(_spec(run, v, s), step, *row.values(), schedule=Schedule(tuple(steps), 15, grace=0))
             if not queues[v, s]:
                 del queues[v, s]
         looks = prune.read_looks(run)

@@ -6,3 +6,6 @@ LEVEL = 0.95  # every interval's coverage; 1 - LEVEL is the level a decision mus
 # Below this a difference is float reduction order (routing changes it, never the math), not an effect.
 NEGLIGIBLE = 1e-4  # nats per token
 AUTO_FIRST = 2  # seeds=auto: every variant starts with 2 replicates; later ones are reserves (verdict/contest.py Auto)
+# prune=true looks only from this share of the longest training on (verdict/contest.py Schedule): the decision users
+# care about is the end of training, and curves that cross are still crossing early (docs/design/pruning.md).
+GRACE = 0.5

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurm_router.verdict import AUTO_FIRST, LEVEL
+from slurm_router.verdict import AUTO_FIRST, GRACE, LEVEL
 from slurm_router.verdict.pruning import Decision, equivalent, look_at, reason
 
 Tables = dict[int, dict[str, dict[int, dict]]]  # {step: {variant: {seed: row}}}, worker/prune.py read_steps
@@ -49,6 +49,35 @@ class Auto:
         if depth <= AUTO_FIRST or self.cap == AUTO_FIRST + 1:
             return f"half of 5% / {n_looks} looks at {min(depth, self.cap)} seeds"
         return f"half of 5% / {self.cap - AUTO_FIRST} depths (3-{self.cap} seeds) / {n_looks} looks"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The run's looks, fixed when the run is planned (docs/design/pruning.md, "When the run looks"): every planned
+    task's in-training evaluation steps and training steps (variants may set their own train.steps and
+    train.eval_every). A look is taken only at one of these steps, and only from GRACE of the longest training on
+    (ASHA's grace period, as a share of training): what users decide by is the end of training, and curves that
+    cross (learning rates, ranks) are still crossing early. L, the looks every look's level is a share of, is the
+    number of such steps: the same for every task, whichever one takes a look, so no schedule overspends."""
+
+    eval_steps: tuple[int, ...]
+    steps: int
+    grace: float = GRACE
+
+    @classmethod
+    def of(cls, tasks: list[tuple[int, int]], grace: float = GRACE) -> Schedule:
+        """From each planned task's (train.steps, train.eval_every): its evaluations at every eval_every-th step
+        before its last (the worker's; eval_every 0: none)."""
+        evals = {s for steps, every in tasks if every > 0 for s in range(every, steps, every)}
+        return cls(tuple(sorted(evals)), max((steps for steps, _ in tasks), default=0), grace)
+
+    @property
+    def look_steps(self) -> tuple[int, ...]:
+        return tuple(s for s in self.eval_steps if s >= self.grace * self.steps)
+
+    @property
+    def n_looks(self) -> int:
+        return max(1, len(self.look_steps))
 
 
 def spend(look: int, n_looks: int, level: float = LEVEL, depth: int = 0, auto: Auto | None = None) -> float:
@@ -94,10 +123,15 @@ def settled_words(line: dict) -> str:
 
 
 def next_look(
-    tables: Tables, ended: dict[tuple[str, int], int], looks: list[dict], auto: Auto | None = None
+    tables: Tables,
+    ended: dict[tuple[str, int], int],
+    looks: list[dict],
+    auto: Auto | None = None,
+    schedule: Schedule | None = None,
 ) -> int | None:
     """The step the run looks at now, or None. ended: {(variant, seed): last step recorded} of replicates that
-    finished (their result is written): one is waited for only at steps it reached. auto: seeds=auto, where a
+    ended (its result written, or it failed): one is waited for only at steps it reached. schedule: the run's
+    (Schedule): only its look steps are looked at (None: any step, as a table alone). auto: seeds=auto, where a
     step is looked at again once a later round has added seeds there, and every variant's first round
     (Auto.first_round) is waited for, seen yet or not."""
     out = set(pruned_in(looks))
@@ -110,7 +144,8 @@ def next_look(
                 seen.setdefault(variant, set()).update(side)
     ready = []
     planned = [(v, s) for v, s in auto.first_round if v not in out] if auto is not None else []
-    for step in sorted(s for s in tables if auto is not None or s > after):
+    allowed = set(schedule.look_steps) if schedule is not None else set(tables)
+    for step in sorted(s for s in tables if (auto is not None or s > after) and s in allowed):
         here = tables[step]
         due = {(v, s) for v, seeds in seen.items() for s in seeds} | set(planned)
         due = {(v, s) for v, s in due if not ((v, s) in ended and ended[v, s] < step)}

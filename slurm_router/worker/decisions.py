@@ -47,16 +47,10 @@ class RunDecisions(WorkerSetup):
 
             decision = decided(self.spec, step)
         elif self.rank == 0:
-            from slurm_router.verdict.pruning import looks
             from slurm_router.worker.prune import after_eval
 
             decision = after_eval(
-                self.spec,
-                step,
-                *self.last_eval,
-                n_looks=looks(self.spec.steps, self.cfg.train.eval_every),
-                sources=self.eval_sources,
-                metrics=self.last_metrics,
+                self.spec, step, *self.last_eval, sources=self.eval_sources, metrics=self.last_metrics
             )
         unneeded = decided_reserve(self.spec) if self.rank == 0 and decision is None else None
         flag = self.gather([PRUNED if decision else NOT_NEEDED_NOW if unneeded else 0.0])[0][0]

@@ -199,8 +199,7 @@ class FusedWorker(Worker):
     def _prune(self, step: int, evaluated: bool = True) -> None:
         if not self.cfg.get("prune"):
             return
-        from slurm_router.verdict.pruning import looks
-        from slurm_router.worker.prune import decide_after, decided, record
+        from slurm_router.worker.prune import decide_after, decided, record, run_schedule
 
         alive = self.alive
         decisions: list[Any] = [None] * len(alive)
@@ -210,8 +209,9 @@ class FusedWorker(Worker):
             for v in alive:
                 seed = cast(int, v.spec.seed)
                 record(v.spec.task_dir, step, v.spec.variant, seed, *v.last_eval, self.eval_sources, v.last_metrics)
+            schedule = run_schedule(self.spec.run_dir)  # the run's, as its plan fixed it: one for every member
             for i, v in enumerate(alive):
-                decisions[i] = decide_after(v.spec, step, looks(v.spec.steps, self.cfg.train.eval_every))
+                decisions[i] = decide_after(v.spec, step, schedule)
         flags = self.gather([1.0 if d else 0.0 for d in decisions])[0]
         for v, flag, d in zip(alive, flags, decisions):
             if flag:

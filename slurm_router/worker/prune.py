@@ -60,13 +60,13 @@ def read_run(run_dir: str | os.PathLike, metric: str = LOSS) -> tuple[dict, dict
     from slurm_router.verdict.stats import metric_side  # scipy: only where a prune decision is made
 
     out: dict[int, dict[str, dict[int, dict]]] = {}
-    ended: dict[tuple[str, int], int] = {}
+    finished: dict[tuple[str, int], int] = {}
     for path in sorted(RunLayout(run_dir).tasks.glob(f"*/{EVALS_FILE}")):
         try:
             lines = path.read_text().splitlines()
         except OSError:
             continue
-        done = RunLayout(run_dir).task(path.parent.name).result.is_file()
+        done = ended(TaskPaths(path.parent))  # its result written, or it failed: no look waits for it
         for line in lines:
             try:
                 row = json.loads(line)
@@ -78,8 +78,8 @@ def read_run(run_dir: str | os.PathLike, metric: str = LOSS) -> tuple[dict, dict
                 continue
             out.setdefault(step, {}).setdefault(variant, {})[seed] = entry
             if done:
-                ended[variant, seed] = max(step, ended.get((variant, seed), step))
-    return out, ended
+                finished[variant, seed] = max(step, finished.get((variant, seed), step))
+    return out, finished
 
 
 def read_looks(run_dir: str | os.PathLike) -> list[dict]:
@@ -107,19 +107,20 @@ def after_eval(
     step: int,
     loss_sums: list[float],
     tokens: list[int],
-    n_looks: int,
+    schedule: contest.Schedule | None = None,
     sources: list | None = None,
     metrics: dict | None = None,
 ) -> Decision | None:
     """Rank 0 of a variant's task after an in-training evaluation: record it, then learn the run's decision."""
     record(spec.task_dir, step, spec.variant, spec.seed, loss_sums, tokens, sources, metrics)
-    return decide_after(spec, step, n_looks)
+    return decide_after(spec, step, schedule)
 
 
-def decide_after(spec, step: int, n_looks: int) -> Decision | None:
+def decide_after(spec, step: int, schedule: contest.Schedule | None = None) -> Decision | None:
     """The run's decision about this task's variant once its evaluation at `step` is recorded (a fused task
     records all its variants' first: worker/fused.py): the run's next look is taken here when this evaluation
-    made one due, and recorded once for every replicate."""
+    made one due, and recorded once for every replicate. schedule: the run's looks (run_schedule, from the plan's
+    task.json files when not given)."""
     config = getattr(spec, "config", None) or {}
     metric = str((config.get("eval") or {}).get("primary") or LOSS)  # eval.primary decides
     auto = auto_contest(config)
@@ -127,15 +128,30 @@ def decide_after(spec, step: int, n_looks: int) -> Decision | None:
     with short_lock(layout.decisions_lock):
         looks = read_looks(spec.run_dir)
         if spec.variant not in contest.pruned_in(looks):
-            tables, ended = read_run(spec.run_dir, metric)
+            tables, done = read_run(spec.run_dir, metric)
             if auto is not None:
-                auto = first_round(auto, spec.run_dir, int(config.get("seed", 0)), tables, ended)
-            at = contest.next_look(tables, ended, looks, auto)
+                auto = first_round(auto, spec.run_dir, int(config.get("seed", 0)), tables, done)
+            schedule = schedule or run_schedule(spec.run_dir)
+            at = contest.next_look(tables, done, looks, auto, schedule)
             if at is not None:
-                line = {**contest.take(tables, at, looks, n_looks, metric, auto), "time": time.time()}
+                line = {**contest.take(tables, at, looks, schedule.n_looks, metric, auto), "time": time.time()}
                 _append(layout.decisions, json.dumps(line) + "\n")
                 looks.append(line)
     return contest.decision_for(looks, spec.variant, step, task=spec.name)
+
+
+def run_schedule(run_dir: str | os.PathLike) -> contest.Schedule:
+    """The run's looks as its plan fixed them (contest.Schedule): every variants-stage task.json's train.steps and
+    train.eval_every, whichever task asks."""
+    tasks = []
+    for task_file in sorted(RunLayout(run_dir).tasks.glob("*/task.json")):
+        try:
+            spec = TaskSpec.load(str(task_file))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if spec.stage == "variants":
+            tasks.append((int(spec.steps), int(((spec.config or {}).get("train") or {}).get("eval_every") or 0)))
+    return contest.Schedule.of(tasks)
 
 
 def auto_contest(config: dict) -> contest.Auto | None:
@@ -217,14 +233,15 @@ def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
 
 
 def ended(paths: TaskPaths) -> bool:
-    """Its result is written, or its last end row says it failed (a failed replicate is not waited for)."""
+    """Its result is written, or its last end row says it failed or diverged (such a replicate is never waited
+    for: a look that waited would wait forever, pruning silently off)."""
     if paths.result.is_file():
         return True
     last = None
     for row in read_rows(paths.events(0), tail_bytes=TAIL_BYTES):  # a long task's events: only their end is read
         if row.get("event") == "end":
             last = row.get("exit_state")
-    return last == "failed"
+    return last in ("failed", "diverged")
 
 
 def read_rows(path: Path, tail_bytes: int | None = None) -> list[dict]:
