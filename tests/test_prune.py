@@ -13,8 +13,8 @@ from conftest import run_cli, run_dir_of, step_losses
 from verdict_calibration import band, prune_rates, simulate
 
 from slurm_router.verdict import contest, pruning
-from slurm_router.worker import prune
 from slurm_router.verdict.contest import Schedule
+from slurm_router.worker import prune
 from slurm_router.worker.cpu import available_cores
 
 EVERY_5 = Schedule((5, 10, 15, 20), 25, grace=0)  # 4 looks: these tests drive the protocol, not the grace period
@@ -31,7 +31,9 @@ def test_a_clear_loser_is_pruned_and_says_why_the_best_never_is():
     assert d is not None and d.best in ("a", "b") and d.diff > 0.09 and d.ci_low > 0
     assert d.family == 6 and abs(d.threshold - 0.05 / 4) < 1e-12 and d.p_adjusted < d.threshold and d.training_noise
     assert d.reason.startswith(f"c-s1: pruned at step 10: worse than {d.best} by 0.1")
-    assert "Holm-adjusted over the 6 ordered pairs of 3 variants" in d.reason and "below 0.0125 = 5% / 4 looks" in d.reason
+    assert (
+        "Holm-adjusted over the 6 ordered pairs of 3 variants" in d.reason and "below 0.0125 = 5% / 4 looks" in d.reason
+    )
     assert "c 3 seeds, " in d.reason and "x 32 eval batches" in d.reason
 
 

@@ -50,7 +50,9 @@ def claim_level(p: float, p_adjusted: float, threshold: float = 1 - LEVEL) -> fl
     return threshold * p / p_adjusted
 
 
-def adjusted_interval(a: dict, b: dict, p: float, p_adjusted: float, b_fixed: bool = False) -> tuple[float, float, float]:
+def adjusted_interval(
+    a: dict, b: dict, p: float, p_adjusted: float, b_fixed: bool = False
+) -> tuple[float, float, float]:
     """(low, high, coverage) of A - B at the level Holm gave the claim (claim_level): the interval the report draws
     beside the adjusted p it shows."""
     from slurm_router.verdict import stats

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from slurm_router.verdict import LEVEL, NEGLIGIBLE
+from slurm_router.verdict import LEVEL
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from slurm_router.verdict import LEVEL, NEGLIGIBLE, judge, stats
+from slurm_router.verdict import LEVEL, NEGLIGIBLE, judge
 
 N_BOOT = 2000
 SEED = 0  # fixed: the same run gives the same report, every time it is regenerated
@@ -50,7 +50,9 @@ def sentence(name_a: str, name_b: str, r: dict) -> str:
             f"{NEGLIGIBLE:g} (float rounding, not an effect; {how})"
         )
     adjusted = r.get("family", 0) > 2  # one pair: its adjusted p is its own
-    p = _p(r["p"]) + (f", Holm-adjusted over {judge.family_words(r['family'])} {_p(r['p_adjusted'])}" if adjusted else "")
+    p = _p(r["p"]) + (
+        f", Holm-adjusted over {judge.family_words(r['family'])} {_p(r['p_adjusted'])}" if adjusted else ""
+    )
     if r["se"] == 0:  # the same difference on every seed and eval batch: no noise to judge it against
         return (
             f"{name_a} vs {name_b}: not judged: {shown:+.{nd}f} {unit} on every seed and "
