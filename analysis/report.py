@@ -377,19 +377,29 @@ def auto_seeds(run_dir: Path, every: list[Task], looks: list[dict]) -> dict | No
     if config.get("seeds") != "auto":
         return None
     unneeded = {t.name: t.not_needed for t in every if t.not_needed}  # step 0: never ran
-    ran: dict[str, int] = {}
+    ran: dict[str, int] = {}  # the replicates that count: ended completed, pruned, or stopped once decided
+    lost: list[str] = []  # the ones the verdict cannot use (failed, diverged, still running)
     for t in every:
         if t.stage != "base":
-            ran[t.variant] = ran.get(t.variant, 0) + (0 if t.name in unneeded and not unneeded[t.name]["step"] else 1)
+            state = (t.end or {}).get("exit_state")
+            counts = state in ("completed", "pruned") or (t.name in unneeded and unneeded[t.name]["step"])
+            ran[t.variant] = ran.get(t.variant, 0) + (1 if counts else 0)
+            if not counts and t.name not in unneeded:
+                lost.append(f"{t.name} {state or 'not ended'}")
     not_run = [u["detail"] for u in unneeded.values() if not u["step"]]
     stopped = [f"{n}: stopped at step {u['step']}: {u['detail']}" for n, u in unneeded.items() if u["step"]]
     cap = int((config.get("auto_seeds") or {}).get("max", 6))
     settled = contest.settled_by(looks)
+    trained = [t for t in every if t.stage != "base" and t.name not in unneeded]
+    diverged = {t.variant for t in trained if t.diverged} - {t.variant for t in trained if not t.diverged}
     return {
         "cap": cap,
         "ran": ran,
         "not_run": not_run,
         "stopped": stopped,  # reserves running when the contest was decided for their variant: stopped then
         "settled_at_look": settled["look"] if settled else None,  # auto_seeds.min_effect: all within it
-        "line": contest.auto_line(looks, ran, not_run, cap, stopped),
+        "diverged": sorted(diverged),  # variants out of the contest: every replicate diverged
+        "lost": lost,
+        "line": contest.auto_line(looks, ran, not_run, cap, stopped, diverged)
+        + (f"; not counted: {', '.join(lost)}" if lost else ""),
     }

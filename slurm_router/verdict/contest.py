@@ -231,9 +231,26 @@ class Replicate:
     variant: str
     index: int
     ended: bool
+    diverged: bool = False  # it ended with a non-finite loss
 
 
 RUN, WAIT, SKIP = "run", "wait", "skip"
+
+
+def diverged_out(replicates: list[Replicate]) -> set[str]:
+    """The variants out of the contest because they diverged: every first-round replicate has ended and every
+    replicate that ended diverged. Such a variant is never the best (its numbers never reach a test), and none of
+    its reserves runs."""
+    by_variant: dict[str, list[Replicate]] = {}
+    for r in replicates:
+        by_variant.setdefault(r.variant, []).append(r)
+    return {
+        v
+        for v, reps in by_variant.items()
+        if all(r.ended for r in reps if r.index < AUTO_FIRST)
+        and all(r.diverged for r in reps if r.ended)
+        and any(r.ended for r in reps)
+    }
 
 
 def reserve_call(
@@ -247,8 +264,11 @@ def reserve_call(
     """What seeds=auto's reserve replicate `index` of `variant` does now: (RUN, None) once every replicate before
     it (a lower index) of each variant still in the contest has ended undecided; (SKIP, why) when its variant was
     pruned, when the contest is decided (one variant left), or when the budget is spent; else (WAIT, None)."""
-    out = pruned_in(looks)
+    gone = diverged_out(replicates)
+    out = pruned_in(looks) | gone
     nth = f"{variant}'s replicate {index + 1}"
+    if variant in gone:
+        return SKIP, f"{nth} not run: every replicate of {variant} so far diverged (a non-finite loss)"
     if variant in out:
         line = next(line for line in looks if variant in line["pruned"])
         return SKIP, f"{nth} not run: {variant} was pruned at look {line['look']} (step {line['step']})"
@@ -282,12 +302,18 @@ def decided_stop(variant: str, index: int, variants: set[str], looks: list[dict]
 
 
 def auto_line(
-    looks: list[dict], ran: dict[str, int], not_run: list[str], cap: int, stopped: list[str] | None = None
+    looks: list[dict],
+    ran: dict[str, int],
+    not_run: list[str],
+    cap: int,
+    stopped: list[str] | None = None,
+    diverged: set[str] | frozenset[str] = frozenset(),
 ) -> str:
     """The report's one line on seeds=auto: how many replicates each variant ran, and what stopped adding them
     (the contest decided, the budget spent, or the cap reached undecided); `stopped`: the reserves that were
-    running when the contest was decided and stopped then (decided_stop)."""
-    out = pruned_in(looks)
+    running when the contest was decided and stopped then (decided_stop); `diverged`: the variants out because
+    every replicate diverged (diverged_out)."""
+    out = pruned_in(looks) | set(diverged)
     alive = [v for v in ran if v not in out]
     seeds = ", ".join(f"{v} {n}" for v, n in ran.items())
     skipped = f"; {len(not_run)} reserve replicate{'s' if len(not_run) != 1 else ''} not run" if not_run else ""
@@ -296,6 +322,7 @@ def auto_line(
     settled = settled_by(looks)
     if len(alive) <= 1:
         why = f"the contest is decided: {alive[0]} is left" if alive else "the contest is decided"
+        why += f" ({', '.join(sorted(diverged))} diverged: every replicate)" if diverged else ""
     elif settled is not None:
         why = f"the contest is settled: {settled_words(settled)}"
     elif any("budget_device_hours" in r for r in not_run):

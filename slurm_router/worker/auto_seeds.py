@@ -17,8 +17,8 @@ from slurm_router.fileio import atomic_write_text
 from slurm_router.rundir.layout import RunLayout, TaskPaths
 from slurm_router.rundir.lock import short_lock
 from slurm_router.verdict import AUTO_FIRST
-from slurm_router.verdict.contest import RUN, SKIP, Replicate, decided_stop, reserve_call
-from slurm_router.worker.prune import ended, planned, read_looks, read_rows, replicate_index
+from slurm_router.verdict.contest import RUN, SKIP, Replicate, decided_stop, diverged_out, reserve_call
+from slurm_router.worker.prune import diverged, ended, planned, read_looks, read_rows, replicate_index
 
 RESERVE_FILE = "reserve.json"
 POLL_S = 1.0
@@ -41,7 +41,8 @@ def decided_reserve(spec) -> str | None:
     index = reserve_index(spec)
     if index is None:
         return None
-    variants = {variant for variant, _, _ in planned(spec.run_dir)}
+    reps = replicates(spec.run_dir)
+    variants = {r.variant for r in reps} - diverged_out(reps)  # a variant that diverged is out of the contest
     return decided_stop(spec.variant, index, variants, read_looks(spec.run_dir))
 
 
@@ -61,7 +62,7 @@ def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float 
         with short_lock(layout.decisions_lock):
             made = _read(paths.dir / RESERVE_FILE)
             if made is None:
-                reps = [Replicate(v, i, ended(p)) for v, i, p in plan]
+                reps = [Replicate(v, i, ended(p), diverged(p)) for v, i, p in plan]
                 spent = spent_device_hours(spec.run_dir) if budget is not None else 0.0
                 call, why = reserve_call(spec.variant, index, reps, read_looks(spec.run_dir), spent, budget)
                 if call != "wait":
@@ -84,7 +85,7 @@ def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float 
 
 def replicates(run_dir) -> list[Replicate]:
     """Every variants-stage task of the run as the contest sees it, ended or not."""
-    return [Replicate(v, i, ended(p)) for v, i, p in planned(run_dir)]
+    return [Replicate(v, i, ended(p), diverged(p)) for v, i, p in planned(run_dir)]
 
 
 def spent_device_hours(run_dir) -> float:
