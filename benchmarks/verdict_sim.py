@@ -57,6 +57,10 @@ from slurm_router.verdict.sentences import decide_rows  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "verdict_sim.md"
 AA_KS = (2, 4, 8, 16)
 AA_PLAN = ((100, 10), (100, 10), (80, 10))  # cycled over the variants
+OTHER_PLANS = {  # k = 4, A/A: plans whose looks the schedule cannot all take
+    "eval_every 10 and 20": ((100, 10), (100, 20), (100, 10), (100, 20)),
+    "one variant of 50 steps": ((100, 10), (100, 10), (50, 10), (100, 10)),
+}
 GRACES = (0.0, 0.25, 0.5, 0.75)
 FLAT = Curve()
 # learning-rate-like: two fast learners plateau higher; two late bloomers (tau 14 or 20 steps) cross them and win
@@ -66,9 +70,9 @@ CROSSINGS = {tau: (FAST, FAST2, Curve(0.0, 0.5, tau), Curve(0.005, 0.5, tau)) fo
 LOSERS = (0.02, 0.05)
 
 
-def aa_design(k: int, noise: Noise = Noise()) -> Design:
-    plan = tuple(AA_PLAN[i % len(AA_PLAN)] for i in range(k))
-    return Design((FLAT,) * k, plan, noise=noise)
+def aa_design(k: int, noise: Noise = Noise(), plan: tuple[tuple[int, int], ...] = AA_PLAN) -> Design:
+    """k equally good variants (flat curves), their (train.steps, eval_every) cycling `plan`."""
+    return Design((FLAT,) * k, tuple(plan[i % len(plan)] for i in range(k)), noise=noise)
 
 
 def loser_design(effect: float, grace: float, noise: Noise = Noise()) -> Design:
@@ -162,6 +166,7 @@ def one_run(rng: np.random.Generator, design: Design) -> dict:
     return {
         "pruned": pruned,
         "looks": len(looks),
+        "look_steps": [line["step"] for line in looks],
         "declared": declared(rows),
         "fixed_declared": declared(fixed_rows),
         "true_best": {v for v, m in zip(design.names, true) if m <= min(true) + 1e-12},
@@ -176,13 +181,17 @@ def share(k: int, n: int) -> dict:
     return {"rate": k / n, "ci": [lo, hi], "count": k, "runs": n}
 
 
-def aa(k: int, n: int, seed: int, noise: Noise = Noise()) -> dict:
+def aa(k: int, n: int, seed: int, noise: Noise = Noise(), plan=AA_PLAN) -> dict:
     """A/A with k equally good variants over n runs: (a) a look pruned one, (b) the final verdict declared a
-    difference, (c) either; the fixed design's verdict; looks taken; device-steps against the fixed design."""
-    design, rng = aa_design(k, noise), np.random.default_rng(seed)
+    difference, (c) either; the fixed design's verdict; looks taken (and the share of runs that looked at each
+    step); device-steps against the fixed design."""
+    design, rng = aa_design(k, noise, plan), np.random.default_rng(seed)
     runs = [one_run(rng, design) for _ in range(n)]
+    looked = [s for r in runs for s in r["look_steps"]]
     return {
         "k": k,
+        "plan": [list(p) for p in design.plan],
+        "looked_at": {str(s): looked.count(s) / n for s in design.schedule.look_steps},
         "looks_planned": design.schedule.n_looks,
         "look_steps": list(design.schedule.look_steps),
         "a_looks": share(sum(bool(r["pruned"]) for r in runs), n),
@@ -283,6 +292,38 @@ def aa_lines(rows: list[dict], n: int) -> list[str]:
     return out
 
 
+def plan_lines(rows: list[dict], plans: dict[str, dict]) -> list[str]:
+    """A/A k = 4 under other plans: which of the schedule's look steps the runs could take."""
+    main = next(r for r in rows if r["k"] == 4)
+    steps = list(main["looked_at"])
+    out = [
+        "",
+        "### Other plans, k = 4: the looks the schedule plans and those taken",
+        "",
+        "The share of runs that looked at each planned step (L counts them all: each look spends 5% / L).",
+        "",
+        "| plan (train.steps, eval_every) per variant | L | "
+        + " | ".join(f"step {s}" for s in steps)
+        + " | (a) a look pruned | (b) final verdict declared | (c) either |",
+        "|---|---:|" + "---:|" * len(steps) + "---:|---:|---:|",
+    ]
+    for name, r in {"section 1's": main, **plans}.items():
+        plan = ", ".join(f"({s}, {e})" for s, e in r["plan"])
+        looked = " | ".join(f"{r['looked_at'].get(s, 0):.0%}" for s in steps)
+        out.append(
+            f"| {name}: {plan} | {r['looks_planned']} | {looked} | {pct(r['a_looks'])} | {pct(r['b_final'])} | "
+            f"{pct(r['c_either'])} |"
+        )
+    out += [
+        "",
+        "A look is taken at a step only when every replicate seen of a variant still in the contest has its row there "
+        "(one that ended before excepted): a step that a variant still training does not evaluate at is looked at "
+        "only once its replicates have ended, and a variant whose evaluations all come before the grace is in no "
+        "look; L counts every planned step all the same.",
+    ]
+    return out
+
+
 def contested_lines(cells: dict[str, list[dict]], n: int) -> list[str]:
     out = [
         "",
@@ -336,6 +377,7 @@ def measure(runs: int, power_runs: int, ks=AA_KS, graces=GRACES) -> dict:
     """Every section's figures (seeded: the same numbers every time)."""
     t0 = time.time()
     aa_rows = [aa(k, runs, 100 + k) for k in ks]
+    plans = {name: aa(4, runs, 150 + i, plan=plan) for i, (name, plan) in enumerate(OTHER_PLANS.items())}
     t_aa = time.time() - t0
     cells: dict[str, list[dict]] = {}
     for tau in CROSSINGS:
@@ -352,7 +394,7 @@ def measure(runs: int, power_runs: int, ks=AA_KS, graces=GRACES) -> dict:
         for label, noise in (("persistent (this file)", Noise()), ("fresh at every step (the old)", FRESH))
     }
     seconds = {"aa": t_aa, "contested": t_contested, "old": time.time() - t0 - t_aa - t_contested}
-    return {"aa": aa_rows, "contested": cells, "old_vs_persistent": old, "seconds": seconds}
+    return {"aa": aa_rows, "plans": plans, "contested": cells, "old_vs_persistent": old, "seconds": seconds}
 
 
 def report(figures: dict, command: str, runs: int, power_runs: int) -> list[str]:
@@ -368,6 +410,7 @@ def report(figures: dict, command: str, runs: int, power_runs: int) -> list[str]
         "",
         *model_lines(Noise()),
         *aa_lines(figures["aa"], runs),
+        *plan_lines(figures["aa"], figures["plans"]),
         *contested_lines(figures["contested"], power_runs),
         *old_lines(figures["old_vs_persistent"], runs, power_runs),
         "",
