@@ -14,9 +14,9 @@ A look is taken only at the run's look steps (verdict/schedule.py Schedule: fixe
 training on). At each look the one judgement (verdict/judge.py: Holm over every ordered pair) runs over the variants
 left, on the primary metric, and a variant some other one is decided better than is pruned, at the look's share of
 the level: (1 - LEVEL) / L at each of the first L looks, nothing after. Holm bounds the chance of pruning any
-variant as good as the best at one look by that share, for any number of variants; the shares sum to 5% over the looks, so by the union bound the chance of ever
-pruning one is at most 5% however the replicates arrive (Bonferroni spending over looks: a group-sequential rule
-with a flat spending function). A look is recorded once for the run; every replicate of a pruned variant stops after
+variant as good as the best at one look by that share, for any number of variants; the shares sum to 5% over
+the looks, so by the union bound the chance of ever pruning one is at most 5% however the replicates arrive
+(Bonferroni spending over looks: a group-sequential rule with a flat spending function). A look is recorded once for the run; every replicate of a pruned variant stops after
 the step it is in (worker/prune.py LookWatch) with that look's reason, and no later look sees it.
 """
 
