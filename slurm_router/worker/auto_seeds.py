@@ -49,25 +49,15 @@ def decided_reserve(spec) -> str | None:
 def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float = POLL_S) -> dict | None:
     """Block until the reserve's call is made: None to run it, or its not_needed result (the job writes it and
     its end row: supervise/job.py). Any other task returns None at once; so does a reserve told to stop while
-    it waits (stop(): a signal came; the job then stops as before its workers start)."""
+    it waits (stop(): a signal came; the job then stops as before its workers start). The local queue starts a
+    reserve only once its call is made (call_now), so there it never waits here; a Slurm array task may."""
     index = reserve_index(spec)
     if index is None:
         return None
-    paths = TaskPaths(spec.task_dir)
-    layout = RunLayout(spec.run_dir)
-    budget = ((spec.config.get("auto_seeds") or {}).get("budget_device_hours")) if spec.config else None
     plan = planned(spec.run_dir)  # read once: which tasks the run has; each poll only asks which have ended
     announced = False
     while True:
-        with short_lock(layout.decisions_lock):
-            made = _read(paths.dir / RESERVE_FILE)
-            if made is None:
-                reps = [Replicate(v, i, ended(p), diverged(p)) for v, i, p in plan]
-                spent = spent_device_hours(spec.run_dir) if budget is not None else 0.0
-                call, why = reserve_call(spec.variant, index, reps, read_looks(spec.run_dir), spent, budget)
-                if call != "wait":
-                    made = {"call": call, "reason": why, "index": index, "time": time.time()}
-                    atomic_write_text(paths.dir / RESERVE_FILE, json.dumps(made))
+        made = call_now(spec, plan)
         if made is not None:
             if made["call"] == RUN:
                 print(f"{spec.name}: seeds=auto reserve {index + 1}: the contest is undecided, it runs", flush=True)
@@ -81,6 +71,27 @@ def wait_for_call(spec, stop: Callable[[], bool] = lambda: False, poll_s: float 
             print(f"{spec.name}: seeds=auto reserve {index + 1}: waiting for the earlier replicates", flush=True)
             announced = True
         time.sleep(poll_s)
+
+
+def call_now(spec, plan: list | None = None) -> dict | None:
+    """The reserve's call ({call: run | skip, reason, index, time}) when it can be made now, else None (it waits).
+    Made once for the run, under RUN_DIR/decisions.lock, and kept in tasks/<name>/reserve.json: every rank, a
+    requeued attempt and the local queue that asks before starting it follow the same call."""
+    index = reserve_index(spec)
+    if index is None:
+        return {"call": RUN, "reason": None, "index": None, "time": time.time()}
+    paths = TaskPaths(spec.task_dir)
+    budget = ((spec.config.get("auto_seeds") or {}).get("budget_device_hours")) if spec.config else None
+    with short_lock(RunLayout(spec.run_dir).decisions_lock):
+        made = _read(paths.dir / RESERVE_FILE)
+        if made is None:
+            reps = [Replicate(v, i, ended(p), diverged(p)) for v, i, p in (plan or planned(spec.run_dir))]
+            spent = spent_device_hours(spec.run_dir) if budget is not None else 0.0
+            call, why = reserve_call(spec.variant, index, reps, read_looks(spec.run_dir), spent, budget)
+            if call != "wait":
+                made = {"call": call, "reason": why, "index": index, "time": time.time()}
+                atomic_write_text(paths.dir / RESERVE_FILE, json.dumps(made))
+    return made
 
 
 def replicates(run_dir) -> list[Replicate]:
