@@ -100,14 +100,28 @@ def replicates(run_dir) -> list[Replicate]:
 
 
 def spent_device_hours(run_dir) -> float:
-    """Device-hours the run's tasks have used so far: each task's devices x its events' first to last row time
-    (a running task up to its last row)."""
+    """Device-hours the run's tasks have used so far, counted as the report counts them (analysis/report.py): a task
+    that ended, its elapsed time as the launcher recorded it (the manifest's elapsed_s) x its devices; one still
+    running, its events' first to last row in each attempt; a fused group once, by its leader (its members'
+    entries mirror the leader's). It counted each fused member again, and the gaps between attempts."""
+    layout = RunLayout(run_dir)
+    manifest = _read(layout.manifest) or {}
     total_s = 0.0
-    for paths in (TaskPaths(d) for d in sorted(RunLayout(run_dir).tasks.iterdir()) if d.is_dir()):
-        times = [row["time"] for row in read_rows(paths.events(0)) if "time" in row]
-        if len(times) >= 2:
-            devices = _read(paths.task_file) or {}
-            total_s += int(devices.get("devices", 1)) * (max(times) - min(times))
+    for paths in (TaskPaths(d) for d in sorted(layout.tasks.iterdir()) if d.is_dir()):
+        spec = _read(paths.task_file) or {}
+        if spec.get("fused_into"):
+            continue
+        entry = (manifest.get("tasks") or {}).get(paths.name) or {}
+        elapsed = entry.get("elapsed_s")
+        if isinstance(elapsed, (int, float)):
+            seconds = float(elapsed)
+        else:
+            spans: dict[int, list[float]] = {}
+            for row in read_rows(paths.events(0)):
+                if "time" in row:
+                    spans.setdefault(int(row.get("attempt") or 0), []).append(float(row["time"]))
+            seconds = sum(max(t) - min(t) for t in spans.values())
+        total_s += int(spec.get("devices", 1)) * seconds
     return total_s / 3600
 
 
