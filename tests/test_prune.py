@@ -307,17 +307,18 @@ def test_a_layout_that_cannot_compare_is_named_at_submission(tmp_path):
 
 
 def test_pruning_that_can_never_fire_is_named_at_submission(tmp_path):
-    """The issue's setting (2 seeds x 4 eval batches, an evaluation every 2 of 60 steps: 29 per task): the lowest
-    p-value 4 eval batches reach (~0.011) is above 5% / 29, so no variant can ever be pruned; the plan says so in
+    """The issue's setting (2 seeds x 4 eval batches, an evaluation every 2 of 60 steps: 15 from step 30 on, the
+    looks): the lowest p-value 4 eval batches reach (~0.011) is above 5% / 15, so no variant can ever be pruned; the
+    plan says so in
     one line with the smallest change that makes it possible. The default evaluations with 3 seeds say nothing."""
     common = ["+experiment=lora_ab", "base.enabled=false", "prune=true", "dry_run=true", f"run_root={tmp_path}"]
     proc = run_cli(*common, "seeds=2", "train.eval_batches=4", "train.steps=60", "train.eval_every=2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if "no variant can be pruned" in line]
     assert lines == [
-        "prune=true: with 2 seeds x 4 eval batches and 29 evaluations per task no variant can be pruned: the lowest "
-        "p-value 4 eval batches reach (0.011) is not below the level each decision needs (0.0017 = 5% / 29 "
-        "evaluations); raise train.eval_batches to 6 or train.eval_every to 12 (4 evaluations)"
+        "prune=true: with 2 seeds x 4 eval batches and 15 looks (evaluations from half of training on) no variant "
+        "can be pruned: the lowest p-value 4 eval batches reach (0.011) is not below the level each decision needs "
+        "(0.0033 = 5% / 15 looks); raise train.eval_batches to 5 or train.eval_every to 7 (4 looks)"
     ], proc.stderr[-3000:]
     sensible = run_cli(*common, "seeds=3", cwd=tmp_path)
     assert sensible.returncode == 0, sensible.stdout[-3000:] + sensible.stderr[-3000:]

@@ -74,9 +74,16 @@ def prune_reach(variants: dict[str, DictConfig], units: int | None = None) -> No
     units: eval.primary's example clusters, what its comparisons rest on instead of eval batches (a task metric)."""
     from slurm_router.verdict.pruning import reach_note
 
+    tasks = [(int(v.train.steps), int(v.train.eval_every)) for v in variants.values()]  # the run's looks (Schedule)
     for note in dict.fromkeys(
         reach_note(
-            len(training_seeds(v)), units or v.train.eval_batches, v.train.steps, v.train.eval_every, len(variants)
+            len(training_seeds(v)),
+            units or v.train.eval_batches,
+            v.train.steps,
+            v.train.eval_every,
+            len(variants),
+            auto_cap=len(training_seeds(v)) if v.seeds == "auto" else None,
+            tasks=tasks,
         )
         for v in variants.values()
     ):

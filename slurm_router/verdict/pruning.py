@@ -1,15 +1,13 @@
 """prune=true's rule at one look, pure: which variants are clear losers in one table of evaluations, decided by the
-verdict's own statistics (docs/design/pruning.md, "Pruning"); when the run looks and what each look may spend is
-verdict/contest.py, the files worker/prune.py.
+one judgement (verdict/judge.py) on the verdict's own statistics (docs/design/pruning.md, "One judgement"); when
+the run looks and what each look may spend is verdict/contest.py and verdict/schedule.py, the files worker/prune.py.
 
-The variant with the lowest mean (held-out loss, or eval.primary's task metric) in the table is the best; every
-other variant is compared with it by verdict/stats.compare (the verdict's interval over seeds and eval batches).
-A variant is pruned when it is worse than the best by more than the negligible, the interval includes training
-noise (at least 2 seeds on each side: with one, eval-sample noise alone would stop equally good variants most of
-the time), and its p-value, Holm-adjusted over the variants compared with the best, is below the look's level.
-prune=true therefore needs seeds >= 2, and enough eval batches for the level: reach_note says at submission when
-it can never fire. Pruning only ends tasks: a task that is not pruned computes exactly what it computes alone (the
-router's invariant is untouched).
+A variant is pruned when some other variant is better than it by a claim the one judgement decides at the look's
+level (Holm over every ordered pair of the variants at the look), by more than the negligible, with training noise
+in the interval (at least 2 seeds on each side: with one, eval-sample noise alone would stop equally good variants
+most of the time). prune=true therefore needs seeds >= 2, and enough eval batches for the level: reach_note says at
+submission when it can never fire. Pruning only ends tasks: a task that is not pruned computes exactly what it
+computes alone (the router's invariant is untouched).
 """
 
 from __future__ import annotations
@@ -237,24 +235,57 @@ def lowest_p(n_batches: int) -> float:
     return float(2 * special.stdtr(n_batches - 1, -np.sqrt(n_batches) / BATCH_SPREAD))
 
 
-def reach_note(n_seeds: int, n_batches: int, steps: int, eval_every: int, n_variants: int) -> str | None:
-    """One line when prune=true can never fire: the lowest p-value the tables reach is not below the level a
-    decision needs (5% / evaluations, and Holm's first step over the variants compared with the best), with the
-    smallest change that lets it: more eval batches, or fewer evaluations (a larger train.eval_every)."""
-    n_looks, m = looks(steps, eval_every), max(1, n_variants - 1)
-    level = (1 - LEVEL) / n_looks / m
+def reach_note(
+    n_seeds: int,
+    n_batches: int,
+    steps: int,
+    eval_every: int,
+    n_variants: int,
+    auto_cap: int | None = None,
+    tasks: list[tuple[int, int]] | None = None,
+) -> str | None:
+    """One line when prune=true can never fire, or (seeds=auto, auto_cap) when its reserves' looks can never prune:
+    the lowest p-value the tables reach is not below the level a decision needs (the look's share of 5%: over the
+    run's L looks (contest.Schedule, from every task's (steps, eval_every) in `tasks`), halved and split over the
+    depths with seeds=auto; then Holm's first step over the k(k-1)/2 pairs of variants), with the smallest change
+    that lets it: more eval batches, or fewer evaluations (a larger train.eval_every)."""
+    from slurm_router.verdict.schedule import Schedule
+
+    def n_looks(every: int) -> int:
+        return Schedule.of([(t, every) for t, _ in tasks] if tasks else [(steps, every)]).n_looks
+
+    pairs = max(1, n_variants * (n_variants - 1) // 2)
+    share = 0.5 if auto_cap else 1.0  # seeds=auto: half of 5% to the looks at 2 seeds (contest.spend)
+    level = (1 - LEVEL) * share / n_looks(eval_every) / pairs
     floor = lowest_p(n_batches)
+    holm = f" / {pairs} pairs of variants" if pairs > 1 else ""
+    looks_now = _n(n_looks(eval_every), "look")
     if floor < level:
-        return None
-    batches = next(b for b in range(n_batches + 1, 100_000) if lowest_p(b) < level)
-    fixes = [f"raise train.eval_batches to {batches}"]
-    most = next((k for k in range(n_looks - 1, 0, -1) if floor < (1 - LEVEL) / k / m), 0)
+        if not auto_cap or auto_cap <= 3:
+            return None
+        deep = level / (auto_cap - 2)  # the depths 3..cap share the other half
+        if floor < deep:
+            return None
+        return (
+            f"prune=true with seeds=auto: the looks after the first round (3-{auto_cap} seeds) can never prune: the "
+            f"lowest p-value {n_batches} eval batches reach ({floor:.2g}) is not below their level ({deep:.2g} = half "
+            f"of 5% / {auto_cap - 2} depths / {looks_now}{holm}); reserves then only settle or reach the cap; "
+            f"raise train.eval_batches to {_batches_for(deep, n_batches)}, or lower auto_seeds.max"
+        )
+    fixes = [f"raise train.eval_batches to {_batches_for(level, n_batches)}"]
+    most = next((k for k in range(n_looks(eval_every) - 1, 0, -1) if floor < level * n_looks(eval_every) / k), 0)
     if most:
-        every = next(e for e in range(eval_every + 1, steps + 1) if looks(steps, e) <= most)
-        fixes.append(f"train.eval_every to {every} ({_n(most, 'evaluation')})")
-    holm = f" / {m} variants compared with the best" if m > 1 else ""
+        every = next((e for e in range(eval_every + 1, steps + 1) if n_looks(e) <= most), 0)
+        if every:
+            fixes.append(f"train.eval_every to {every} ({_n(most, 'look')})")
+    half = "half of " if auto_cap else ""
     return (
-        f"prune=true: with {_n(n_seeds, 'seed')} x {n_batches} eval batches and {_n(n_looks, 'evaluation')} per task no "
-        f"variant can be pruned: the lowest p-value {n_batches} eval batches reach ({floor:.2g}) is not below the "
-        f"level each decision needs ({level:.2g} = 5% / {_n(n_looks, 'evaluation')}{holm}); {' or '.join(fixes)}"
+        f"prune=true: with {_n(n_seeds, 'seed')} x {n_batches} eval batches and {looks_now} (evaluations from half "
+        f"of training on) no variant can be pruned: the lowest p-value {n_batches} eval batches reach ({floor:.2g}) "
+        f"is not below the level each decision needs ({level:.2g} = {half}5% / {looks_now}{holm}); "
+        f"{' or '.join(fixes)}"
     )
+
+
+def _batches_for(level: float, n_batches: int) -> int:
+    return next(b for b in range(n_batches + 1, 100_000) if lowest_p(b) < level)

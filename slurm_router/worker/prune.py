@@ -235,13 +235,27 @@ def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
 def ended(paths: TaskPaths) -> bool:
     """Its result is written, or its last end row says it failed or diverged (such a replicate is never waited
     for: a look that waited would wait forever, pruning silently off)."""
-    if paths.result.is_file():
-        return True
+    return paths.result.is_file() or exit_state(paths) in ("failed", "diverged")
+
+
+def diverged(paths: TaskPaths) -> bool:
+    """It ended with a non-finite loss (its result, or its last end row, says so)."""
+    return exit_state(paths) == "diverged"
+
+
+def exit_state(paths: TaskPaths) -> str | None:
+    """How the task ended: its result's exit_state, else its last end row's (None: not ended)."""
+    try:
+        state = json.loads(paths.result.read_text()).get("exit_state")
+        if state:
+            return str(state)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass
     last = None
     for row in read_rows(paths.events(0), tail_bytes=TAIL_BYTES):  # a long task's events: only their end is read
         if row.get("event") == "end":
             last = row.get("exit_state")
-    return last in ("failed", "diverged")
+    return last
 
 
 def read_rows(path: Path, tail_bytes: int | None = None) -> list[dict]:
