@@ -29,12 +29,13 @@ from typing import Any
 import pandas as pd
 
 from slurm_router.analysis import abtest, cost, fused, jobfacts, metrics, plots, task_metrics
+from slurm_router.analysis.contest import auto_seeds, prune_looks, task_config
 from slurm_router.analysis.document import document, task_table
 from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run, make_dir  # noqa: F401  (ReportError: API)
 from slurm_router.analysis.metrics import finite
 from slurm_router.analysis.render import to_html, to_markdown
 from slurm_router.rundir.layout import ADAPTER_FILES, RunLayout
-from slurm_router.verdict import contest, sentences
+from slurm_router.verdict import sentences
 
 
 def _wall_s(task: Task, facts: dict) -> float | None:
@@ -150,14 +151,6 @@ def config_diff(configs: dict[str, dict]) -> dict[str, dict[str, Any]]:
     return {n: {k: f.get(k) for k in differ} for n, f in flat.items()}
 
 
-def _task_config(run_dir: Path, name: str) -> dict:
-    spec = RunLayout(run_dir).task(name).task_file
-    try:
-        return json.loads(spec.read_text()).get("config") or {}
-    except (OSError, ValueError):
-        return {}
-
-
 def _int(x) -> int | None:
     return None if x is None or x != x else int(x)
 
@@ -165,7 +158,7 @@ def _int(x) -> int | None:
 def variants_changed(run_dir: Path, tasks: list[Task]) -> dict[str, dict]:
     """Per variant task: what its config changed against the other variants, and its trainable parameters."""
     variants = [t for t in tasks if t.stage != "base"]
-    diff = config_diff({t.name: _task_config(run_dir, t.name) for t in variants}) if len(variants) > 1 else {}
+    diff = config_diff({t.name: task_config(run_dir, t.name) for t in variants}) if len(variants) > 1 else {}
     return {
         t.name: {
             "changed": diff.get(t.name, {}),
@@ -276,19 +269,21 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     if auto := auto_seeds(run_dir, every, summary["prune_looks"]):
         summary["auto_seeds"] = auto
     adapters = {n: v["adapter"] for n, v in summary["variants"].items()}
-    summary["by_variant"] = abtest.variant_table(tasks, adapters)
-    primary = next((str(_task_config(run_dir, t.name).get("eval", {}).get("primary", "loss")) for t in tasks), "loss")
+    primary = next((str(task_config(run_dir, t.name).get("eval", {}).get("primary", "loss")) for t in tasks), "loss")
     # eval.primary decides (config/metrics.py); held-out loss: lower is better
     higher = primary != "loss" and abtest.metric_directions(tasks).get(primary, True)
+    summary["by_variant"] = abtest.variant_table(tasks, adapters, primary, higher)  # best seed: by eval.primary
     summary["primary"], summary["metrics"] = primary, abtest.metric_table(tasks)
     summary["ab"] = abtest.compare_all(tasks, adapters, primary, higher)
-    summary["winner"] = abtest.winner(tasks, summary["ab"], adapters, primary, higher)
+    looks = summary["prune_looks"]
+    summary["winner"] = abtest.winner(tasks, summary["ab"], adapters, primary, higher, looks)
     if primary != "loss":  # held-out loss's own winner, said in one line when it is another variant
-        by_loss = abtest.winner(tasks, abtest.compare_all(tasks, adapters), adapters)
+        by_loss = abtest.winner(tasks, abtest.compare_all(tasks, adapters), adapters, looks=looks)
         summary["disagreement"] = abtest.disagreement(by_loss, summary["winner"], primary)
         summary["disagree_examples"] = task_metrics.disagreements(tasks, primary, summary["winner"])
-    for row in summary["ab"]:
+    for row in summary["ab"]:  # in eval.primary: `metric` names it (a task metric's diff is signed, lower better)
         vs_base = {k: row.get(k) for k in ("diff", "se", "ci_low", "ci_high", "p", "sentence")}
+        vs_base.update(metric=primary, higher_is_better=bool(higher))
         for table in (summary["by_variant"], summary["variants"]):  # a variant; its task when it has one seed
             if row["b"] == "base" and row["a"] in table:
                 table[row["a"]]["vs_base"] = vs_base
@@ -356,50 +351,3 @@ def report_run(run_dir: Path, out: Path | None = None, peak_tflops: float | None
 def write_report_job(run_dir: str) -> dict:
     """The last job of a Slurm run: the report, once every stage has ended (afterany)."""
     return write_report(Path(run_dir))
-
-
-def prune_looks(run_dir: Path) -> list[dict]:
-    """RUN_DIR/decisions.jsonl: prune=true's looks, each {look, step, threshold, looks, rows, pruned}."""
-    from slurm_router.worker.prune import read_looks  # the reader the tasks use (a torn line is left out)
-
-    try:
-        looks = read_looks(run_dir)
-    except OSError:  # unreadable: the report goes on without the looks
-        return []
-    keys = ("look", "step", "threshold", "looks", "rows", "pruned", "depth", "cap", "min_effect", "equivalent")
-    return [{k: row[k] for k in keys if k in row} for row in looks]
-
-
-def auto_seeds(run_dir: Path, every: list[Task], looks: list[dict]) -> dict | None:
-    """seeds=auto's account: replicates run per variant, the reserves not run (why) or stopped once the contest was
-    decided, and its one line."""
-    config = next((_task_config(run_dir, t.name) for t in every if t.stage != "base"), {})
-    if config.get("seeds") != "auto":
-        return None
-    unneeded = {t.name: t.not_needed for t in every if t.not_needed}  # step 0: never ran
-    ran: dict[str, int] = {}  # the replicates that count: ended completed, pruned, or stopped once decided
-    lost: list[str] = []  # the ones the verdict cannot use (failed, diverged, still running)
-    for t in every:
-        if t.stage != "base":
-            state = (t.end or {}).get("exit_state")
-            counts = state in ("completed", "pruned") or (t.name in unneeded and unneeded[t.name]["step"])
-            ran[t.variant] = ran.get(t.variant, 0) + (1 if counts else 0)
-            if not counts and t.name not in unneeded:
-                lost.append(f"{t.name} {state or 'not ended'}")
-    not_run = [u["detail"] for u in unneeded.values() if not u["step"]]
-    stopped = [f"{n}: stopped at step {u['step']}: {u['detail']}" for n, u in unneeded.items() if u["step"]]
-    cap = int((config.get("auto_seeds") or {}).get("max", 6))
-    settled = contest.settled_by(looks)
-    trained = [t for t in every if t.stage != "base" and t.name not in unneeded]
-    diverged = {t.variant for t in trained if t.diverged} - {t.variant for t in trained if not t.diverged}
-    return {
-        "cap": cap,
-        "ran": ran,
-        "not_run": not_run,
-        "stopped": stopped,  # reserves running when the contest was decided for their variant: stopped then
-        "settled_at_look": settled["look"] if settled else None,  # auto_seeds.min_effect: all within it
-        "diverged": sorted(diverged),  # variants out of the contest: every replicate diverged
-        "lost": lost,
-        "line": contest.auto_line(looks, ran, not_run, cap, stopped, diverged)
-        + (f"; not counted: {', '.join(lost)}" if lost else ""),
-    }

@@ -10,13 +10,13 @@ step than the run's last one, the latest such step when several are ready. So a 
 the evaluations a task makes, whichever task arrives when, however many replicates each variant has, requeues and
 fused groups included: which rows a look holds depends on the order tasks arrive, never on their losses.
 
-At each look every variant but the best (the lowest mean on the primary metric) is compared with the best by the
-verdict's interval over seeds and eval batches (verdict/stats.compare), p-values Holm-adjusted over those compared,
-and pruned when worse by more than the negligible with an adjusted p below the look's share of the level:
-(1 - LEVEL) / L at each of the first L looks, nothing after. Holm bounds the chance of pruning any equally good
-variant at one look by that share; the shares sum to 5% over the looks, so by the union bound the chance of ever
-pruning one is at most 5% however the replicates arrive (Bonferroni spending over looks: a group-sequential rule
-with a flat spending function). A look is recorded once for the run; every replicate of a pruned variant stops after
+A look is taken only at the run's look steps (verdict/schedule.py Schedule: fixed by the plan, from half of
+training on). At each look the one judgement (verdict/judge.py: Holm over every ordered pair) runs over the variants
+left, on the primary metric, and a variant some other one is decided better than is pruned, at the look's share of
+the level: (1 - LEVEL) / L at each of the first L looks, nothing after. Holm bounds the chance of pruning any
+variant as good as the best at one look by that share, for any number of variants; the shares sum to 5% over
+the looks, so by the union bound the chance of ever pruning one is at most 5% however the replicates arrive
+(Bonferroni spending over looks: a group-sequential rule with a flat spending function). A look is recorded once for the run; every replicate of a pruned variant stops after
 the step it is in (worker/prune.py LookWatch) with that look's reason, and no later look sees it.
 """
 
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurm_router.verdict import AUTO_FIRST, GRACE, LEVEL
+from slurm_router.verdict import AUTO_FIRST, LEVEL
 from slurm_router.verdict.pruning import Decision, equivalent, look_at, reason
+from slurm_router.verdict.schedule import Schedule  # noqa: F401  (the run's looks: callers name it here)
 
 Tables = dict[int, dict[str, dict[int, dict]]]  # {step: {variant: {seed: row}}}, worker/prune.py read_steps
 
@@ -49,35 +50,6 @@ class Auto:
         if depth <= AUTO_FIRST or self.cap == AUTO_FIRST + 1:
             return f"half of 5% / {n_looks} looks at {min(depth, self.cap)} seeds"
         return f"half of 5% / {self.cap - AUTO_FIRST} depths (3-{self.cap} seeds) / {n_looks} looks"
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The run's looks, fixed when the run is planned (docs/design/pruning.md, "When the run looks"): every planned
-    task's in-training evaluation steps and training steps (variants may set their own train.steps and
-    train.eval_every). A look is taken only at one of these steps, and only from GRACE of the longest training on
-    (ASHA's grace period, as a share of training): what users decide by is the end of training, and curves that
-    cross (learning rates, ranks) are still crossing early. L, the looks every look's level is a share of, is the
-    number of such steps: the same for every task, whichever one takes a look, so no schedule overspends."""
-
-    eval_steps: tuple[int, ...]
-    steps: int
-    grace: float = GRACE
-
-    @classmethod
-    def of(cls, tasks: list[tuple[int, int]], grace: float = GRACE) -> Schedule:
-        """From each planned task's (train.steps, train.eval_every): its evaluations at every eval_every-th step
-        before its last (the worker's; eval_every 0: none)."""
-        evals = {s for steps, every in tasks if every > 0 for s in range(every, steps, every)}
-        return cls(tuple(sorted(evals)), max((steps for steps, _ in tasks), default=0), grace)
-
-    @property
-    def look_steps(self) -> tuple[int, ...]:
-        return tuple(s for s in self.eval_steps if s >= self.grace * self.steps)
-
-    @property
-    def n_looks(self) -> int:
-        return max(1, len(self.look_steps))
 
 
 def spend(look: int, n_looks: int, level: float = LEVEL, depth: int = 0, auto: Auto | None = None) -> float:

@@ -1,15 +1,13 @@
 """prune=true's rule at one look, pure: which variants are clear losers in one table of evaluations, decided by the
-verdict's own statistics (docs/design/pruning.md, "Pruning"); when the run looks and what each look may spend is
-verdict/contest.py, the files worker/prune.py.
+one judgement (verdict/judge.py) on the verdict's own statistics (docs/design/pruning.md, "One judgement"); when
+the run looks and what each look may spend is verdict/contest.py and verdict/schedule.py, the files worker/prune.py.
 
-The variant with the lowest mean (held-out loss, or eval.primary's task metric) in the table is the best; every
-other variant is compared with it by verdict/stats.compare (the verdict's interval over seeds and eval batches).
-A variant is pruned when it is worse than the best by more than the negligible, the interval includes training
-noise (at least 2 seeds on each side: with one, eval-sample noise alone would stop equally good variants most of
-the time), and its p-value, Holm-adjusted over the variants compared with the best, is below the look's level.
-prune=true therefore needs seeds >= 2, and enough eval batches for the level: reach_note says at submission when
-it can never fire. Pruning only ends tasks: a task that is not pruned computes exactly what it computes alone (the
-router's invariant is untouched).
+A variant is pruned when some other variant is better than it by a claim the one judgement decides at the look's
+level (Holm over every ordered pair of the variants at the look), by more than the negligible, with training noise
+in the interval (at least 2 seeds on each side: with one, eval-sample noise alone would stop equally good variants
+most of the time). prune=true therefore needs seeds >= 2, and enough eval batches for the level: reach_note says at
+submission when it can never fire. Pruning only ends tasks: a task that is not pruned computes exactly what it
+computes alone (the router's invariant is untouched).
 """
 
 from __future__ import annotations
@@ -251,7 +249,7 @@ def reach_note(
     run's L looks (contest.Schedule, from every task's (steps, eval_every) in `tasks`), halved and split over the
     depths with seeds=auto; then Holm's first step over the k(k-1)/2 pairs of variants), with the smallest change
     that lets it: more eval batches, or fewer evaluations (a larger train.eval_every)."""
-    from slurm_router.verdict.contest import Schedule
+    from slurm_router.verdict.schedule import Schedule
 
     def n_looks(every: int) -> int:
         return Schedule.of([(t, every) for t, _ in tasks] if tasks else [(steps, every)]).n_looks
