@@ -1,9 +1,9 @@
 """prune=true and the final verdict on simulated runs that behave as real ones: the same seeds and eval batches at
 every step (their effects persist over steps), variants with their own train.steps, tasks at their own paces. The
-decisions are the production pure functions: verdict/contest.py Schedule, next_look, take and decision_for at each
-evaluation as it arrives (as worker/prune.decide_after calls them), and at the end verdict/stats.compare over every
-pair of the variants left with verdict/sentences.decide_rows (verdict/judge.py: Holm over every ordered pair, 5%).
-Writes benchmarks/results/verdict_sim.md (and .json).
+decisions are the production pure functions: verdict/schedule.py Schedule, verdict/contest.py next_look, take and
+decision_for at each evaluation as it arrives (as worker/prune.decide_after calls them), and at the end
+verdict/stats.compare over every pair of the variants left with verdict/sentences.decide_rows (verdict/judge.py:
+Holm over every ordered pair, 5%). Writes benchmarks/results/verdict_sim.md (and .json).
 
     python benchmarks/verdict_sim.py [--runs 2000] [--power-runs 500] [--out DIR] [--quick]
 
@@ -15,18 +15,21 @@ looks from then on. Device-steps are the steps the tasks ran, beside the fixed d
 1. A/A (--runs per k, k = 2, 4, 8, 16 equally good variants, 3 seeds, 32 eval batches, the variants' plan cycling
    (100, 10), (100, 10), (80, 10) as (train.steps, eval_every); the curves are flat, so that a variant trained
    80 steps is as good at its end as one trained 100): (a) runs where a look pruned a variant, (b) runs where the
-   final verdict over the variants left declared a difference, (c) either.
+   final verdict over the variants left declared a difference, (c) either. Then k = 4 under two other plans
+   (eval_every 10 and 20; one variant of 50 steps): which of the planned look steps the runs could take.
 2. Curves that cross (k = 4, every variant (100, 10)): two fast learners that plateau higher, two late bloomers
-   better at the end; for grace 0, 0.25, 0.5, 0.75 how often a pruned variant was the final winner (the best true
-   final mean, and the fixed design's observed best) and the device-steps. The same for a clear loser (0.02 and
-   0.05 nats worse at every step) without crossing: the power and the savings.
+   that cross them (at step 39, or 63) and win; for grace 0, 0.25, 0.5, 0.75 how often a pruned variant was the
+   final winner (the best true final mean, and the fixed design's observed best) and the device-steps. The same
+   for a clear loser (0.02 and 0.05 nats worse at every step) without crossing: the power and the savings.
 3. The old model (every step's tables drawn afresh) beside the persistent one, for one setting.
---quick: a smoke run of every section with few runs, printed only.
+--quick: a smoke run of every section with few runs, printed only (~10 s of CPU). The defaults take ~8 minutes of
+CPU time in one process (most of it k = 16's 120 pairs per look); the file says the time it took.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -282,12 +285,16 @@ def aa_lines(rows: list[dict], n: int) -> list[str]:
             f"{pct(r['fixed_final'])} | {r['looks_taken']:.2f} | {r['device_steps_share']:.1%} |"
         )
     worst = {key: max(rows, key=lambda r: r[key]["rate"]) for key in ("a_looks", "b_final", "c_either")}
+    either = sum(r["c_either"]["count"] for r in rows)
+    both = sum(r["a_looks"]["count"] + r["b_final"]["count"] for r in rows) - either
     out += [
         "",
         f"At most: (a) {pct(worst['a_looks']['a_looks'])} (k = {worst['a_looks']['k']}), (b) "
         f"{pct(worst['b_final']['b_final'])} (k = {worst['b_final']['k']}), (c) {pct(worst['c_either']['c_either'])} "
         f"(k = {worst['c_either']['k']}). The looks and the final verdict each spend 5%; a run can be wrong at "
-        "either, so the combined bound is their sum, and (c) is what it measures here.",
+        f"either, so the combined bound is their sum, and (c) is what it measures here. Over every k, {both} of the "
+        f"{either} runs wrong at either were wrong at both: the two errors rarely fall in the same run, so they "
+        "add up (a variant a look pruned is not in the final verdict).",
     ]
     return out
 
@@ -375,7 +382,7 @@ def old_lines(old: dict, n: int, power_n: int) -> list[str]:
 
 def measure(runs: int, power_runs: int, ks=AA_KS, graces=GRACES) -> dict:
     """Every section's figures (seeded: the same numbers every time)."""
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     aa_rows = [aa(k, runs, 100 + k) for k in ks]
     plans = {name: aa(4, runs, 150 + i, plan=plan) for i, (name, plan) in enumerate(OTHER_PLANS.items())}
     t_aa = time.time() - t0
@@ -393,7 +400,12 @@ def measure(runs: int, power_runs: int, ks=AA_KS, graces=GRACES) -> dict:
         }
         for label, noise in (("persistent (this file)", Noise()), ("fresh at every step (the old)", FRESH))
     }
-    seconds = {"aa": t_aa, "contested": t_contested, "old": time.time() - t0 - t_aa - t_contested}
+    seconds = {
+        "aa": t_aa,
+        "contested": t_contested,
+        "old": time.time() - t0 - t_aa - t_contested,
+        "cpu": time.process_time() - cpu0,
+    }
     return {"aa": aa_rows, "plans": plans, "contested": cells, "old_vs_persistent": old, "seconds": seconds}
 
 
@@ -404,7 +416,8 @@ def report(figures: dict, command: str, runs: int, power_runs: int) -> list[str]
         "",
         *header(command),
         "",
-        "The production pure functions decide (verdict/contest.py Schedule, next_look, take, decision_for at each "
+        "The production pure functions decide (verdict/schedule.py Schedule; verdict/contest.py next_look, take, "
+        "decision_for at each "
         "evaluation as it arrives; verdict/stats.compare and verdict/sentences.decide_rows at the end); "
         "benchmarks/verdict_sim.py's docstring has the designs.",
         "",
@@ -414,8 +427,9 @@ def report(figures: dict, command: str, runs: int, power_runs: int) -> list[str]
         *contested_lines(figures["contested"], power_runs),
         *old_lines(figures["old_vs_persistent"], runs, power_runs),
         "",
-        f"Took {sum(took.values()):.0f} s (A/A {took['aa']:.0f} s, section 2 {took['contested']:.0f} s, "
-        f"section 3 {took['old']:.0f} s).",
+        f"Took {took['aa'] + took['contested'] + took['old']:.0f} s (A/A {took['aa']:.0f} s, section 2 "
+        f"{took['contested']:.0f} s, section 3 {took['old']:.0f} s), {took['cpu']:.0f} s of CPU time (one process); "
+        f"load average (1 min) {os.getloadavg()[0]:.1f} at the end.",
     ]
 
 
@@ -426,7 +440,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write here instead of benchmarks/results/ (any tree state)")
     parser.add_argument("--quick", action="store_true", help="a smoke run with few runs, printed only")
     args = parser.parse_args()
-    runs, power_runs = (40, 10) if args.quick else (args.runs, args.power_runs)
+    runs, power_runs = (30, 10) if args.quick else (args.runs, args.power_runs)
     out = (args.out / RESULTS.name) if args.out else RESULTS
     if not args.quick:
         check(out)

@@ -28,7 +28,7 @@ import numpy as np
 from verdict_calibration import Noise as CalibrationNoise
 
 from slurm_router.verdict import GRACE
-from slurm_router.verdict.contest import Schedule
+from slurm_router.verdict.schedule import Schedule
 
 LORA_AB = CalibrationNoise()
 TOKENS = 1000  # target tokens per eval batch, the same in every batch: loss_sums = x * TOKENS
@@ -73,7 +73,7 @@ class Curve:
 @dataclass(frozen=True)
 class Design:
     """A run: each variant's curve and (train.steps, eval_every), seeds per variant, eval batches, the looks'
-    grace (verdict/contest.py Schedule) and the noise."""
+    grace (verdict/schedule.py Schedule) and the noise."""
 
     curves: tuple[Curve, ...]
     plan: tuple[tuple[int, int], ...]
