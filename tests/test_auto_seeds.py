@@ -285,3 +285,21 @@ def test_a_look_waits_for_every_variants_first_round_seen_or_not(tmp_path):
             evaluate("a", 1)  # the next evaluation takes the look c-s1 no longer holds up
             (look,) = prune.read_looks(run)
             assert look["rows"] == {"a": [0, 1], "b": [0, 1], "c": [0]} and look["pruned"] == []
+
+
+def test_the_budget_counts_device_hours_as_the_report_does(tmp_path):
+    """A fused group is counted once (its member's events used to be counted again), an ended task by the elapsed
+    time its launcher recorded (what the report reads), a running one by its events' span in each attempt (not
+    the gap between two attempts)."""
+    lead, member, running = _task(tmp_path, "a", 0), _task(tmp_path, "b", 0), _task(tmp_path, "a", 1)
+    member.fused_into = lead.name
+    member.task_dir.joinpath("task.json").write_text(member.to_json())
+    rows = [{"event": "start", "time": 0.0, "attempt": 0}, {"event": "step", "time": 1800.0, "attempt": 0}]
+    for spec in (lead, member):
+        spec.task_dir.joinpath("events-rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    later = [{"event": "start", "time": 7200.0, "attempt": 1}, {"event": "step", "time": 9000.0, "attempt": 1}]
+    running.task_dir.joinpath("events-rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + later))
+    assert auto_seeds.spent_device_hours(tmp_path) == pytest.approx(0.5 + 1.0)  # the group once; 2 attempts
+    manifest = {"stages": [], "tasks": {lead.name: {"elapsed_s": 2700.0}, member.name: {"elapsed_s": 2700.0}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert auto_seeds.spent_device_hours(tmp_path) == pytest.approx(0.75 + 1.0)

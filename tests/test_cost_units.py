@@ -240,4 +240,7 @@ def test_a_variant_the_contest_pruned_lost_even_when_one_replicate_finished_firs
     tasks = [load(tmp_path, n) for n in ("good-s0", "good-s1", "bad-s0", "bad-s1")]
     final = abtest.winner(tasks, abtest.compare_all(tasks))
     assert final and final["variant"] == "good" and final["decided"], final
-    assert "winner: good" in final["sentence"] and "beats bad (pruned)" in final["sentence"], final["sentence"]
+    assert "winner: good" in final["sentence"] and "bad (stopped while behind at step 2)" in final["sentence"], final[
+        "sentence"
+    ]
+    assert "beats bad" not in final["sentence"]  # behind the best of its look, not beaten by the winner at the end

@@ -58,6 +58,10 @@ def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, s
                 f"{run_dir}: no variant has a final held-out loss yet, so the report names no winner: "
                 f"name a VARIANT (its variants: {listed})"
             )
+        if won.get("variant") is None:  # every variant scored the same: the report names no winner to export
+            raise UserError(
+                f"{run_dir}: the report names no winner ({won['sentence']}): name a VARIANT (its variants: {listed})"
+            )
         # with seeds=N the winner is a variant of N replicates: its best seed's task holds the adapter named
         variant, why = won.get("task") or won["variant"], f"the report's winner ({won['sentence']})"
     elif variant not in names:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
 
+from slurm_router.backends.local.reserves import ReserveCalls
 from slurm_router.config.schema import FUSE_AUTO, LocalLauncherConfig
 from slurm_router.errors import UserError
 from slurm_router.launch.base import Launcher, RunJobs, StageJobs
@@ -293,12 +294,13 @@ def _run_queue(
     running: list[Any]
     waiting, running, started, states = list(tasks), [], [], {}
     free = list(pool)
+    reserves = ReserveCalls()
     progress = Progress(tasks)
     try:
         while waiting or running:
             raise_if_stop_dropped()
-            while waiting and (devices := _take(free, waiting[0].devices)):
-                spec = waiting.pop(0)
+            while (spec := reserves.startable(waiting)) is not None and (devices := _take(free, spec.devices)):
+                waiting.remove(spec)
                 for d in devices:
                     free.remove(d)
                 # A Ctrl-C while the job process starts waits until it is in `started` (and so is stopped
