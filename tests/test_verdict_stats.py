@@ -16,6 +16,7 @@ from scipy import stats as sps
 from verdict_calibration import REGIMES, Noise, band, holm_fwer, old_rejects, rate, simulate
 
 from slurm_router.analysis import abtest
+from slurm_router.analysis import winner as winners
 from slurm_router.analysis.load import Task, load_run
 from slurm_router.analysis.report import write_report
 from slurm_router.verdict import stats
@@ -301,7 +302,7 @@ def test_one_seed_a_over_a_tables_never_decide_a_winner():
     for _ in range(200):
         a, b = simulate(rng, n_seeds=1, effects=(0.0, 0.0))
         tasks = [task("a", "a", a[0]), task("b", "b", b[0])]
-        w = abtest.winner(tasks, abtest.compare_all(tasks))
+        w = winners.winner(tasks, abtest.compare_all(tasks))
         leads += w["sentence"].startswith("leads: ")
         decided += w["decided"]
     assert leads > 0.3 * 200 and decided == 0, (leads, decided)
@@ -448,9 +449,9 @@ def test_a_tie_on_held_out_loss_too_is_no_winner():
         return t
 
     tasks = [task(f"{v}-s{s}", v, s) for v in ("a", "b") for s in range(2)]
-    w = abtest.winner(tasks, abtest.compare_all(tasks))
+    w = winners.winner(tasks, abtest.compare_all(tasks))
     assert w["variant"] is None and w["sentence"].startswith("no winner: every variant has held-out loss 3.0000")
-    assert abtest.disagreement(w, {"variant": "a", "score": 1.0}, "acc") is None
+    assert winners.disagreement(w, {"variant": "a", "score": 1.0}, "acc") is None
 
 
 def scores_by_seed(good: dict[str, list[int]]):
@@ -528,12 +529,12 @@ def test_a_variant_pruned_while_behind_is_stopped_not_beaten():
         tasks = [task(f"a-s{s}", "a", s, -0.0005 * s) for s in range(3)]
         tasks += [task(f"b-s{s}", "b", s, b_shift) for s in range(3)]
         tasks += [task(f"c-s{s}", "c", s, 0.3, pruned=True) for s in range(2)]
-        w = abtest.winner(tasks, abtest.compare_all(tasks))  # without the run's looks: where a replicate stopped
+        w = winners.winner(tasks, abtest.compare_all(tasks))  # without the run's looks: where a replicate stopped
         assert w["variant"] == "a" and "c (stopped while behind at step 12)" in w["sentence"], w["sentence"]
         assert "(pruned)" not in w["sentence"] and "beats c" not in w["sentence"], w["sentence"]
         assert ("beats b;" in w["sentence"]) == beats, w["sentence"]
         assert w["decided"] == beats and w["beats"] == (["b"] if beats else [])
-        w = abtest.winner(tasks, abtest.compare_all(tasks), looks=[{"look": 1, "step": 10, "pruned": ["c"]}])
+        w = winners.winner(tasks, abtest.compare_all(tasks), looks=[{"look": 1, "step": 10, "pruned": ["c"]}])
         assert w["stopped"] == {"c": 10} and "c (stopped while behind at step 10)" in w["sentence"]
 
 

@@ -96,6 +96,12 @@ def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, s
             raise UserError(
                 f"{variant}: no adapter in {folder}: the variant {ended}: {offer}, or choose another variant ({listed})"
             )
+        if paths.result.is_file() and not best:  # it had completed: its adapter was deleted since
+            raise UserError(
+                f"{variant}: no adapter in {folder}: it was deleted after the task completed: python -m "
+                f"slurm_router resume={run_dir} trains the task again to rebuild it, or choose another variant "
+                f"({listed})"
+            )
         raise UserError(
             f"{variant}: no adapter in {folder} (the task has not completed: its state is {state}): "
             f"finish it with python -m slurm_router resume={run_dir}, or choose another variant "
