@@ -97,7 +97,9 @@ def test_the_run_s_looks_are_fixed_by_its_plan_whatever_task_asks():
     the others spend 5% / 5."""
     s = Schedule.of([(100, 10), (100, 10), (50, 10)])
     assert s.look_steps == (50, 60, 70, 80, 90) and s.n_looks == 5
-    assert Schedule.of([(100, 10), (100, 15)]).look_steps == (50, 60, 70, 75, 80, 90)
+    # only the steps every task still training evaluates at can hold a look: L counts those alone
+    assert Schedule.of([(100, 10), (100, 15)]).look_steps == (60, 90)
+    assert Schedule.of([(100, 10), (100, 20), (60, 15)]).look_steps == (60, 80)
     assert Schedule.of([(10, 5)]).look_steps == (5,) and Schedule.of([(10, 0)]).n_looks == 1
 
 

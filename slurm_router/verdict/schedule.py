@@ -22,10 +22,15 @@ class Schedule:
 
     @classmethod
     def of(cls, tasks: list[tuple[int, int]], grace: float = GRACE) -> Schedule:
-        """From each planned task's (train.steps, train.eval_every): its evaluations at every eval_every-th step
-        before its last (the worker's; eval_every 0: none)."""
-        evals = {s for steps, every in tasks if every > 0 for s in range(every, steps, every)}
-        return cls(tuple(sorted(evals)), max((steps for steps, _ in tasks), default=0), grace)
+        """From each planned task's (train.steps, train.eval_every): a task evaluates at every eval_every-th step
+        before its last (the worker's; eval_every 0: never). A look needs every replicate still training there to
+        have its row, so only the steps every evaluating task still training evaluates at can be looked at: those
+        are the run's eval steps, and L counts only them (with eval_every 10 and 20 side by side, the steps 10, 30,
+        50 ... can never hold a look, and counting them would spend level no look can use)."""
+        evaluating = [(steps, every) for steps, every in tasks if every > 0]
+        evals = {s for steps, every in evaluating for s in range(every, steps, every)}
+        common = {s for s in evals if all(s % every == 0 for steps, every in evaluating if steps > s)}
+        return cls(tuple(sorted(common)), max((steps for steps, _ in tasks), default=0), grace)
 
     @property
     def look_steps(self) -> tuple[int, ...]:
