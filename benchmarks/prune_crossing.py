@@ -271,10 +271,21 @@ def report(sweep: str, runs: list[dict], design, head: list[str], note: str) -> 
             f"{share(f['picked_winner'], n)} | {f['mean_regret']:.4f} | {f['device_steps_share']:.0%} | "
             f"{f['device_seconds_share']:.0%} |"
         )
+    early = sum(x["crossing"]["steps"][design.eval_steps[0]]["leader"] == x["crossing"]["winner"] for x in runs)
+    crossed = sum(any(s["leader"] != x["crossing"]["winner"] for s in x["crossing"]["steps"].values()) for x in runs)
+    c, c0 = figures[CONTESTS[GRACES.index(GRACE)]], figures[CONTESTS[0]]
     lines += [
         "",
         "A rule prunes a variant when it stops any replicate of it. Device-steps and device-seconds: a mean of the "
         "runs' shares of the fixed design's (every task to the end).",
+        "",
+        f"The leader at the first evaluation (step {design.eval_steps[0]}) was the final winner in {share(early, n)} "
+        f"runs; in {share(crossed, n)} the leader at some evaluation was not. The contest at the default grace "
+        f"({GRACE:g}) pruned the final winner in {c['winner_pruned']} of {n} runs and some variant in "
+        f"{c['any_pruned']}, at {c['device_steps_share']:.0%} of the fixed design's device-steps; looking from the "
+        f"first evaluation (grace 0) it pruned the final winner in {c0['winner_pruned']} and some variant in "
+        f"{c0['any_pruned']}, at {c0['device_steps_share']:.0%}. ASHA and optuna's WilcoxonPruner pruned the final "
+        f"winner in {figures['ASHA']['winner_pruned']} and {figures['optuna Wilcoxon']['winner_pruned']} of {n} runs.",
     ]
     return lines, {"rates": figures, "winners": winners, "losers": losers}
 
@@ -303,7 +314,7 @@ def main() -> None:
         )
     else:
         command = "python benchmarks/prune_crossing.py" + (f" --runs {args.runs}" if args.runs != 20 else "")
-        before, commands = load(""), []
+        before, commands, recording_head = load(""), [], header(command)  # the tree the runs ran from
         with tempfile.TemporaryDirectory(prefix="prune_crossing-") as tmp:
             for c in range(-(-args.runs // RUNS_PER_COMMAND)):
                 runs = min(RUNS_PER_COMMAND, args.runs - c * RUNS_PER_COMMAND)
@@ -314,7 +325,7 @@ def main() -> None:
         lines = [
             "# Recorded real curves for the pruning replay on crossing curves: a learning-rate and a rank sweep",
             "",
-            *header(command),
+            *recording_head,
             "",
             f"The runs `{command.replace(' --runs', '')} --recordings` (this .json) replays: the real commands "
             f"(`argv` in the .json, prune=false), each {RUNS_PER_COMMAND} runs of {SEEDS_PER_RUN} training seeds of "
