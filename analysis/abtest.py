@@ -11,11 +11,12 @@ training noise (how much another seed would move the loss) when a variant has at
 noise only, and the sentence says which, and on how many seeds and eval batches it rests. More than two
 variants: Holm's correction over the pairs.
 
-The winner is the variant with the lowest mean held-out loss; the verdict says whether it beats every other
-variant, and names its adapter (tasks/<task>/adapter/, slurm_router/artifacts/adapters.py) so the user can load it or
-`python -m slurm_router.export RUN_DIR --merge OUT`: with several seeds, the adapter of its seed with the
-lowest held-out loss (the verdict is about the variant; the best replicate is the one to use), and the
-report lists every replicate's adapter.
+The winner is the variant with the best mean score of eval.primary (the lowest mean held-out loss by default); the
+verdict says which variants it beats (significant in the final verdict), which ones prune=true stopped while they
+were behind, and names its adapter (tasks/<task>/adapter/, slurm_router/artifacts/adapters.py) so the user can load
+it or `python -m slurm_router.export RUN_DIR --merge OUT`: with several seeds, the adapter of its best seed by the
+same metric (best_replicate: the verdict is about the variant; the best replicate is the one to use), and the
+report lists every replicate's adapter. When every variant scores the same there is no winner.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from slurm_router.analysis.load import Task
 from slurm_router.config.metrics import LOSS
 from slurm_router.rundir.layout import FULL_MODEL
 from slurm_router.verdict import judge, sentences, stats
-from slurm_router.verdict.sentences import one_seed
 
 
 def eval_batches(task: Task, step: int | None = None, metric: str = LOSS) -> dict | None:
@@ -112,26 +112,50 @@ def pruned(tasks: list[Task]) -> dict[str, list[dict]]:
     return out
 
 
-def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = None) -> dict[str, dict]:
+def held_out_losses(tasks: list[Task]) -> dict[str, float]:
+    """Task -> its held-out loss after training (its last eval), for every trained replicate (`replicates`)."""
+    return {r.task: cast(float, r.val_loss) for reps in replicates(tasks).values() for r in reps if r.batches}
+
+
+def best_replicate(reps: list[Replicate], losses: dict[str, float] | None = None) -> Replicate | None:
+    """The replicate of a variant to use: the best score of the metric `reps` hold (replicates(tasks, metric)),
+    ties broken by the lower held-out loss (losses: held_out_losses), then by order; None when none is trained.
+    The seeds table's best seed, the winner's seed and its adapter all come from here."""
+    done = [r for r in reps if r.batches is not None]
+    if not done:
+        return None
+    return min(done, key=lambda r: (cast(float, r.val_loss), (losses or {}).get(r.task, float("inf"))))
+
+
+def variant_table(
+    tasks: list[Task], adapters: dict[str, str | None] | None = None, metric: str = LOSS, higher: bool = False
+) -> dict[str, dict]:
     """Per variant, over its trained seeds: n_seeds, seeds, the held-out loss's mean, std (n-1; None with one
-    seed) and per-seed values, the best seed, and each replicate's task, loss and adapter; `pruned`: its
+    seed) and per-seed values, the best seed (by `metric`, eval.primary: best_replicate), and each replicate's
+    task, loss and adapter; with a task metric also its mean score and per-seed scores (`metric`, `score_mean`,
+    `score_per_seed`, each replicate's `score`: the metric's own scores, `higher` better); `pruned`: its
     replicates that prune=true stopped (a variant whose every replicate was pruned has n_seeds 0)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     stopped = pruned(tasks)
+    scored = replicates(tasks, metric) if metric != LOSS else {}
+    losses = held_out_losses(tasks)
+    sign = -1.0 if higher else 1.0  # back to the metric's own direction (metric_side negated it)
     reps: list[Any]
     for variant, reps in replicates(tasks).items():
         done = [r for r in reps if r.batches is not None]
-        losses = [cast(float, r.val_loss) for r in done]
-        best = min(done, key=lambda r: cast(float, r.val_loss)) if done else None
+        per_seed = [cast(float, r.val_loss) for r in done]
+        by_task = {r.task: r for r in scored.get(variant, [])}
+        best = best_replicate(scored.get(variant, []) if metric != LOSS else reps, losses)
         out[variant] = {
             "n_seeds": len(done),
             "seeds": [r.seed for r in done],
             "tasks": [r.task for r in reps],
-            "val_loss_mean": float(np.mean(losses)) if losses else None,
-            "val_loss_std": float(np.std(losses, ddof=1)) if len(losses) > 1 else None,
-            "val_loss_per_seed": losses,
+            "val_loss_mean": float(np.mean(per_seed)) if per_seed else None,
+            "val_loss_std": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else None,
+            "val_loss_per_seed": per_seed,
             "best_seed": best.seed if best else None,
             "best_task": best.task if best else None,
+            "best_by": metric,
             "replicates": [
                 {
                     "task": r.task,
@@ -144,6 +168,14 @@ def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = No
             ],
             "pruned": stopped.get(variant, []),
         }
+        if metric != LOSS:
+            own = {n: sign * cast(float, r.val_loss) + 0.0 for n, r in by_task.items() if r.batches is not None}
+            for entry in out[variant]["replicates"]:
+                entry["score"] = own.get(entry["task"])
+            scores = [own[r.task] for r in reps if r.task in own]
+            out[variant].update(
+                metric=metric, score_mean=float(np.mean(scores)) + 0.0 if scores else None, score_per_seed=scores
+            )
     for variant, reps in stopped.items():
         out.setdefault(
             variant,
@@ -156,6 +188,7 @@ def variant_table(tasks: list[Task], adapters: dict[str, str | None] | None = No
                 "val_loss_per_seed": [],
                 "best_seed": None,
                 "best_task": None,
+                "best_by": metric,
                 "replicates": [],
                 "pruned": reps,
             },
@@ -206,7 +239,7 @@ def compare_all(
                 + "]"
             )
         rows.append(row)
-    _decide(rows, groups, adapters)
+    _decide(rows, groups, adapters, held_out_losses(tasks) if metric != LOSS else None)
     return rows
 
 
@@ -215,7 +248,9 @@ def trained(reps: list[Replicate]) -> dict:
     return {r.key: r.batches for r in reps if r.batches is not None}
 
 
-def _decide(rows: list[dict], groups: dict[str, list[Replicate]], adapters: dict | None) -> None:
+def _decide(
+    rows: list[dict], groups: dict[str, list[Replicate]], adapters: dict | None, losses: dict[str, float] | None
+) -> None:
     """The one judgement over the pairs of variants, each row's decision and sentence (verdict/sentences.py), the
     interval at the level each claim was judged, then the winner's adapter and the not-final note."""
     sentences.decide_rows(rows)
@@ -228,18 +263,20 @@ def _decide(rows: list[dict], groups: dict[str, list[Replicate]], adapters: dict
             r.update(ci_adjusted_low=low, ci_adjusted_high=high, ci_adjusted_coverage=coverage)
         if r["significant"] and r["b"] != "base":
             won = r["a"] if r["diff"] < 0 else r["b"]
-            r["sentence"] += f"; {_weights_text(*best_adapter(groups[won], adapters, r.get('metric', LOSS)))}"
+            r["sentence"] += f"; {_weights_text(*best_adapter(groups[won], adapters, r.get('metric', LOSS), losses))}"
         if r.get("note"):
             r["sentence"] += f" {r['note']}"
 
 
-def best_adapter(reps: list[Replicate], adapters: dict | None, metric: str = LOSS) -> tuple[str | None, str]:
-    """(path, what it is) of a variant's adapter: with several seeds, the seed with the lowest held-out loss (or
-    the best score of the task metric `metric`)."""
+def best_adapter(
+    reps: list[Replicate], adapters: dict | None, metric: str = LOSS, losses: dict[str, float] | None = None
+) -> tuple[str | None, str]:
+    """(path, what it is) of a variant's adapter: with several seeds, its best seed (best_replicate: the lowest
+    held-out loss, or the best score of the task metric `metric` that `reps` hold, ties broken by held-out loss)."""
     done = [r for r in reps if r.batches is not None]
-    if not done:
+    best = best_replicate(done, losses)
+    if best is None:
         return None, ""
-    best = min(done, key=lambda r: cast(float, r.val_loss))
     what = "lowest held-out loss" if metric == LOSS else f"best {metric}"
     why = f" (seed {best.seed}: the {what} of its {len(done)} seeds)" if len(done) > 1 else ""
     return (adapters or {}).get(best.task), why
@@ -250,115 +287,3 @@ def _weights_text(path: str | None, why: str = "") -> str:
     if not path:
         return f"its adapter{why}: none saved yet (the task has not completed)"
     return f"its {'model' if Path(path).name == FULL_MODEL else 'adapter'}{why}: {path}"
-
-
-def winner(
-    tasks: list[Task], rows: list[dict], adapters: dict[str, str | None] | None = None, metric: str = LOSS, higher=False
-) -> dict | None:
-    """The variant with the lowest held-out loss (mean over its seeds; None when no variant has one): {variant,
-    val_loss, n_seeds, decided (it beats every other variant: significant, after Holm's correction, with training
-    noise in each interval, or pruned by the run's contest; a win that rests on one seed only leads), adapter
-    (of its best seed), seed, task, sentence}."""
-    groups = replicates(tasks, metric)
-    scored = [
-        (float(np.mean([r.val_loss for r in reps if r.batches is not None])), name)
-        for name, reps in groups.items()
-        if any(r.batches is not None for r in reps)
-    ]
-    if not scored:
-        return None
-    val_loss, name = min(scored)
-    done = [r for r in groups[name] if r.batches is not None]
-    best = min(done, key=lambda r: cast(float, r.val_loss))
-    # a variant the run's contest pruned lost to the best one at that look (worker/prune.py: one decision per variant,
-    # at the level its spending bounds), whether or not some of its replicates had finished before it
-    lost = [n for n in pruned(tasks) if n != name]
-    others = [n for _, n in scored if n != name and n not in lost]
-    beaten = [
-        r
-        for r in rows
-        if r["b"] != "base"
-        and name in (r["a"], r["b"])
-        and ({r["a"], r["b"]} - {name}) <= set(others)
-        and r.get("significant")
-        and (r["a"] if r["diff"] < 0 else r["b"]) == name
-    ]
-    beats_all = bool(others or lost) and len(beaten) == len(others)
-    # a win on one seed measures eval-sample noise only: the variant leads, nothing is decided (DESIGN.md)
-    leads = beats_all and any(one_seed(r) for r in beaten)
-    decided = beats_all and not leads
-    adapter, why = best_adapter(groups[name], adapters, metric)
-    shown = (-val_loss if higher else val_loss) + 0.0  # a task metric's own score (metric_side negated it)
-    loss = f"{'held-out loss' if metric == LOSS else metric} {shown:.4f}" + (
-        f", mean of {len(done)} seeds" if len(done) > 1 else ""
-    )
-    if not others and not lost:
-        what = f"{name}: {loss} (the only variant with one)"
-    elif leads:  # significant on eval batches, training noise unknown
-        ahead = others + [f"{n} (pruned)" for n in lost]
-        what = f"leads: {name} ({loss}; ahead of {', '.join(ahead)} on 1 seed)"
-    elif decided:
-        beats = others + [f"{n} (pruned)" for n in lost]
-        what = f"winner: {name} ({loss}; beats {', '.join(beats)})"
-    else:
-        what = (
-            f"{'lowest held-out loss' if metric == LOSS else 'best ' + metric}: {name} ({loss}), not a detectable win over "
-            f"{', '.join(n for n in others if not any(n in (r['a'], r['b']) for r in beaten))}"
-        )
-    return {
-        "variant": name,
-        "val_loss": val_loss,
-        "metric": metric,
-        "score": shown,
-        "n_seeds": len(done),
-        "decided": decided,
-        "adapter": adapter,
-        "seed": best.seed,
-        "task": best.task,
-        "sentence": f"{what}; {_weights_text(adapter, why)}",
-    }
-
-
-def metric_directions(tasks: list[Task]) -> dict[str, bool]:
-    """The task metrics (eval.metrics) the run's eval rows hold: name -> higher_is_better, in first-seen order."""
-    out: dict[str, bool] = {}
-    for t in tasks:
-        if t.evals.empty or "metrics" not in t.evals:
-            continue
-        for m in t.evals["metrics"]:
-            for name, entry in (m if isinstance(m, dict) else {}).items():
-                out.setdefault(name, bool(entry.get("higher_is_better", True)))
-    return out
-
-
-def metric_table(tasks: list[Task]) -> dict[str, dict[str, dict]]:
-    """Per variant, per metric (held-out loss and each task metric): the mean over its trained seeds (and eval
-    batches or examples) and its 95% interval, training noise and example noise in it, examples that share a
-    source as one cluster (stats.mean_interval)."""
-    out: dict[str, dict[str, dict]] = {}
-    for metric, higher in {LOSS: False, **metric_directions(tasks)}.items():
-        for variant, reps in replicates(tasks, metric).items():
-            side = trained(reps)
-            if not side:
-                continue
-            try:
-                mean, lo, hi = stats.mean_interval(side)
-            except ValueError:  # one seed of one eval batch: no spread to measure
-                continue
-            if higher:  # back to the metric's own direction (metric_side negated it)
-                mean, lo, hi = -mean, -hi, -lo
-            n = len(next(iter(side.values()))["loss_sums"])
-            row = {"mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(side), "n": n, "higher_is_better": higher}
-            out.setdefault(variant, {})[metric] = row
-    return out
-
-
-def disagreement(loss_winner: dict | None, metric_winner: dict | None, metric: str) -> str | None:
-    """One line when held-out loss and the primary task metric name different winners, else None."""
-    if not loss_winner or not metric_winner or metric == LOSS or loss_winner["variant"] == metric_winner["variant"]:
-        return None
-    return (
-        f"held-out loss and {metric} name different winners: {loss_winner['variant']} has the lowest held-out loss "
-        f"({loss_winner['score']:.4f}), {metric_winner['variant']} the best {metric} ({metric_winner['score']:.4f}); "
-        f"the verdict, prune=true and export follow eval.primary={metric}"
-    )

@@ -11,7 +11,7 @@ among its variants by fused.py, so the run counts it once).
 - Fixed design: what the run spent, plus, for each pruned task, the steps it did not train at its own pace (its
   steps / its summed step time) and the evaluations it skipped at its mean evaluation time (a fused variant: its
   part of the group's tokens at the steps it trained, of each).
-- To the decision: the evaluation step from which on the verdict's own code (abtest.winner on every task's
+- To the decision: the evaluation step from which on the verdict's own code (winner.winner on every task's
   evaluations up to that step, the tasks pruned by then left out) names the final winner as decided at every
   later evaluation; each task counts what it spent up to its evaluation at that step (all of it when it ended
   before).
@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from slurm_router.analysis import abtest
+from slurm_router.analysis import winner as winners
 from slurm_router.analysis.load import Task, of_kind
 from slurm_router.analysis.render import fmt, pct
 from slurm_router.config.metrics import LOSS
@@ -188,8 +189,8 @@ def at_step(task: Task, step: int) -> Task:
 def _judge(view: list[Task], metric: str) -> dict | None:
     """The verdict's winner on these tasks (abtest), on held-out loss or the primary task metric."""
     if metric == LOSS:
-        return abtest.winner(view, abtest.compare_all(view))
-    return abtest.winner(view, abtest.compare_all(view, None, metric), None, metric)
+        return winners.winner(view, abtest.compare_all(view))
+    return winners.winner(view, abtest.compare_all(view, None, metric), None, metric)
 
 
 def decision(tasks: list[Task], final: dict | None) -> int | None:

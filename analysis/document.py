@@ -7,6 +7,7 @@ import pandas as pd
 
 from slurm_router.analysis import cost, fused
 from slurm_router.analysis.render import fmt, gib, pct
+from slurm_router.analysis.seeds_table import seeds_section
 from slurm_router.rundir.throughput import WARMUP_FRACTION
 from slurm_router.verdict import contest
 
@@ -21,8 +22,9 @@ DEFINITIONS = [
     "noise: LoRA init, data order) and an eval-batches part (which held-out samples were drawn), from the two-way "
     "ANOVA of seeds x eval batches; +/- is its standard error, the 95% interval adds each part's standard error "
     "times its own Student t quantile in quadrature (Banerjee), the p-value inverts that interval. With one seed "
-    "it is a paired t-test over eval batches and covers eval-sample noise only. With more than two variants the "
-    "pairs' p-values get Holm's correction (not the comparisons with the base). Calibration on simulated runs: "
+    "it is a paired t-test over eval batches and covers eval-sample noise only. With more than two variants one "
+    "judgement adjusts the pairs' p-values: Holm over every ordered pair (not the comparisons with the base), and the "
+    "forest plot draws each pair's interval at the level Holm gave it. Calibration on simulated runs: "
     "benchmarks/results/verdict_calibration.md.",
     "Balance ratio of a step: max / mean over devices of busy time before the gradient sync (1.0 = all devices "
     "finish together); reported as the mean and p95 over steps. Cost balance ratio: the router's planned cost, "
@@ -72,7 +74,7 @@ def document(summary: dict, tables: dict) -> list[tuple]:
     verdict += auto.get("not_run", []) + auto.get("stopped", [])  # reserves never run, or stopped once decided
     b += [("h", 2, "Verdict")] + ([("banner", summary["caveat"])] if summary.get("caveat") else [])
     b += [("ul", verdict or ["no variants to compare"])]
-    b += _seeds_section(summary) + _metrics_section(summary)
+    b += seeds_section(summary) + _metrics_section(summary)
     if summary["missing"]:
         b += [("h", 2, "What is missing"), ("ul", summary["missing"])]
     b += _changed_section(summary) + _variants_section(summary, tasks) + fused.section(summary["variants"])
@@ -182,45 +184,6 @@ def _disagree_block(d: dict | None) -> list[tuple]:
         f"Where {d['leader']} and {d['runner_up']} differ most ({d['metric']}; examples as your function numbers them):"
     )
     return [("p", what), ("ul", lines)]
-
-
-def _seeds_section(summary: dict) -> list[tuple]:
-    """Per variant, its held-out loss over seeds (shown when a variant has more than one seed)."""
-    by_variant = summary.get("by_variant") or {}
-    if not any(v["n_seeds"] > 1 for v in by_variant.values()):
-        return []
-    rows = []
-    for name, v in by_variant.items():
-        vs = v.get("vs_base") or {}
-        rows.append(
-            {
-                "variant": name,
-                "seeds": v["n_seeds"],
-                "held-out mean": fmt(v["val_loss_mean"], ".4f"),
-                "std over seeds": fmt(v["val_loss_std"], ".4f"),
-                "range": f"{min(v['val_loss_per_seed']):.4f} to {max(v['val_loss_per_seed']):.4f}"
-                if v["val_loss_per_seed"]
-                else "-",
-                "per seed": ", ".join(
-                    f"s{r['seed']} {r['val_loss']:.4f}" for r in v["replicates"] if r["val_loss"] is not None
-                )
-                or "-",
-                "best seed": "-" if v["best_seed"] is None else str(v["best_seed"]),
-                "vs base (95% CI)": f"{vs['diff']:+.4f} ({vs['ci_low']:+.4f} to {vs['ci_high']:+.4f})"
-                if vs.get("diff") is not None
-                else "-",
-            }
-        )
-    return [
-        ("h", 2, "Variants over seeds"),
-        ("table", pd.DataFrame(rows)),
-        (
-            "p",
-            "Held-out loss (nats per token) of each seed replicate after training; the mean is what the "
-            "verdict compares, the std (n-1) is the training noise one seed alone cannot show. The winner's "
-            "adapter is its best seed's; every replicate's adapter is in summary.json (by_variant).",
-        ),
-    ]
 
 
 def _state(s: dict) -> str | None:

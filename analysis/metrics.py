@@ -53,14 +53,18 @@ def warm(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def losses(task: Task) -> dict:
+    """The held-out losses: val_loss is the last evaluation after training began (step > 0); the step-0
+    evaluation is the model before any step (the base's loss), so a task that ended before its second
+    evaluation (failed, stopped) has none, only val_loss_start."""
     out: dict = {}
-    if len(task.evals):
-        out["val_loss"] = float(task.evals["val_loss"].iloc[-1])
-        out["val_loss_step"] = int(task.evals["step"].iloc[-1])
+    trained = task.evals[task.evals["step"] > 0] if len(task.evals) else task.evals
+    if len(trained):
+        out["val_loss"] = float(trained["val_loss"].iloc[-1])
+        out["val_loss_step"] = int(trained["step"].iloc[-1])
         out["best_val_loss"] = float(task.evals["val_loss"].min())
         out["best_val_loss_step"] = int(task.evals.loc[task.evals["val_loss"].idxmin(), "step"])
-        if int(task.evals["step"].iloc[0]) == 0:
-            out["val_loss_start"] = float(task.evals["val_loss"].iloc[0])
+    if len(task.evals) and int(task.evals["step"].iloc[0]) == 0:
+        out["val_loss_start"] = float(task.evals["val_loss"].iloc[0])
     if len(task.steps):
         tail = task.steps["loss"].iloc[-max(1, len(task.steps) // 10) :]
         out["train_loss"] = float(tail.mean())

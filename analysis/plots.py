@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 
 from slurm_router.analysis.load import Task, atomic_write  # noqa: E402
 from slurm_router.analysis.metrics import GIB, warmup_steps  # noqa: E402
+from slurm_router.verdict import LEVEL  # noqa: E402
 
 DPI = 90
 
@@ -89,56 +90,83 @@ def loss_curves(tasks: list[Task], base_val_loss: float | None, out: Path) -> st
     return _save(fig, out, "loss.png")
 
 
-def forest(summary: dict, out: Path) -> str | None:
-    """Each variant's held-out loss minus the best variant's, with its 95% interval: filled where the verdict
-    calls it a difference (after Holm's correction), hollow where not. The base is shown only when there is no
-    other variant (its gap would flatten the variants' differences; the tables have it)."""
+def forest_rows(summary: dict) -> dict | None:
+    """What forest() draws, from the verdict's rows (summary.json `ab`), deciding nothing of its own: {best, rows:
+    [{name, diff, low, high, filled, label}], xlabel, title}; None without a winner. Each variant's difference to
+    the best in eval.primary's own direction (other minus best). A pair of variants has the interval at the level
+    Holm gave it (ci_adjusted_*, verdict/judge.adjusted_interval) beside its adjusted p, so its bar excludes 0
+    exactly when the verdict calls the difference (filled); the base keeps its own 95% interval and p. A difference
+    the verdict does not judge (no spread to measure it by, or below float rounding) says so in its label."""
     best = (summary.get("winner") or {}).get("variant")
     if not best:
         return None
+    primary = summary.get("primary") or "loss"
     rows = []
     for r in summary.get("ab", []):
         if "diff" not in r or best not in (r["a"], r["b"]):
             continue
         other = r["b"] if r["a"] == best else r["a"]
-        sign = 1 if r["a"] == other else -1  # other minus best
-        lo, hi = sorted((sign * r["ci_low"], sign * r["ci_high"]))
-        rows.append((other, sign * r["diff"], lo, hi, bool(r.get("significant")), r.get("p_adjusted", r.get("p"))))
-    if any(r[0] != "base" for r in rows):
-        rows = [r for r in rows if r[0] != "base"]
+        sign = (1 if r["a"] == other else -1) * (-1 if r.get("higher_is_better") else 1)  # other minus best, own way
+        adjusted = other != "base" and r.get("ci_adjusted_low") is not None
+        low, high = (r["ci_adjusted_low"], r["ci_adjusted_high"]) if adjusted else (r["ci_low"], r["ci_high"])
+        lo, hi = sorted((sign * low + 0.0, sign * high + 0.0))
+        diff, filled = sign * r["diff"] + 0.0, bool(r.get("significant"))
+        p = r.get("p_adjusted", r["p"]) if adjusted else r["p"]
+        coverage = r.get("ci_adjusted_coverage", LEVEL) if adjusted else LEVEL
+        label = f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}] at {coverage:.2%}"
+        label += f"  {'Holm-adjusted ' if adjusted and r.get('family', 0) > 2 else ''}p={p:.2g}"
+        if not filled and (lo > 0 or hi < 0):  # excludes 0, yet the verdict makes no claim: say why
+            label += "  not judged: " + ("no spread to measure it by" if r.get("se") == 0 else "below float rounding")
+        rows.append({"name": other, "diff": diff, "low": lo, "high": hi, "filled": filled, "label": label})
+    if any(r["name"] != "base" for r in rows):
+        rows = [r for r in rows if r["name"] != "base"]
     if not rows:
         return None
-    rows.sort(key=lambda x: x[1])
+    rows.sort(key=lambda x: abs(x["diff"]))  # the closest to the best first
+    seeds = (summary.get("winner") or {}).get("n_seeds") or 1
+    rests = f"{seeds} seeds per variant" if seeds > 1 else "1 seed: eval-sample noise only"
+    what = "held-out loss" if primary == "loss" else primary
+    unit = " (nats/token)" if primary == "loss" else ""
+    interval = (
+        "interval at the level Holm gave each pair (its adjusted p beside it)"
+        if rows[0]["name"] != "base"
+        else f"{LEVEL:.0%} interval"
+    )
+    return {
+        "best": best,
+        "rows": rows,
+        "xlabel": f"{what} minus {best}'s{unit}; {interval}",
+        "title": f"difference to the best variant ({rests})\nfilled: a difference the verdict calls (its interval "
+        "excludes 0); hollow: none detectable",
+    }
+
+
+def forest(summary: dict, out: Path) -> str | None:
+    """Each variant's difference to the best variant (forest_rows): filled where the verdict calls it a difference,
+    hollow where not, each bar the interval its label and the verdict read. The base is shown only when there is
+    no other variant (its gap would flatten the variants' differences; the tables have it)."""
+    drawn = forest_rows(summary)
+    if drawn is None:
+        return None
+    rows = drawn["rows"]
     fig, ax = plt.subplots(figsize=(7.6, 1.6 + 0.45 * (len(rows) + 1)))
     y = np.arange(len(rows), 0, -1)
     ax.scatter([0], [len(rows) + 1], color="black", marker="D", zorder=3)
-    for yi, (name, diff, lo, hi, sig, p) in zip(y, rows):
+    for yi, r in zip(y, rows):
         ax.errorbar(
-            diff,
+            r["diff"],
             yi,
-            xerr=[[diff - lo], [hi - diff]],
+            xerr=[[max(0.0, r["diff"] - r["low"])], [max(0.0, r["high"] - r["diff"])]],
             fmt="o",
-            color="black" if sig else "grey",
-            mfc="black" if sig else "white",
+            color="black" if r["filled"] else "grey",
+            mfc="black" if r["filled"] else "white",
             capsize=3,
             zorder=3,
         )
-        ax.annotate(
-            f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (f"  p={p:.2g}" if p is not None else ""),
-            (1.01, yi),
-            xycoords=("axes fraction", "data"),
-            va="center",
-            fontsize=8,
-        )
+        ax.annotate(r["label"], (1.01, yi), xycoords=("axes fraction", "data"), va="center", fontsize=8)
     ax.axvline(0, color="grey", lw=1, ls="--")
-    ax.set_yticks([len(rows) + 1, *y], [f"{best} (best)", *[r[0] for r in rows]])
-    seeds = (summary.get("winner") or {}).get("n_seeds") or 1
-    rests = f"{seeds} seeds per variant" if seeds > 1 else "1 seed: eval-sample noise only"
-    ax.set(
-        xlabel=f"held-out loss minus {best}'s (nats/token), 95% interval",
-        title=f"difference to the best variant ({rests})\nfilled: a difference the verdict calls; hollow: none "
-        "detectable",
-    )
+    ax.set_yticks([len(rows) + 1, *y], [f"{drawn['best']} (best)", *[r["name"] for r in rows]])
+    ax.set(xlabel=drawn["xlabel"], title=drawn["title"])
     ax.grid(alpha=0.3, axis="x")
     ax.set_ylim(0.4, len(rows) + 1.6)
     return _save(fig, out, "forest.png", fit_text=True)

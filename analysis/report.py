@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from slurm_router.analysis import abtest, cost, fused, jobfacts, metrics, plots, task_metrics
+from slurm_router.analysis import winner as winners
 from slurm_router.analysis.contest import auto_seeds, prune_looks, task_config
 from slurm_router.analysis.document import document, task_table
 from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run, make_dir  # noqa: F401  (ReportError: API)
@@ -269,19 +270,21 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     if auto := auto_seeds(run_dir, every, summary["prune_looks"]):
         summary["auto_seeds"] = auto
     adapters = {n: v["adapter"] for n, v in summary["variants"].items()}
-    summary["by_variant"] = abtest.variant_table(tasks, adapters)
     primary = next((str(task_config(run_dir, t.name).get("eval", {}).get("primary", "loss")) for t in tasks), "loss")
     # eval.primary decides (config/metrics.py); held-out loss: lower is better
-    higher = primary != "loss" and abtest.metric_directions(tasks).get(primary, True)
-    summary["primary"], summary["metrics"] = primary, abtest.metric_table(tasks)
+    higher = primary != "loss" and task_metrics.metric_directions(tasks).get(primary, True)
+    summary["by_variant"] = abtest.variant_table(tasks, adapters, primary, higher)  # best seed: by eval.primary
+    summary["primary"], summary["metrics"] = primary, task_metrics.metric_table(tasks)
     summary["ab"] = abtest.compare_all(tasks, adapters, primary, higher)
-    summary["winner"] = abtest.winner(tasks, summary["ab"], adapters, primary, higher)
+    looks = summary["prune_looks"]
+    summary["winner"] = winners.winner(tasks, summary["ab"], adapters, primary, higher, looks)
     if primary != "loss":  # held-out loss's own winner, said in one line when it is another variant
-        by_loss = abtest.winner(tasks, abtest.compare_all(tasks, adapters), adapters)
-        summary["disagreement"] = abtest.disagreement(by_loss, summary["winner"], primary)
+        by_loss = winners.winner(tasks, abtest.compare_all(tasks, adapters), adapters, looks=looks)
+        summary["disagreement"] = winners.disagreement(by_loss, summary["winner"], primary)
         summary["disagree_examples"] = task_metrics.disagreements(tasks, primary, summary["winner"])
-    for row in summary["ab"]:
+    for row in summary["ab"]:  # in eval.primary: `metric` names it (a task metric's diff is signed, lower better)
         vs_base = {k: row.get(k) for k in ("diff", "se", "ci_low", "ci_high", "p", "sentence")}
+        vs_base.update(metric=primary, higher_is_better=bool(higher))
         for table in (summary["by_variant"], summary["variants"]):  # a variant; its task when it has one seed
             if row["b"] == "base" and row["a"] in table:
                 table[row["a"]]["vs_base"] = vs_base

@@ -12,6 +12,8 @@ import pandas as pd
 
 from slurm_router.analysis import abtest
 from slurm_router.analysis.load import Task
+from slurm_router.config.metrics import LOSS
+from slurm_router.verdict import stats
 
 COLUMNS = ["task", "variant", "step", "metric", "mean", "n_examples"]
 
@@ -48,7 +50,7 @@ def disagreements(tasks: list[Task], metric: str, winner: dict | None, k: int = 
     a, b = means[lead], means[runner]
     if a.shape != b.shape:
         return None
-    sign = -1.0 if abtest.metric_directions(tasks).get(metric, True) else 1.0  # back to the metric's own scores
+    sign = -1.0 if metric_directions(tasks).get(metric, True) else 1.0  # back to the metric's own scores
     order = np.argsort(-np.abs(a - b), kind="stable")[:k]
     best = {
         v: min(abtest.trained(groups[v]).items(), key=lambda kv: float(np.sum(kv[1]["loss_sums"])))
@@ -125,3 +127,37 @@ def plot_curves(table: pd.DataFrame, out: Path) -> str | None:
     fig.savefig(out / "metric_curves.png", dpi=100)
     plt.close(fig)
     return "metric_curves.png"
+
+
+def metric_directions(tasks: list[Task]) -> dict[str, bool]:
+    """The task metrics (eval.metrics) the run's eval rows hold: name -> higher_is_better, in first-seen order."""
+    out: dict[str, bool] = {}
+    for t in tasks:
+        if t.evals.empty or "metrics" not in t.evals:
+            continue
+        for m in t.evals["metrics"]:
+            for name, entry in (m if isinstance(m, dict) else {}).items():
+                out.setdefault(name, bool(entry.get("higher_is_better", True)))
+    return out
+
+
+def metric_table(tasks: list[Task]) -> dict[str, dict[str, dict]]:
+    """Per variant, per metric (held-out loss and each task metric): the mean over its trained seeds (and eval
+    batches or examples) and its 95% interval, training noise and example noise in it, examples that share a
+    source as one cluster (stats.mean_interval)."""
+    out: dict[str, dict[str, dict]] = {}
+    for metric, higher in {LOSS: False, **metric_directions(tasks)}.items():
+        for variant, reps in abtest.replicates(tasks, metric).items():
+            side = abtest.trained(reps)
+            if not side:
+                continue
+            try:
+                mean, lo, hi = stats.mean_interval(side)
+            except ValueError:  # one seed of one eval batch: no spread to measure
+                continue
+            if higher:  # back to the metric's own direction (metric_side negated it; no -0.0)
+                mean, lo, hi = -mean + 0.0, -hi + 0.0, -lo + 0.0
+            n = len(next(iter(side.values()))["loss_sums"])
+            row = {"mean": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(side), "n": n, "higher_is_better": higher}
+            out.setdefault(variant, {})[metric] = row
+    return out

@@ -114,6 +114,9 @@ def _config_dirs(root: Path) -> None:
         "cd_root/config.yaml": "seed: 1\n",
         "cd_root/experiment/mine.yaml": "# @package _global_\n",
         "cd_hot/experiment/hot.yaml": "# @package _global_\ntrain:\n  lr: 50\n",
+        # issue 50, 5 and 6: a typo inside a variant of the file; a variants map with no variant
+        "cd_vtypo/experiment/mine.yaml": "# @package _global_\nvariants:\n  a:\n    train: {lrr: 1}\n",
+        "cd_novariant/experiment/mine.yaml": "# @package _global_\nexperiment: mine\nvariants: {}\n",
     }
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -613,6 +616,11 @@ CASES = [
     (["-cd", "{cd_yaml}", "+experiment=broken"], "{cd_yaml}/experiment/broken.yaml, line 3: not valid YAML"),
     (["-cd", "{cd_root}", "+experiment=mine"], "{cd_root}/config.yaml: the root config is built in"),
     (["-cd", "{cd_hot}", "+experiment=hot"], "{cd_hot}/experiment/hot.yaml: train.lr=50.0 is out of range"),
+    (["-cd", "{cd_vtypo}", "+experiment=mine"], "{cd_vtypo}/experiment/mine.yaml: variants.a: unknown key 'train.lrr"),
+    (
+        ["-cd", "{cd_novariant}", "+experiment=mine"],
+        "{cd_novariant}/experiment/mine.yaml: variants: {} names no variant: add at least one, e.g. variants: {r8: ",
+    ),
     (["hydra.searchpath=[file://{emptydir}/nope]"], "hydra.searchpath entry file://{emptydir}/nope: no folder"),
     (["hydra.searchpath=file://x"], "hydra.searchpath is a list of folders"),
     (["+experiment=conf/experiment/mine.yaml"], "+experiment= takes a name, not a path: --config-dir conf +exp"),

@@ -181,13 +181,14 @@ def test_a_statistical_win_is_decided_where_the_evaluations_show_it_from_then_on
     """The loser equal at step 2 and worse from step 4: decided at 4. Worse at step 2, equal at 4, worse at 6 and
     8: the decision at 2 did not hold, so the decision is at 6."""
     from slurm_router.analysis import abtest
+    from slurm_router.analysis import winner as winners
 
     tasks = planted(tmp_path / "a", {4, 6})
-    final = abtest.winner(tasks, abtest.compare_all(tasks))
+    final = winners.winner(tasks, abtest.compare_all(tasks))
     assert final and final["variant"] == "good" and final["decided"]
     assert cost.decision(tasks, final) == 4
     tasks = planted(tmp_path / "b", {2, 6, 8}, steps=8)
-    assert cost.decision(tasks, abtest.winner(tasks, abtest.compare_all(tasks))) == 6
+    assert cost.decision(tasks, winners.winner(tasks, abtest.compare_all(tasks))) == 6
 
 
 def test_the_report_section_names_the_figures(tmp_path):
@@ -231,6 +232,7 @@ def test_a_variant_the_contest_pruned_lost_even_when_one_replicate_finished_firs
     """With 2 slots a loser's first seed can finish before the look that prunes its variant: the verdict counts
     the variant as lost at that look (one decision per variant), so the winner is decided, not 'leads on 1 seed'."""
     from slurm_router.analysis import abtest
+    from slurm_router.analysis import winner as winners
 
     rng = np.random.default_rng(5)
     for s in range(2):
@@ -238,6 +240,9 @@ def test_a_variant_the_contest_pruned_lost_even_when_one_replicate_finished_firs
     write_task(tmp_path, "bad-s0", steps=6, loss=2.5, rng=rng)  # ended before the look
     write_task(tmp_path, "bad-s1", steps=6, trained=2, loss=2.5, end="pruned", rng=rng)
     tasks = [load(tmp_path, n) for n in ("good-s0", "good-s1", "bad-s0", "bad-s1")]
-    final = abtest.winner(tasks, abtest.compare_all(tasks))
+    final = winners.winner(tasks, abtest.compare_all(tasks))
     assert final and final["variant"] == "good" and final["decided"], final
-    assert "winner: good" in final["sentence"] and "beats bad (pruned)" in final["sentence"], final["sentence"]
+    assert "winner: good" in final["sentence"] and "bad (stopped while behind at step 2)" in final["sentence"], final[
+        "sentence"
+    ]
+    assert "beats bad" not in final["sentence"]  # behind the best of its look, not beaten by the winner at the end

@@ -5,6 +5,7 @@ run (two identical variants, several seeds) on this machine."""
 
 import json
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from scipy import stats as sps
 from verdict_calibration import REGIMES, Noise, band, holm_fwer, old_rejects, rate, simulate
 
 from slurm_router.analysis import abtest
+from slurm_router.analysis import winner as winners
 from slurm_router.analysis.load import Task, load_run
 from slurm_router.analysis.report import write_report
 from slurm_router.verdict import stats
@@ -300,7 +302,7 @@ def test_one_seed_a_over_a_tables_never_decide_a_winner():
     for _ in range(200):
         a, b = simulate(rng, n_seeds=1, effects=(0.0, 0.0))
         tasks = [task("a", "a", a[0]), task("b", "b", b[0])]
-        w = abtest.winner(tasks, abtest.compare_all(tasks))
+        w = winners.winner(tasks, abtest.compare_all(tasks))
         leads += w["sentence"].startswith("leads: ")
         decided += w["decided"]
     assert leads > 0.3 * 200 and decided == 0, (leads, decided)
@@ -371,6 +373,169 @@ def test_a_replicate_not_trained_yet_is_left_out_and_the_count_says_so():
     ]
     (row,) = [r for r in abtest.compare_all(tasks) if r["b"] == "r32"]
     assert row["n_seeds_a"] == 2 and row["n_seeds_paired"] == 2 and "2 seeds x 2 eval batches" in row["sentence"]
+
+
+# ---- the report tells one story (issue 48, findings 13 and 14) ---------------------------------------------------
+
+
+def add_metric(run: Path, metric: str, score_of, higher: bool = True) -> Path:
+    """Give every eval row of a fake_run a task metric (score_of(task, step) -> per-example scores) and make it
+    eval.primary (task.json's config), as a run with eval.metrics.NAME and eval.primary=NAME writes them."""
+    for d in (run / "tasks").iterdir():
+        spec = json.loads((d / "task.json").read_text())
+        (d / "task.json").write_text(json.dumps({**spec, "config": {"eval": {"primary": metric}}}))
+        path = d / "events-rank0.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in rows:
+            if r["event"] == "eval":
+                r["metrics"] = {metric: {"scores": score_of(d.name, r["step"]), "higher_is_better": higher}}
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def section(md: str, title: str) -> str:
+    start = md.index(f"## {title}")
+    return md[start : md.index("\n## ", start + 1)]
+
+
+def test_the_forest_draws_the_interval_its_label_and_the_verdict_read(tmp_path):
+    """Four variants: d is 0.027 worse than a, p 0.03 on its own but not after Holm over the 12 claims. Its bar is
+    the interval at the level Holm gave the pair, so it includes 0 beside its adjusted p and hollow; c's excludes
+    0 and is filled. Every bar excludes 0 exactly when the verdict calls the difference."""
+    from slurm_router.analysis import plots
+
+    s = write_report(fake_run(tmp_path / "run", {"a": 0.0, "b": 0.01, "c": 0.03, "d": 0.03}, [0, 1, 2]))
+    pairs = {r["b"]: r for r in s["ab"] if r["a"] == "a" and r["b"] != "base"}
+    assert pairs["d"]["ci_low"] > 0 or pairs["d"]["ci_high"] < 0, "unadjusted, d's interval excludes 0"
+    assert not pairs["d"]["significant"] and pairs["c"]["significant"]
+    drawn = plots.forest_rows(s)
+    rows = {r["name"]: r for r in drawn["rows"]}
+    assert set(rows) == {"b", "c", "d"} and drawn["best"] == "a"
+    for name, r in rows.items():
+        assert r["filled"] == pairs[name]["significant"] == (r["low"] > 0 or r["high"] < 0), (name, r)
+        assert (r["low"], r["high"]) == pytest.approx(
+            sorted((-pairs[name]["ci_adjusted_high"], -pairs[name]["ci_adjusted_low"]))
+        )
+        assert f"[{r['low']:+.4f}, {r['high']:+.4f}]" in r["label"]
+        assert f"p={pairs[name]['p_adjusted']:.2g}" in r["label"]
+    assert rows["d"]["low"] < 0 < rows["d"]["high"] and not rows["d"]["filled"]
+    assert (
+        "interval at the level Holm gave each pair" in drawn["xlabel"] and "hollow: none detectable" in drawn["title"]
+    )
+    assert "forest.png" in s["plots"]
+
+
+def test_a_metric_every_variant_scores_the_same_names_no_winner_and_no_disagreement(tmp_path):
+    """em 0 for every example of every variant: no winner, the score they share, and no line saying held-out loss
+    and em name different winners (r8 has the lower held-out loss here, r32 the first name in order)."""
+    run = add_metric(fake_run(tmp_path / "run", {"r8": -0.03, "r32": 0.0}, [0, 1, 2]), "em", lambda t, s: [0.0] * 20)
+    s = write_report(run)
+    w = s["winner"]
+    assert w["variant"] is None and w["tied"] == ["r8", "r32"] and w["score"] == 0.0 and not w["decided"]
+    assert w["sentence"] == "no winner: every variant has em 0.0000 (r8, r32)", w["sentence"]
+    assert s["disagreement"] is None and s["disagree_examples"] is None
+    md = (run / "report" / "report.md").read_text()
+    assert "name different winners" not in md and "best em:" not in md and "no winner: every variant" in md
+    assert "-0.0000" not in section(md, "Metrics")  # the shared score, not a signed zero
+    proc = run_cli(str(run), module="slurm_router.export", cwd=tmp_path)
+    assert proc.returncode == 2 and "the report names no winner (no winner: every variant has em" in proc.stderr
+
+
+def test_a_tie_on_held_out_loss_too_is_no_winner():
+    def task(name, variant, seed):
+        t = Task(name, {"stage": "variants", "variant": variant}, seed=seed)
+        sums = [300.0 + seed, 310.0 - seed, 290.0]
+        t.evals = pd.DataFrame([{"step": 5, "val_loss": 3.0, "batch_loss_sums": sums, "batch_tokens": [100] * 3}])
+        return t
+
+    tasks = [task(f"{v}-s{s}", v, s) for v in ("a", "b") for s in range(2)]
+    w = winners.winner(tasks, abtest.compare_all(tasks))
+    assert w["variant"] is None and w["sentence"].startswith("no winner: every variant has held-out loss 3.0000")
+    assert winners.disagreement(w, {"variant": "a", "score": 1.0}, "acc") is None
+
+
+def scores_by_seed(good: dict[str, list[int]]):
+    """score_of for add_metric: the last evaluation's example scores, `good[task]` of 20 examples right."""
+    return lambda task, step: [1.0 if i < good.get(task, 0) * step // 20 else 0.0 for i in range(20)]
+
+
+def test_the_seeds_table_names_one_unit_per_column_and_the_best_seed_follows_the_primary_metric(tmp_path):
+    """eval.primary=acc over 3 seeds. The seeds table keeps held-out loss and acc in their own, named columns; the
+    comparison with the base is acc's (its own direction); the best seed is the one with the best acc (not the
+    lowest held-out loss), in the table, by_variant, the winner and the adapter it names."""
+    run = fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.03}, [0, 1, 2])
+    good = {"r8-s0": 5, "r8-s1": 6, "r8-s2": 4, "r32-s0": 14, "r32-s1": 12, "r32-s2": 13, "base": 2}
+    s = write_report(add_metric(run, "acc", scores_by_seed(good)))
+    losses = {t: s["variants"][t]["val_loss"] for t in s["variants"]}
+    by_loss = min(("r32-s0", "r32-s1", "r32-s2"), key=losses.get)
+    assert by_loss != "r32-s0", "the test needs the best seeds by loss and by acc to differ"
+    v = s["by_variant"]["r32"]
+    assert (v["best_seed"], v["best_task"], v["best_by"]) == (0, "r32-s0", "acc")
+    assert v["score_per_seed"] == pytest.approx([0.7, 0.6, 0.65]) and v["score_mean"] == pytest.approx(0.65)
+    assert s["by_variant"]["r8"]["best_task"] == "r8-s1"
+    w = s["winner"]
+    assert (w["variant"], w["seed"], w["task"]) == ("r32", 0, "r32-s0") and "(seed 0: the best acc of its 3" in w[
+        "sentence"
+    ]
+    md = (run / "report" / "report.md").read_text()
+    table = section(md, "Variants over seeds")
+    header = next(line for line in table.splitlines() if line.startswith("| variant"))
+    assert header.split(" | ")[2:] == [
+        "held-out loss: mean",
+        "held-out loss: std over seeds",
+        "held-out loss: range",
+        "held-out loss per seed",
+        "acc: mean",
+        "acc per seed",
+        "best seed (by acc)",
+        "acc vs base (95% CI) |",
+    ], header
+    r32 = next(line for line in table.splitlines() if line.startswith("| r32 "))
+    vs = s["by_variant"]["r32"]["vs_base"]
+    assert vs["metric"] == "acc" and r32.split(" | ")[-1].startswith(f"{-vs['diff']:+.4f} (")  # acc's own way
+    assert r32.split(" | ")[-1].startswith("+0.5500 (") and "| 0 |" in r32 and "s0 0.7000" in r32
+
+
+def test_the_winner_holds_the_held_out_loss_and_the_primary_score_apart(tmp_path):
+    """summary.json's winner: val_loss is the held-out loss (mean over its seeds) whatever eval.primary is; the
+    primary metric's score is `score`, named by `metric`."""
+    run = fake_run(tmp_path / "run", {"r8": 0.0, "r32": -0.03}, [0, 1, 2])
+    good = {"r8-s0": 5, "r8-s1": 6, "r8-s2": 4, "r32-s0": 14, "r32-s1": 12, "r32-s2": 13}
+    s = write_report(add_metric(run, "acc", scores_by_seed(good)))
+    w = s["winner"]
+    assert w["variant"] == "r32" and w["metric"] == "acc"
+    assert w["val_loss"] == pytest.approx(s["by_variant"]["r32"]["val_loss_mean"]) and w["val_loss"] > 2
+    assert w["score"] == pytest.approx(0.65) == pytest.approx(s["metrics"]["r32"]["acc"]["mean"])
+    assert "acc 0.6500, mean of 3 seeds" in w["sentence"]
+
+
+def test_a_variant_pruned_while_behind_is_stopped_not_beaten():
+    """The contest pruned c at the look at step 10 (behind b, the best of that look). At the end a has the lowest
+    loss and beats nobody significantly (b is as good): the line says c stopped while behind at step 10, and
+    'beats' nowhere; with a significantly better than b too, it beats b only."""
+
+    def task(name, variant, seed, shift, pruned=False):
+        t = Task(name, {"stage": "variants", "variant": variant}, seed=seed)
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        sums = (3.0 + shift + rng.normal(0, 0.002, 16)) * 100
+        t.evals = pd.DataFrame(
+            [{"step": 20, "val_loss": 3.0, "batch_loss_sums": list(sums), "batch_tokens": [100] * 16}]
+        )
+        if pruned:
+            t.end = {"event": "end", "exit_state": "pruned", "step": 12, "detail": f"{name}: pruned at step 12"}
+        return t
+
+    for b_shift, beats in ((0.0, False), (0.05, True)):
+        tasks = [task(f"a-s{s}", "a", s, -0.0005 * s) for s in range(3)]
+        tasks += [task(f"b-s{s}", "b", s, b_shift) for s in range(3)]
+        tasks += [task(f"c-s{s}", "c", s, 0.3, pruned=True) for s in range(2)]
+        w = winners.winner(tasks, abtest.compare_all(tasks))  # without the run's looks: where a replicate stopped
+        assert w["variant"] == "a" and "c (stopped while behind at step 12)" in w["sentence"], w["sentence"]
+        assert "(pruned)" not in w["sentence"] and "beats c" not in w["sentence"], w["sentence"]
+        assert ("beats b;" in w["sentence"]) == beats, w["sentence"]
+        assert w["decided"] == beats and w["beats"] == (["b"] if beats else [])
+        w = winners.winner(tasks, abtest.compare_all(tasks), looks=[{"look": 1, "step": 10, "pruned": ["c"]}])
+        assert w["stopped"] == {"c": 10} and "c (stopped while behind at step 10)" in w["sentence"]
 
 
 # ---- one real A/A run ---------------------------------------------------------------------------------------------

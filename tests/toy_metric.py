@@ -98,3 +98,8 @@ def write_generation_task(folder: Path) -> Path:
         "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
     )
     return folder / "toy_gen.yaml"
+
+
+def flips_direction(model, tokenizer, device, examples) -> Scores:
+    """higher_is_better True with no examples (the submission's check), False when it scores (issue 50, 4)."""
+    return Scores([0.0] * len(examples), n_examples=3, higher_is_better=not examples)

@@ -58,6 +58,10 @@ def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, s
                 f"{run_dir}: no variant has a final held-out loss yet, so the report names no winner: "
                 f"name a VARIANT (its variants: {listed})"
             )
+        if won.get("variant") is None:  # every variant scored the same: the report names no winner to export
+            raise UserError(
+                f"{run_dir}: the report names no winner ({won['sentence']}): name a VARIANT (its variants: {listed})"
+            )
         # with seeds=N the winner is a variant of N replicates: its best seed's task holds the adapter named
         variant, why = won.get("task") or won["variant"], f"the report's winner ({won['sentence']})"
     elif variant not in names:
@@ -91,6 +95,12 @@ def choose(run_dir: Path, variant: str | None, best: bool) -> tuple[str, Path, s
             )
             raise UserError(
                 f"{variant}: no adapter in {folder}: the variant {ended}: {offer}, or choose another variant ({listed})"
+            )
+        if paths.result.is_file() and not best:  # it had completed: its adapter was deleted since
+            raise UserError(
+                f"{variant}: no adapter in {folder}: it was deleted after the task completed: python -m "
+                f"slurm_router resume={run_dir} trains the task again to rebuild it, or choose another variant "
+                f"({listed})"
             )
         raise UserError(
             f"{variant}: no adapter in {folder} (the task has not completed: its state is {state}): "

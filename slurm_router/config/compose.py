@@ -53,6 +53,8 @@ def compose(overrides: list[str], multirun: bool = False, hydra: dict | None = N
         _blame_values(cfg, fixed)
     if sweeps:
         cfg.variants = expand_grid(cfg, sweeps, fixed, compose)
+    if _USER_DIRS and not cfg.variants:
+        _refuse_empty_variants(fixed)
     return cfg
 
 
@@ -79,25 +81,56 @@ def _blame_values(cfg, overrides: list[str]) -> None:
     """A value of the user's own file out of range or not a choice (train.lr=50 in DIR/experiment/x.yaml): the
     check's line naming the file, when the file alone fails the same way; otherwise the run's checks say it later,
     in their order (cli/checks.py)."""
-    from slurm_router.config.checks import check_values
     from slurm_router.config.user_dirs import user_file
 
     files = [(o, f) for o in overrides if (f := user_file(_USER_DIRS, o)) is not None]
     if not files:
         return
     try:
-        check_values(cfg)
+        _check_values_and_variants(cfg)
         return
     except UserError as e:
         problem = str(e)
     for o, f in files:
         try:
-            check_values(_hydra_compose([_alone(o, f)]))
+            _check_values_and_variants(_hydra_compose([_alone(o, f)]))
         except UserError as alone:
             if str(alone) == problem:
                 raise UserError(f"{f}: {problem}") from None
         except Exception:  # the file alone does not compose: not its value's fault
             continue
+
+
+def _check_values_and_variants(cfg) -> None:
+    """The values, then each variant's keys and values (variants.NAME: ...), as cli/checks.py checks them."""
+    from slurm_router.config.checks import check_values
+    from slurm_router.config.variants import variant_configs
+
+    check_values(cfg)
+    for name, vcfg in variant_configs(cfg).items():
+        check_values(vcfg, where=f"variants.{name}: ")
+
+
+def _refuse_empty_variants(overrides: list[str]) -> None:
+    """An experiment file of the user's with `variants: {}` (or a bare `variants:`): almost surely a mistake (the
+    run would train the experiment's own settings as one task, `main`, without a word): one line naming it."""
+    import yaml
+
+    from slurm_router.config.user_dirs import user_file
+
+    for o in overrides:
+        f = user_file(_USER_DIRS, o)
+        if f is None or f.parent.name != "experiment":
+            continue
+        try:
+            data = yaml.safe_load(f.read_text())
+        except (OSError, yaml.YAMLError):  # composed already: not for this check to say
+            continue
+        if isinstance(data, dict) and "variants" in data and not data["variants"]:
+            raise UserError(
+                f"{f}: variants: {{}} names no variant: add at least one, e.g. variants: {{r8: {{model: {{lora: "
+                "{r: 8}}}}, or remove the variants key to train the experiment's own settings as one task (main)"
+            )
 
 
 def _blame_user_file(overrides: list[str]) -> None:

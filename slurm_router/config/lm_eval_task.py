@@ -1,7 +1,8 @@
 """A local lm-evaluation-harness task file as an eval.metrics function (docs/metrics.md): `eval.metrics.NAME=PATH.yaml`.
 
 The task (YAML, its data in local files: `dataset_path: json` with `dataset_kwargs.data_files`) is loaded once
-per process through lm-eval's TaskManager with the network off (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE): a task that
+per process through lm-eval's TaskManager, from its path alone (the other files of its folder are never read: a
+sibling with the same `task:` name would otherwise be the one registered and scored), with the network off (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE): a task that
 would download is refused in one line. Its documents are the examples; each is scored by its requests'
 log-likelihoods under the variant's model (the continuation's summed log-probability after the context, and
 whether every continuation token is the greedy one, as lm-eval's own models compute them), then by the task's own
@@ -54,8 +55,8 @@ def task_metric(name: str, path: str, scores: Callable) -> Callable:
         raise UserError(f"{who}: cannot read the task file ({_first(e)}): fix its YAML") from None
     if not isinstance(task_name, str):
         raise UserError(f"{who}: the task file has no `task: NAME` line: name the task")
-    try:
-        task = TaskManager(include_path=str(file.parent), include_defaults=False).load([task_name])["tasks"][task_name]
+    try:  # this file alone, by its path: never a sibling's task of the same name (lm-eval registers the first)
+        task = TaskManager(include_defaults=False).load([str(file.resolve())])["tasks"][task_name]
         task.build_all_requests()
     except Exception as e:
         text = _first(e)

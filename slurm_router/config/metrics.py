@@ -126,8 +126,11 @@ def load(name: str, path: str) -> Callable:
     return fn
 
 
-def checked(name: str, path: str, result: Any, asked: Sequence[int], n_examples: int | None = None) -> Scores:
-    """The function's result, checked; ValueError with one line naming the function and the fix."""
+def checked(
+    name: str, path: str, result: Any, asked: Sequence[int], n_examples: int | None = None, higher: bool | None = None
+) -> Scores:
+    """The function's result, checked; ValueError with one line naming the function and the fix. n_examples and
+    higher (higher_is_better): what earlier calls returned, the submission's check among them: each must stay."""
     who = f"eval.metrics.{name}={path}"
     if not isinstance(result, Scores):
         raise ValueError(
@@ -141,6 +144,12 @@ def checked(name: str, path: str, result: Any, asked: Sequence[int], n_examples:
         raise ValueError(
             f"{who}: n_examples changed from {n_examples} to {n}: every call must score the same examples (the "
             "verdict pairs them across variants and seeds): fix the examples, e.g. read them once, in order"
+        )
+    if higher is not None and bool(result.higher_is_better) != higher:
+        raise ValueError(
+            f"{who}: higher_is_better changed from {higher} to {bool(result.higher_is_better)}: it says which way "
+            "the verdict, prune=true and the winner read the scores, so every call (with no examples too, as at "
+            "submission) must return the same value: fix the function"
         )
     scores = list(result.scores)
     if len(scores) != len(asked):
@@ -189,7 +198,9 @@ def probe(name: str, path: str, tokenizer: Any, device: Any) -> Scores:
                 "touching the model"
             ) from None
         try:
-            first = checked(name, path, result, [], first.n_examples if first else None)
+            first = checked(
+                name, path, result, [], *((first.n_examples, first.higher_is_better) if first else (None, None))
+            )
         except ValueError as e:
             raise UserError(str(e)) from None
     assert first is not None

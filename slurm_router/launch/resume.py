@@ -18,6 +18,7 @@ from slurm_router.errors import UserError
 from slurm_router.launch.base import cached_base
 from slurm_router.launch.preview import PREVIEWED
 from slurm_router.rundir.layout import checkpoint_step
+from slurm_router.rundir.lifecycle import TaskState, finished, lost_weights
 from slurm_router.rundir.manifest import Manifest
 from slurm_router.rundir.spec import Stage, TaskSpec
 
@@ -73,9 +74,12 @@ def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
             members = [_task(manifest, m) for m in spec.members]
             paths = manifest.layout.task(name)
             shown = f"{name} (+ {', '.join(spec.members)} fused)" if spec.members else name
-            if all(manifest.layout.task(n).result.is_file() for n in spec.group):  # every variant of it
-                notes.append(f"{shown} completed")
+            if all(finished(manifest.layout.task(n)) for n in spec.group):  # every variant of it
+                notes.append(f"{shown} completed{_record_finished(manifest, name)}")
                 continue
+            for n in spec.group:  # finished once, its final adapter deleted since: trained again
+                if lost := lost_weights(manifest.layout.task(n)):
+                    print(f"resume: {n} completed, but its {lost} is gone: the task trains again to rebuild it")
             if cached_base(spec):  # another run has trained this base since: submit_stages reuses it
                 notes.append(f"{name} from the base cache")
                 reuse.append(spec)
@@ -93,6 +97,16 @@ def plan_resume(arg: str) -> tuple[Manifest, DictConfig, list[Stage]]:
         stages.append(Stage(s["name"], todo or reuse, cached=not todo, depends_on=depends_on, fused=fused))
     print(f"resume {manifest.layout.root}: {', '.join(notes)}")
     return manifest, cfg, stages
+
+
+def _record_finished(manifest: Manifest, name: str) -> str:
+    """A finished task the manifest records otherwise (a stop signal during its exit, before that was read as
+    finished): recorded completed now, so that status and the report agree with its files. What it said, or ''."""
+    said = manifest.data["tasks"][name].get("state")
+    if said in (TaskState.COMPLETED.value, TaskState.CACHED.value):
+        return ""
+    manifest.set_task(name, state=TaskState.COMPLETED.value, note=f"finished: recorded {said} before resume=")
+    return f" (its result is whole: recorded completed, not {said})"
 
 
 class _Unset:

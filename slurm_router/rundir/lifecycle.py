@@ -13,8 +13,12 @@ co-location runner and the local queue, so they all read a child's end the same 
 from __future__ import annotations
 
 import enum
+import json
 import signal
+from pathlib import Path
 from typing import cast
+
+from slurm_router.rundir.layout import ADAPTER_FILES, TaskPaths
 
 # The stop signals: Slurm's time-limit warning or a preemption (USR2), kill (TERM), Ctrl-C (INT). Each one makes a
 # task finish its step, checkpoint and stop (slurm_router.supervise.supervisor, worker.state).
@@ -133,3 +137,28 @@ class TaskOutcome(str, enum.Enum):
         return {TaskOutcome.COMPLETED: TaskState.COMPLETED, TaskOutcome.FAILED: TaskState.FAILED}.get(
             self, TaskState.INTERRUPTED
         )
+
+
+def lost_weights(paths: TaskPaths) -> Path | None:
+    """The final adapter (or whole model) a task's result.json names, when it is not whole in the task's folder
+    any more (deleted since the task finished): resume= trains the task again. None when it is there, or when
+    the result names none (a diverged, pruned or not-needed task saves no final weights)."""
+    try:
+        result = json.loads(paths.result.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict):
+        return None
+    if result.get("adapter") and not all((paths.adapter / f).is_file() for f in ADAPTER_FILES):
+        return paths.adapter
+    model = Path(str(result.get("model") or ""))
+    if (model.name, model.parent.name) == (paths.full_model.name, paths.name):  # not a base's cache entry
+        if not (paths.full_model / "config.json").is_file():
+            return paths.full_model
+    return None
+
+
+def finished(paths: TaskPaths) -> bool:
+    """The task's work is done and kept: its result.json (written last) with the weights it names. It stands
+    whatever the task's process did after writing it (a stop signal during its exit: docs/troubleshooting.md)."""
+    return paths.result.is_file() and lost_weights(paths) is None

@@ -51,7 +51,7 @@ from pathlib import Path
 from submitit.helpers import Checkpointable
 
 from slurm_router.rundir.layout import RESULT_FILE, TaskPaths  # noqa: F401  (RESULT_FILE: imported from here)
-from slurm_router.rundir.lifecycle import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TaskOutcome
+from slurm_router.rundir.lifecycle import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STOP_SIGNALS, TaskOutcome, finished
 from slurm_router.scheduler.registry import job_environment
 from slurm_router.supervise.supervisor import Supervised, TaskFailed, TaskStopped, TaskSupervisor
 
@@ -103,8 +103,9 @@ def _group_paths(spec) -> list[TaskPaths]:
 
 
 def _unfinished(spec) -> list[str]:
-    """The tasks of this one's group without a result yet: a fused task is done only when every variant is."""
-    return [name for name, paths in zip(spec.group, _group_paths(spec)) if not paths.result.is_file()]
+    """The tasks of this one's group without a result yet (or whose final adapter was deleted since: trained
+    again, rundir/lifecycle.py finished): a fused task is done only when every variant is."""
+    return [name for name, paths in zip(spec.group, _group_paths(spec)) if not finished(paths)]
 
 
 def _end_failed(spec, error: str) -> None:
@@ -353,4 +354,9 @@ def _after_stop(task_file: str, stopped: TaskStopped) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(supervisor=_ENTRY_SUPERVISOR))
+    _code = main(supervisor=_ENTRY_SUPERVISOR)
+    # The outcome is decided: the interpreter's exit resets the handlers, and a stop signal then (the launcher's
+    # TERM after a Ctrl-C) would end a finished task as killed (-15). Ignored from here on.
+    for _sig in STOP_SIGNALS:
+        signal.signal(_sig, signal.SIG_IGN)
+    sys.exit(_code)

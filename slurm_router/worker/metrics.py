@@ -52,13 +52,14 @@ class MetricSet:
                 failed, example, error, outputs = 0.0, -1.0, "", None
                 try:
                     with torch.no_grad():
-                        got = checked(name, path, fn(model, self.tokenizer, self.device, mine), mine, n)
+                        answer = fn(model, self.tokenizer, self.device, mine)
+                        got = checked(name, path, answer, mine, n, meta.higher_is_better)
                     if mine:
                         buf[mine] = torch.tensor(got.scores, dtype=torch.float64, device=self.device)
                     outputs = got.outputs
                 except Exception as e:
                     failed, error = 1.0, _one_line(e)
-                    example = float(self._culprit(name, path, fn, model, mine, n))
+                    example = float(self._culprit(name, path, fn, model, mine, meta))
                 flags = gather([failed, example])
                 if any(f[0] for f in flags):
                     who = next(r for r, f in enumerate(flags) if f[0])
@@ -90,12 +91,19 @@ class MetricSet:
             self.seconds = time.time() - t0
         return out
 
-    def _culprit(self, name: str, path: str, fn: Callable, model: Any, mine: list[int], n: int) -> int:
+    def _culprit(self, name: str, path: str, fn: Callable, model: Any, mine: list[int], meta: Scores) -> int:
         """The first of `mine` that fails alone (-1 when each passes alone: the failure needs them together)."""
         for i in mine:
             try:
                 with torch.no_grad():
-                    checked(name, path, fn(model, self.tokenizer, self.device, [i]), [i], n)
+                    checked(
+                        name,
+                        path,
+                        fn(model, self.tokenizer, self.device, [i]),
+                        [i],
+                        meta.n_examples,
+                        meta.higher_is_better,
+                    )
             except Exception:
                 return i
         return -1

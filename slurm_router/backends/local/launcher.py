@@ -31,7 +31,7 @@ from slurm_router.launch.base import Launcher, RunJobs, StageJobs
 from slurm_router.launch.plan import prune_layout_note, queue_order, trained_variants
 from slurm_router.launch.progress import Progress, note_killed
 from slurm_router.rundir.layout import RunLayout
-from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState, raise_if_stop_dropped
+from slurm_router.rundir.lifecycle import EXIT_INTERRUPTED, TaskOutcome, TaskState, finished, raise_if_stop_dropped
 from slurm_router.rundir.lock import LOCK_FD_ENV
 from slurm_router.rundir.lock import held as held_lock
 from slurm_router.rundir.spec import Stage, TaskSpec
@@ -315,17 +315,8 @@ def _run_queue(
             for r in ended_now:
                 running.remove(r)
                 free = sorted(free + r.devices, key=pool.index)  # the next waiting task takes them at once
-                state = TaskOutcome.from_exit_code(r.proc.returncode).state
-                ended = time.time()
-                manifest.set_task(
-                    r.spec.name,
-                    state=state.value,
-                    exit_code=r.proc.returncode,
-                    elapsed_s=round(ended - r.started, 3),
-                    ended_at=round(ended, 3),
-                )
-                states[r.spec.name] = state  # after the manifest: a Ctrl-C between records it below
-                if r.proc.returncode < 0:  # killed from outside (kill -9, the OOM killer): it could not say so
+                state = states[r.spec.name] = _record_end(r, layout, manifest)  # a Ctrl-C after: recorded below
+                if r.proc.returncode < 0 and state is not TaskState.COMPLETED:  # killed from outside: unsaid
                     note_killed(r.log, [r.spec.name, *r.spec.members], r.proc.pid, r.proc.returncode, layout.root)
                 progress.finish(r.spec.name, state, r.log)
             progress.update()
@@ -340,17 +331,26 @@ def _run_queue(
             if r.proc.poll() is None:
                 r.proc.terminate()
         for r in unrecorded:
-            r.proc.wait()
-            # a task that was in its last step finishes instead (quicker than a checkpoint): completed
-            state = TaskOutcome.from_exit_code(r.proc.returncode).state
-            manifest.set_task(
-                r.spec.name, state=state.value, exit_code=r.proc.returncode, elapsed_s=round(time.time() - r.started, 3)
-            )
-            states[r.spec.name] = state
+            r.proc.wait()  # a task in its last step finishes instead (quicker than a checkpoint): completed
+            states[r.spec.name] = _record_end(r, layout, manifest)
         raise
     finally:
         progress.close()
     return states
+
+
+def _record_end(r: Running, layout: RunLayout, manifest) -> TaskState:
+    """The ended task's state in the manifest, from its exit code; but a task whose result is written (each
+    variant's, fused) is completed whatever its exit: the TERM of a Ctrl-C may land after the work, as it exits."""
+    code, ended = r.proc.returncode, time.time()
+    state, note = TaskOutcome.from_exit_code(code).state, {}
+    if state is not TaskState.COMPLETED and all(finished(layout.task(n)) for n in r.spec.group):
+        state, note = TaskState.COMPLETED, {"note": f"finished: its result was written before its exit ({code})"}
+    elapsed = round(ended - r.started, 3)
+    manifest.set_task(
+        r.spec.name, state=state.value, exit_code=code, elapsed_s=elapsed, ended_at=round(ended, 3), **note
+    )
+    return state
 
 
 def _start(spec: TaskSpec, devices: list[str], on_gpu: bool, layout: RunLayout, threads: int) -> Running:
