@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import REPO, check, header, write  # noqa: E402
 from prune_protocol import RULES, Design, figures, require_optuna, run_rules, tally  # noqa: E402
@@ -127,13 +129,21 @@ def replay(rec: dict, work: Path, rules=REPLAY_RULES) -> tuple[Design, dict, dic
 
 def device_seconds(rec: dict, stopped: dict[tuple[str, int], int]) -> float:
     """The recorded seconds the tasks held a device to where the rule stopped them: from a task's start to the
-    evaluation that pruned it, or to its end."""
+    evaluation that pruned it, or to its end; a replicate the contest stopped between evaluations (at the step it
+    was in when its variant was pruned) to that step, linear between the recorded evaluations around it."""
     _, _, _, where = replay_input(rec)
     total = 0.0
     for name, t in rec["tasks"].items():
         step = stopped.get(where[name])
         at = {e["step"]: e["time"] for e in t["evals"]}
-        stop = at[step] if step is not None and step < t["steps"] else (t["end"] or at[max(at)])
+        end = t["end"] or at[max(at)]
+        if step is None or step >= t["steps"]:
+            stop = end
+        elif step in at:
+            stop = at[step]
+        else:
+            points = sorted({0: t["start"], **at, t["steps"]: end}.items())
+            stop = float(np.interp(step, [s for s, _ in points], [x for _, x in points]))
         total += stop - t["start"]
     return total
 
