@@ -422,6 +422,52 @@ OTHERS["long_run_drift.json:eval_worst"] = lambda: (
 )
 
 
+def _rate(x: dict, interval: bool = True) -> str:
+    """'2.9% (2.3-3.8%)': a rate of benchmarks/verdict_sim.py's with its 95% interval."""
+    lo, hi = x["ci"]
+    return f"{100 * x['rate']:.1f}%" + (f" ({100 * lo:.1f}-{100 * hi:.1f}%)" if interval else "")
+
+
+def _sim_aa(k: int, key: str) -> str:
+    return _rate(next(a for a in j("verdict_sim.json")["aa"] if a["k"] == k)[key])
+
+
+def _sim_contested(setting: str, grace: float, key: str) -> str:
+    cell = next(c for c in j("verdict_sim.json")["contested"][setting] if c["grace"] == grace)[key]
+    return _rate(cell, interval=False) if isinstance(cell, dict) else f"{100 * cell:.0f}%"
+
+
+for _k in (2, 4, 8, 16):
+    for _key, _name in (("a_looks", "looks"), ("b_final", "final"), ("c_either", "either")):
+        OTHERS[f"verdict_sim.json:aa_{_name}_{_k}"] = functools.partial(_sim_aa, _k, _key)
+for _setting, _short in (("crossing at step 39", "cross39"), ("crossing at step 63", "cross63")):
+    for _grace in (0.0, 0.25, 0.5, 0.75):
+        OTHERS[f"verdict_sim.json:{_short}_pruned_{_grace}"] = functools.partial(
+            _sim_contested, _setting, _grace, "pruned_true_best"
+        )
+        OTHERS[f"verdict_sim.json:{_short}_steps_{_grace}"] = functools.partial(
+            _sim_contested, _setting, _grace, "device_steps_share"
+        )
+
+
+def _crossing(sweep: str, rule: str, key: str) -> str:
+    """benchmarks/results/prune_crossing_{sweep}.json: a rule's count of runs ('0/20') or its device-steps share."""
+    d = j(f"prune_crossing_{sweep}.json")
+    x = d["rates"][rule][key]
+    return f"{x}/{len(d['runs'])}" if key.endswith("_pruned") else f"{100 * x:.0f}%"
+
+
+for _sweep in ("lr", "rank"):
+    for _rule, _name in (
+        ("contest (grace 0)", "contest_0"),
+        ("contest (grace 0.5)", "contest"),
+        ("ASHA", "asha"),
+        ("optuna Wilcoxon", "optuna"),
+    ):
+        for _key in ("winner_pruned", "device_steps_share"):
+            OTHERS[f"prune_crossing_{_sweep}.json:{_name}_{_key}"] = functools.partial(_crossing, _sweep, _rule, _key)
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     **{f"router.json:{k}": f for k, f in ROUTER.items()},
     **{f"router_noise.json:{k}": f for k, f in NOISE.items()},
