@@ -16,8 +16,9 @@ left, on the primary metric, and a variant some other one is decided better than
 the level: (1 - LEVEL) / L at each of the first L looks, nothing after. Holm bounds the chance of pruning any
 variant as good as the best at one look by that share, for any number of variants; the shares sum to 5% over
 the looks, so by the union bound the chance of ever pruning one is at most 5% however the replicates arrive
-(Bonferroni spending over looks: a group-sequential rule with a flat spending function). A look is recorded once for the run; every replicate of a pruned variant stops after
-the step it is in (worker/prune.py LookWatch) with that look's reason, and no later look sees it.
+(Bonferroni spending over looks: a group-sequential rule with a flat spending function). A look is recorded
+once for the run; every replicate of a pruned variant stops after the step it is in (worker/prune.py LookWatch)
+with that look's reason, and no later look sees it.
 """
 
 from __future__ import annotations
