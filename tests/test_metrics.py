@@ -141,7 +141,7 @@ def test_prune_decides_on_the_primary_metric(tmp_path):
 
 
 def test_loss_and_the_metric_naming_different_winners_is_one_line():
-    from slurm_router.analysis.abtest import disagreement
+    from slurm_router.analysis.winner import disagreement
 
     loss = {"variant": "a", "score": 1.2}
     assert disagreement(loss, {"variant": "a", "score": 0.9}, "acc") is None
