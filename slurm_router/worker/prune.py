@@ -143,14 +143,10 @@ def decide_after(spec, step: int, schedule: contest.Schedule | None = None) -> D
 def run_schedule(run_dir: str | os.PathLike) -> contest.Schedule:
     """The run's looks as its plan fixed them (contest.Schedule): every variants-stage task.json's train.steps and
     train.eval_every, whichever task asks."""
-    tasks = []
-    for task_file in sorted(RunLayout(run_dir).tasks.glob("*/task.json")):
-        try:
-            spec = TaskSpec.load(str(task_file))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        if spec.stage == "variants":
-            tasks.append((int(spec.steps), int(((spec.config or {}).get("train") or {}).get("eval_every") or 0)))
+    tasks = [
+        (int(spec.steps), int(((spec.config or {}).get("train") or {}).get("eval_every") or 0))
+        for spec, _ in variant_specs(run_dir)
+    ]
     return contest.Schedule.of(tasks)
 
 
@@ -221,6 +217,12 @@ def replicate_index(spec) -> int:
 
 def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
     """(variant, replicate index, its folder) of every variants-stage task of the run (their task.json)."""
+    return [(spec.variant, replicate_index(spec), TaskPaths(folder)) for spec, folder in variant_specs(run_dir)]
+
+
+def variant_specs(run_dir) -> list[tuple[TaskSpec, Path]]:
+    """(its TaskSpec, its folder) of every variants-stage task of the run, in folder order (a task.json that cannot
+    be read, one being written, is left out)."""
     out = []
     for task_file in sorted(RunLayout(run_dir).tasks.glob("*/task.json")):
         try:
@@ -228,7 +230,7 @@ def planned(run_dir) -> list[tuple[str, int, TaskPaths]]:
         except (OSError, ValueError, TypeError, KeyError):
             continue
         if spec.stage == "variants":
-            out.append((spec.variant, replicate_index(spec), TaskPaths(task_file.parent)))
+            out.append((spec, task_file.parent))
     return out
 
 
