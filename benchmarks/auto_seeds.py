@@ -6,7 +6,8 @@ verdict/contest.reserve_call (whether a reserve replicate runs). Writes benchmar
 
 The model is benchmarks/prune_protocol.py's: 4 in-training evaluations (steps 10, 20, 30, 40 of 50), tasks that
 start at random within 1.5 evaluation periods of their round and evaluate every 0.7-1.4 periods, eval tables from
-benchmarks/verdict_calibration.py (lora_ab's noise sizes, 32 eval batches; one table of `cap` seeds per step).
+benchmarks/verdict_sim_model.py (lora_ab's noise sizes, 32 eval batches, `cap` seeds whose effects and the eval
+batches' persist over steps, as in a real run; --fresh: each step drawn afresh, the model used before).
 seeds=auto: round 1 runs 2 seeds of every variant; each later round adds one seed to each variant that
 reserve_call lets run, once every task of the round before has ended (the barrier worker/auto_seeds.py waits on);
 a pruned task stops at that evaluation (its result written, as the worker does), its variant's other running
@@ -53,9 +54,12 @@ from slurm_router.worker import prune  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "auto_seeds.md"
 
 
-def tables(rng: np.random.Generator, variants: list[str], effects: tuple[float, ...], cap: int) -> dict:
-    """{step: {variant: {seed: {loss_sums, tokens}}}}: one draw of `cap` seeds per evaluation step."""
-    return protocol_tables(rng, effects, Design(tuple(variants), cap))
+def tables(
+    rng: np.random.Generator, variants: list[str], effects: tuple[float, ...], cap: int, persistent: bool = True
+) -> dict:
+    """{step: {variant: {seed: {loss_sums, tokens}}}} of `cap` seeds per variant (prune_protocol.tables: effects that
+    persist over steps, or drawn afresh at each step)."""
+    return protocol_tables(rng, effects, Design(tuple(variants), cap), persistent)
 
 
 def auto_run(
@@ -104,7 +108,15 @@ def fixed_decides(tabs: dict, variants: list[str], n: int) -> set[str]:
     return set(look_at(groups, EVAL_STEPS[-1], 0.05, 1))
 
 
-def one_setting(n_runs: int, effect: float, seed: int, work: Path, cap: int, min_effect: float | None = None) -> dict:
+def one_setting(
+    n_runs: int,
+    effect: float,
+    seed: int,
+    work: Path,
+    cap: int,
+    min_effect: float | None = None,
+    persistent: bool = True,
+) -> dict:
     rng = np.random.default_rng(seed)
     variants = ["v0", "v1", "v2"] if effect == 0 else ["v0", "v1"]
     effects = tuple(0.0 for _ in variants) if effect == 0 else (0.0, effect)
@@ -112,7 +124,7 @@ def one_setting(n_runs: int, effect: float, seed: int, work: Path, cap: int, min
     fixed_n = list(range(AUTO_FIRST, cap + 1))
     out = {"false": 0, "correct": 0, "settled": 0, "steps": 0, "seeds": 0, "fixed_correct": {n: 0 for n in fixed_n}}
     for r in range(n_runs):
-        tabs = tables(rng, variants, effects, cap)
+        tabs = tables(rng, variants, effects, cap, persistent)
         run = work / f"{seed}-{r}"
         got = auto_run(run, rng, tabs, variants, cap, min_effect)
         out["false"] += bool(got["pruned"] - {loser})
@@ -151,6 +163,7 @@ def main() -> None:
     parser.add_argument("--power-runs", type=int, default=500, help="runs per loser effect")
     parser.add_argument("--cap", type=int, default=6, help="auto_seeds.max")
     parser.add_argument("--min-effect", type=float, help="auto_seeds.min_effect (writes auto_seeds_min_effect.md)")
+    parser.add_argument("--fresh", action="store_true", help="the old model: each step's tables drawn afresh")
     parser.add_argument("--out", type=Path, help="write here instead of benchmarks/results/ (any tree state)")
     args = parser.parse_args()
     results = RESULTS.with_name("auto_seeds_min_effect.md") if args.min_effect else RESULTS
@@ -159,13 +172,15 @@ def main() -> None:
         check(results)
     command = f"python benchmarks/auto_seeds.py --runs {args.runs} --power-runs {args.power_runs} --cap {args.cap}"
     command += f" --min-effect {args.min_effect:g}" if args.min_effect else ""
+    command += " --fresh" if args.fresh else ""
+    keep = not args.fresh
     m = args.min_effect
     t0 = time.time()
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp), args.cap, m)}
+        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp), args.cap, m, keep)}
         for i, effect in enumerate((0.01, 0.02, 0.05)):
-            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp), args.cap, m)
+            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp), args.cap, m, keep)
     aa = settings[0.0]
     lines = [
         "# seeds=auto against fixed seed counts (simulated runs, production decision code)",
@@ -179,7 +194,13 @@ def main() -> None:
             if m
             else ""
         )
-        + "; the model and rules are in the script's docstring.",
+        + "; the model and rules are in the script's docstring. Eval "
+        + (
+            "tables drawn afresh at each step (the old model)."
+            if args.fresh
+            else "effects persist over steps "
+            "(benchmarks/verdict_sim_model.py: the same seeds and eval batches at every evaluation)."
+        ),
         "",
         f"## A/A: three equally good variants, {args.runs} runs",
         "",

@@ -8,8 +8,9 @@ Writes benchmarks/results/prune_protocol.md (and .json).
 A run: 3 variants x 3 seeds (9 tasks), 4 in-training evaluations each (steps 10, 20, 30, 40 of 50). Each task
 starts at a random time in [0, 1.5) evaluation periods and evaluates every 0.7-1.4 periods (its own pace), so
 the tasks' evaluations interleave in every order. The eval tables are benchmarks/verdict_calibration.py's
-model (lora_ab's noise sizes; 32 eval batches), drawn afresh at each step: evaluations of one run are correlated
-over time in reality, which only lowers the false rates of a rule that spends its level over looks.
+model (lora_ab's noise sizes; 32 eval batches) as benchmarks/verdict_sim_model.py lets it persist: the same seeds on
+the same eval batches at every evaluation, their effects fixed for the run or slowly varying, as a real run's are
+(--fresh: each step drawn afresh, the model these figures used before; it hands every look fresh evidence).
 A/A: the three variants are equally good; power: the third is worse by 0.01, 0.02 or 0.05 nats per token.
 
 Rules, on the same arrivals and tables:
@@ -58,6 +59,7 @@ from scipy import stats as sps
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import check, header, write  # noqa: E402
 from verdict_calibration import simulate  # noqa: E402
+from verdict_sim_model import step_tables  # noqa: E402
 
 from slurm_router.rundir.layout import RESULT_FILE  # noqa: E402
 from slurm_router.verdict import AUTO_FIRST, GRACE  # noqa: E402
@@ -110,9 +112,14 @@ def arrivals(rng: np.random.Generator) -> list[tuple[float, str, int, int]]:
 
 
 def tables(
-    rng: np.random.Generator, effects: tuple[float, ...], design: Design = PROTOCOL
+    rng: np.random.Generator, effects: tuple[float, ...], design: Design = PROTOCOL, persistent: bool = True
 ) -> dict[int, dict[str, dict[int, dict]]]:
-    """{step: {variant: {seed: {loss_sums, tokens}}}}: one draw of the design's seeds per evaluation step."""
+    """{step: {variant: {seed: {loss_sums, tokens}}}}. persistent (the default): benchmarks/verdict_sim_model.py's
+    model, as a real run evaluates (the same seeds on the same eval batches at every step, so their effects persist
+    over steps); False: the design's seeds drawn afresh at each evaluation step (the model these figures used before:
+    it hands every look fresh evidence)."""
+    if persistent:
+        return step_tables(rng, effects, design.variants, design.seeds, design.eval_steps, design.steps)
     out = {}
     for step in design.eval_steps:
         sides = simulate(rng, design.seeds, effects=effects)
@@ -330,7 +337,9 @@ def figures(counts: dict[str, dict], n_runs: int, design: Design) -> dict[str, d
     }
 
 
-def one_setting(n_runs: int, effect: float, seed: int, work: Path, rules=RULES) -> dict[str, dict]:
+def one_setting(
+    n_runs: int, effect: float, seed: int, work: Path, rules=RULES, persistent: bool = True
+) -> dict[str, dict]:
     """The rules named (all by default) on the same n_runs arrivals and tables; the draws do not depend on which
     rules run, so a rule's figures are the same alone or beside the others."""
     rng = np.random.default_rng(seed)
@@ -338,7 +347,7 @@ def one_setting(n_runs: int, effect: float, seed: int, work: Path, rules=RULES) 
     loser = VARIANTS[2] if effect > 0 else None
     counts: dict[str, dict] = {r: {"false": 0, "caught": 0, "winner": 0, "device_steps": 0} for r in rules}
     for i in range(n_runs):
-        events, tabs = arrivals(rng), tables(rng, effects)
+        events, tabs = arrivals(rng), tables(rng, effects, persistent=persistent)
         run = work / f"{seed}-{i}"
         got = run_rules(run, events, tabs, PROTOCOL, rules)
         shutil.rmtree(run, ignore_errors=True)
@@ -366,6 +375,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2000, help="A/A runs")
     parser.add_argument("--power-runs", type=int, default=500, help="runs per loser effect")
+    parser.add_argument("--fresh", action="store_true", help="the old model: each step's tables drawn afresh")
     parser.add_argument("--out", type=Path, help="write here instead of benchmarks/results/ (any tree state)")
     args = parser.parse_args()
     require_optuna()
@@ -373,12 +383,14 @@ def main() -> None:
     if not args.out:
         check(RESULTS)
     command = f"python benchmarks/prune_protocol.py --runs {args.runs} --power-runs {args.power_runs}"
+    command += " --fresh" if args.fresh else ""
+    keep = not args.fresh
     t0 = time.time()
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp))}
+        settings = {0.0: one_setting(args.runs, 0.0, 1, Path(tmp), persistent=keep)}
         for i, effect in enumerate((0.01, 0.02, 0.05)):
-            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp))
+            settings[effect] = one_setting(args.power_runs, effect, 2 + i, Path(tmp), persistent=keep)
     aa = settings[0.0]
     lines = [
         "# prune=true under the real protocol (simulated tasks at their own paces)",
@@ -386,7 +398,13 @@ def main() -> None:
         *header(command),
         "",
         f"3 variants x {SEEDS} seeds, {len(EVAL_STEPS)} evaluations of {STEPS} steps, tasks arriving at their own "
-        "paces; the rules and the model are in the script's docstring. 'contest' is the production code.",
+        "paces; the rules and the model are in the script's docstring. 'contest' is the production code. Eval "
+        + (
+            "tables drawn afresh at each step (the old model)."
+            if args.fresh
+            else "effects persist over steps "
+            "(benchmarks/verdict_sim_model.py: the same seeds and eval batches at every evaluation)."
+        ),
         "",
         f"## A/A: three equally good variants, {args.runs} runs (any variant pruned is a false decision)",
         "",

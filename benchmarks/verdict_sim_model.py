@@ -182,3 +182,32 @@ def events(run_tasks: list[Task]) -> list[tuple[float, int, str, int, int]]:
 def row(x: np.ndarray, design: Design, step: int, v: int, s: int, tokens: np.ndarray) -> dict:
     """One replicate's eval row at `step`, as worker/prune.read_steps gives it: per-batch loss sums and tokens."""
     return {"loss_sums": x[design.grid.index(step), v, s] * TOKENS, "tokens": tokens}
+
+
+def step_tables(
+    rng: np.random.Generator, effects: tuple[float, ...], names: tuple[str, ...], seeds: int, eval_steps: tuple[int, ...],
+    steps: int, noise: Noise | None = None,
+) -> dict[int, dict[str, dict[int, dict]]]:  # fmt: skip
+    """{step: {variant: {seed: {loss_sums, tokens}}}} at each in-training evaluation of one run under this model:
+    variant j worse than the first by effects[j] nats per token at every step, the same seeds and eval batches
+    throughout (their token counts drawn once, lora_ab's 2,000-3,200 per batch). The shape benchmarks/prune_protocol.py
+    and auto_seeds.py's rules read."""
+    every = eval_steps[0]
+    assert tuple(evals(steps, every)) == tuple(eval_steps), "evaluations every `every` steps before the last"
+    plan = ((steps, every),) * len(effects)
+    design = Design(tuple(Curve(plateau=e) for e in effects), plan, seeds=seeds, noise=noise or Noise())
+    x = draw_losses(rng, design)
+    tokens = rng.integers(*LORA_AB.tokens, size=design.batches)
+    return {
+        step: {
+            v: {
+                s: {
+                    "loss_sums": [float(y) for y in x[design.grid.index(step), j, s] * tokens],
+                    "tokens": tokens.tolist(),
+                }
+                for s in range(seeds)
+            }
+            for j, v in enumerate(names)
+        }
+        for step in eval_steps
+    }
