@@ -8,7 +8,7 @@ from pathlib import Path
 
 from slurm_router.analysis.load import Task
 from slurm_router.rundir.layout import RunLayout
-from slurm_router.verdict import contest
+from slurm_router.verdict import AUTO_FIRST, contest
 
 
 def task_config(run_dir: Path, name: str) -> dict:
@@ -18,6 +18,17 @@ def task_config(run_dir: Path, name: str) -> dict:
         return json.loads(spec.read_text()).get("config") or {}
     except (OSError, ValueError):
         return {}
+
+
+def rounds(run_dir: Path, every: list[Task]) -> dict[str, int]:
+    """seeds=auto's round of each replicate (0: the first AUTO_FIRST of each variant, then one round per reserve
+    depth); {} for any other run."""
+    config = next((task_config(run_dir, t.name) for t in every if t.stage != "base"), {})
+    if config.get("seeds") != "auto":
+        return {}
+    first = int(config.get("seed", 0))
+    reps = [t for t in every if t.stage != "base" and t.seed is not None]
+    return {t.name: max(0, int(t.seed or 0) - first - AUTO_FIRST + 1) for t in reps}
 
 
 def prune_looks(run_dir: Path) -> list[dict]:

@@ -6,15 +6,19 @@ among its variants by fused.py, so the run counts it once).
 
 - Training: the rank-0 step rows' t_step_s (every attempt: a requeued step cost twice). Evaluation: the eval rows'
   t_eval_s (older rows: the time since the row before them); a fused group's evaluation is the longest of its
-  variants' rows at that step (they count from the group's start), shared like its device-hours. Other: the rest
+  variants' rows at that step (they count from the group's start), shared like its device-hours. Waiting: the
+  `wait` rows' waited_s (a seeds=auto reserve that held its devices until its round's call). Other: the rest
   (start-up, checkpoints, waiting between steps). Each is seconds x devices x the task's share.
-- Fixed design: what the run spent, plus, for each pruned task, the steps it did not train at its own pace (its
-  steps / its summed step time) and the evaluations it skipped at its mean evaluation time (a fused variant: its
-  part of the group's tokens at the steps it trained, of each).
+- Fixed design, priced from the planned design: every planned task's spending without its waiting (the fixed
+  design waits for no call), plus, for each pruned task or reserve not run, the steps it did not train at its own
+  pace (its steps / its summed step time) and the evaluations it skipped at its mean evaluation time (a fused
+  variant: its part of the group's tokens at the steps it trained, of each). A run that waited more than it saved
+  reports a negative saving.
 - To the decision: the evaluation step from which on the verdict's own code (winner.winner on every task's
   evaluations up to that step, the tasks pruned by then left out) names the final winner as decided at every
   later evaluation; each task counts what it spent up to its evaluation at that step (all of it when it ended
-  before).
+  before). Under seeds=auto a later round starts once the rounds before it ended, so a task of a round before the
+  latest one with evaluations by that step counts all it spent; a round after it, nothing.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from slurm_router.analysis import winner as winners
 from slurm_router.analysis.load import Task, of_kind
 from slurm_router.analysis.render import fmt, pct
 from slurm_router.config.metrics import LOSS
-from slurm_router.rundir.events import EvalRow, StepRow
+from slurm_router.rundir.events import EvalRow, StepRow, WaitRow
 
-PARTS = ("train", "eval", "other")
+PARTS = ("train", "eval", "wait", "other")
 
 
 def _rank0(task: Task) -> pd.DataFrame:
@@ -123,6 +127,7 @@ def task_costs(tasks: list[Task], hours: dict[str, float | None], shares: dict[s
         dh = hours.get(t.name) or 0.0
         scale = devices * share / 3600
         train, ev = min(dh, group_train.get(g, 0.0) * scale), min(dh, group_eval.get(g, 0.0) * scale)
+        wait = min(max(0.0, dh - train - ev), waited_s(t) * scale)
         pace_s = float(t.steps["t_step_s"].sum()) if len(t.steps) else 0.0
         row: dict[str, Any] = {
             "variant": None if t.stage == "base" else t.variant,
@@ -140,7 +145,8 @@ def task_costs(tasks: list[Task], hours: dict[str, float | None], shares: dict[s
             "device_hours": dh,
             "train_device_hours": train,
             "eval_device_hours": ev,
-            "other_device_hours": max(0.0, dh - train - ev),
+            "wait_device_hours": wait,
+            "other_device_hours": max(0.0, dh - train - ev - wait),
             "steps": int(len(t.steps)),
             "expected_steps": t.expected_steps,
             "steps_per_s": len(t.steps) / pace_s if pace_s > 0 else None,
@@ -159,9 +165,15 @@ def task_costs(tasks: list[Task], hours: dict[str, float | None], shares: dict[s
             per_step = devices * _step_share(t, tasks) / 3600
             row.update(remaining_steps=rest, remaining_evaluations=skipped)
             row["remaining_device_hours"] = (rest / pace + skipped * mean_eval) * per_step
-        row["fixed_design_device_hours"] = dh + row["remaining_device_hours"]
+        row["fixed_design_device_hours"] = dh - wait + row["remaining_device_hours"]
         out[t.name] = row
     return out
+
+
+def waited_s(task: Task) -> float:
+    """Seconds the task's job held its devices before its workers started (its `wait` rows, every attempt)."""
+    rows = of_kind(task.events, WaitRow) if task.has_events else task.events
+    return float(rows["waited_s"].fillna(0).sum()) if "waited_s" in rows else 0.0
 
 
 def _paces(tasks: list[Task]) -> dict[str | None, float]:
@@ -209,11 +221,21 @@ def decision(tasks: list[Task], final: dict | None) -> int | None:
     return first
 
 
-def to_decision(tasks: list[Task], costs: dict[str, dict], step: int) -> dict[str, float]:
-    """Per task, the device-hours it spent up to its evaluation at `step` (all it spent when it ended before)."""
+def to_decision(
+    tasks: list[Task], costs: dict[str, dict], step: int, rounds: dict[str, int] | None = None
+) -> dict[str, float]:
+    """Per task, the device-hours it spent up to its evaluation at `step` (all it spent when it ended before).
+    rounds (seeds=auto: each replicate's round): a round before the latest with evaluations by `step` counts in
+    full (that round could start only once they had ended), a later one not at all."""
+    rounds = rounds or {}
+    by_then = [rounds[t.name] for t in tasks if t.name in rounds and len(t.evals) and (t.evals["step"] <= step).any()]
+    latest = max(by_then, default=0)
     out = {}
     for t in tasks:
         dh = costs[t.name]["device_hours"]
+        if t.name in rounds and rounds[t.name] != latest:
+            out[t.name] = dh if rounds[t.name] < latest else 0.0
+            continue
         at = t.evals[t.evals["step"] == step]["time"] if len(t.evals) and "time" in t.evals else pd.Series()
         whole = _spans(t)
         if t.stage == "base" or at.empty or whole <= 0:
@@ -227,8 +249,11 @@ def _sum(rows: list[dict], key: str) -> float:
     return float(sum(r[key] or 0.0 for r in rows))
 
 
-def account(tasks: list[Task], per_task: dict[str, dict], winner: dict | None) -> dict:
-    """summary.json's `cost`: in all, per variant, per task, to the decision, the fixed design."""
+def account(
+    tasks: list[Task], per_task: dict[str, dict], winner: dict | None, rounds: dict[str, int] | None = None
+) -> dict:
+    """summary.json's `cost`: in all, per variant, per task, to the decision, the fixed design (rounds: seeds=auto's
+    round of each replicate, analysis/contest.py rounds)."""
     hours = {n: s.get("device_hours") for n, s in per_task.items()}
     shares = {n: s["fused"]["token_share"] for n, s in per_task.items() if s.get("fused")}
     costs = task_costs(tasks, hours, shares)
@@ -246,7 +271,7 @@ def account(tasks: list[Task], per_task: dict[str, dict], winner: dict | None) -
     fixed = _sum(rows, "fixed_design_device_hours")
     decided: dict[str, Any] = {"decided": step is not None, "step": step, "device_hours": None, "winner": None}
     if step is not None and winner:
-        upto = to_decision(tasks, costs, step)
+        upto = to_decision(tasks, costs, step, rounds)
         decided.update(device_hours=float(sum(upto.values())), winner=winner["variant"])
         for name, c in costs.items():
             c["to_decision_device_hours"] = upto[name]
@@ -270,9 +295,10 @@ def section(summary: dict) -> list[tuple]:
         return []
     d, fixed = c["to_decision"], c["fixed_design_device_hours"]
     split = ", ".join(
-        f"{what} {c[f'{p}_device_hours']:.4f}" for p, what in zip(PARTS, ("training", "evaluation", "other"))
+        f"{what} {c.get(f'{p}_device_hours') or 0.0:.4f}"
+        for p, what in zip(PARTS, ("training", "evaluation", "waiting for a call", "other"))
     )
-    lines = [f"device-hours in all: {spent:.4f} ({split}: start-up, checkpoints, waiting)"]
+    lines = [f"device-hours in all: {spent:.4f} ({split}: start-up, checkpoints, gaps between steps)"]
     lines.append(
         f"to the decision: {d['device_hours']:.4f} device-hours ({pct(d['device_hours'] / spent)} of the run), "
         f"{d['text']} ({d['winner']} the winner)"
@@ -280,16 +306,22 @@ def section(summary: dict) -> list[tuple]:
         else "to the decision: not decided (the verdict names no decided winner), so the whole run was spent on it"
     )
     pruned = sum(len(v["pruned"]) for v in c["by_variant"].values())
+    waited, saved = c.get("wait_device_hours") or 0.0, c["saved_device_hours"]
+    how = (
+        f"estimated from the {pruned} pruned (or seeds=auto not run) tasks' own pace (the steps each did not train, "
+        "at its steps/s or its variant's; the evaluations it skipped, at its mean evaluation time)"
+        if pruned
+        else "no task was pruned: what the run spent"
+    ) + (", less the time reserves waited for their call (the fixed design waits for none)" if waited else "")
     lines.append(
-        f"the fixed design (every seed of every variant trained to the end): {fixed:.4f} device-hours"
+        f"the fixed design (every seed of every variant trained to the end): {fixed:.4f} device-hours ({how}); "
         + (
-            f", estimated from the {pruned} pruned (or seeds=auto not run) tasks' own pace (the steps each did not "
-            "train, at its steps/s or its variant's; "
-            f"the evaluations it skipped, at its mean evaluation time); prune=true saved {c['saved_device_hours']:.4f} "
-            f"({pct(c['saved_device_hours'] / fixed)})"
-            if pruned
-            else " (no task was pruned: what the run spent)"
+            f"the run saved {saved:.4f} ({pct(saved / fixed)})"
+            if saved >= 0
+            else f"the run cost {-saved:.4f} more ({pct(-saved / fixed)}): its reserves waited longer than pruning saved"
         )
+        if pruned or waited
+        else f"the fixed design (every seed of every variant trained to the end): {fixed:.4f} device-hours ({how})"
     )
     rows = [
         {
@@ -299,6 +331,7 @@ def section(summary: dict) -> list[tuple]:
             "device-hours": fmt(x["device_hours"], ".4f"),
             "training": fmt(x["train_device_hours"], ".4f"),
             "evaluation": fmt(x["eval_device_hours"], ".4f"),
+            "waiting": fmt(x.get("wait_device_hours"), ".4f"),
             "other": fmt(x["other_device_hours"], ".4f"),
             "fixed design": fmt(x["fixed_design_device_hours"], ".4f"),
         }
@@ -312,6 +345,7 @@ def section(summary: dict) -> list[tuple]:
             "p",
             "Device-hours: devices x wall time, a fused task's shared among its variants by tokens (counted once). "
             "Training: the step times; evaluation: each evaluation's wall time (held-out loss and eval.metrics); "
-            "other: the rest. Per task (seed): summary.json's cost.tasks. What the figures mean: docs/decisions.md.",
+            "waiting: a seeds=auto reserve holding its devices until its round's call (none locally: the queue starts a "
+            "reserve once it is called); other: the rest. Per task (seed): summary.json's cost.tasks. What the figures mean: docs/decisions.md.",
         ),
     ]

@@ -31,6 +31,7 @@ import pandas as pd
 from slurm_router.analysis import abtest, cost, fused, jobfacts, metrics, plots, task_metrics
 from slurm_router.analysis import winner as winners
 from slurm_router.analysis.contest import auto_seeds, prune_looks, task_config
+from slurm_router.analysis.contest import rounds as contest_rounds
 from slurm_router.analysis.document import document, task_table
 from slurm_router.analysis.load import ReportError, Task, atomic_write, load_run, make_dir  # noqa: F401  (ReportError: API)
 from slurm_router.analysis.metrics import finite
@@ -293,7 +294,8 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     summary["header"] = run_header(manifest, per_task, tasks)
     summary["changed"] = variants_changed(run_dir, tasks)
     summary["caveat"] = sentences.one_seed_caveat(summary["ab"])
-    summary["cost"] = cost.account(every, per_task, summary["winner"])  # device-hours: in all, to the decision
+    rounds = contest_rounds(run_dir, every)  # seeds=auto: a later round starts once the earlier ones ended
+    summary["cost"] = cost.account(every, per_task, summary["winner"], rounds)  # in all, to the decision
     members = fused.members(tasks)
     tables = {
         "steps_detail": pd.concat([metrics.per_step_table(t) for t in tasks] or [pd.DataFrame()]),

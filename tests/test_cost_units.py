@@ -30,6 +30,7 @@ def write_task(
     attempt=0,
     t0=0.0,
     end="completed",
+    waited=0.0,
 ):
     """One rank's events: a start row, an eval at step 0, `trained` steps of t_step seconds with an evaluation
     every eval_every steps (t_eval seconds each), then the final evaluation and an end row (or a pruned end)."""
@@ -54,6 +55,9 @@ def write_task(
             **extra,
         )
 
+    if waited:  # a seeds=auto reserve that held its devices until its round's call (supervise/job.py)
+        now += waited
+        row("wait", waited_s=waited, reason="seeds=auto reserve: waiting for its round's call")
     row("start", steps=steps, world=1)
     evaluate(0)
     for s in range(trained):
@@ -198,7 +202,7 @@ def test_the_report_section_names_the_figures(tmp_path):
     summary = {"cost": cost.account(tasks, {t.name: {"device_hours": 0.01} for t in tasks}, None)}
     text = to_markdown(cost.section(summary))
     assert "## What the verdict cost" in text and "device-hours in all: 0.0200" in text
-    assert "to the decision: not decided" in text and "prune=true saved" in text and "| bad " in text
+    assert "to the decision: not decided" in text and "the run saved" in text and "| bad " in text
     assert cost.section({"cost": {"device_hours": 0.0}}) == [] and callable(document)
 
 
@@ -246,3 +250,37 @@ def test_a_variant_the_contest_pruned_lost_even_when_one_replicate_finished_firs
         "sentence"
     ]
     assert "beats bad" not in final["sentence"]  # behind the best of its look, not beaten by the winner at the end
+
+
+def test_a_reserve_waiting_for_its_call_is_shown_as_waiting_and_the_fixed_design_does_not_pay_for_it(tmp_path):
+    """An A/A seeds=auto run to the cap under Slurm: nothing pruned, but a reserve held its devices 60 s waiting for
+    its round's call. The wait is its own part, the fixed design (priced from the plan) does not include it, so the
+    run is said to have cost more than the fixed design; it said 0 saved."""
+    span = write_task(tmp_path, "a-s0")
+    waited_span = write_task(tmp_path, "a-s2", waited=60.0)
+    tasks = [load(tmp_path, "a-s0"), load(tmp_path, "a-s2")]
+    hours = {"a-s0": {"device_hours": span / H}, "a-s2": {"device_hours": waited_span / H}}
+    c = cost.account(tasks, hours, None)
+    r = c["tasks"]["a-s2"]
+    assert r["wait_device_hours"] == 60 / H and abs(r["fixed_design_device_hours"] - (waited_span - 60) / H) < 1e-12
+    assert abs(r["other_device_hours"] - (waited_span - 60 - 40 - 9) / H) < 1e-12
+    assert c["tasks"]["a-s0"]["wait_device_hours"] == 0 and abs(c["saved_device_hours"] + 60 / H) < 1e-12
+    text = to_markdown(cost.section({"cost": c}))
+    assert "waiting for a call 0.0167" in text and "the run cost 0.0167 more" in text, text
+
+
+def test_under_seeds_auto_the_decision_pays_for_the_whole_rounds_before_it(tmp_path):
+    """Decided at step 2 of the second round (replicates s2): the first round (s0, s1) had to end before that round
+    started, so it counts in full; without rounds only up to its own step-2 evaluation."""
+    names = [f"{v}-s{i}" for v in ("good", "bad") for i in range(3)]
+    for i, name in enumerate(names):
+        write_task(tmp_path, name, steps=4, t0=0.0 if name[-1] != "2" else 100.0)
+    tasks = [load(tmp_path, n) for n in names]
+    hours = {n: {"device_hours": 0.01} for n in names}
+    costs = cost.task_costs(tasks, {n: 0.01 for n in names})
+    rounds = {n: int(n[-1] == "2") for n in names}
+    upto = cost.to_decision(tasks, costs, 2, rounds)
+    assert upto["good-s0"] == upto["bad-s1"] == 0.01 and 0 < upto["good-s2"] < 0.01
+    plain = cost.to_decision(tasks, costs, 2)
+    assert plain["good-s0"] < 0.01 and plain["good-s2"] == upto["good-s2"]
+    assert cost.account(tasks, hours, None, rounds)["tasks"]["good-s0"]["wait_device_hours"] == 0

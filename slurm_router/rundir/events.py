@@ -194,6 +194,16 @@ class RequeueRow(Row):
 
 
 @dataclass(kw_only=True)
+class WaitRow(Row):
+    """the job held its devices waiting before its workers started (a seeds=auto reserve under Slurm, until its
+    round's call was made): device time that trained nothing"""
+
+    KIND: ClassVar[str] = "wait"
+    waited_s: float = _req()
+    reason: str = _opt()
+
+
+@dataclass(kw_only=True)
 class EndRow(Row):
     """how an attempt ended"""
 
@@ -209,7 +219,17 @@ class EndRow(Row):
 
 ROWS: dict[str, type[Row]] = {
     cls.KIND: cls
-    for cls in (StartRow, MicroRow, StepRow, EvalRow, CheckpointSavedRow, CheckpointLoadedRow, RequeueRow, EndRow)
+    for cls in (
+        StartRow,
+        MicroRow,
+        StepRow,
+        EvalRow,
+        CheckpointSavedRow,
+        CheckpointLoadedRow,
+        RequeueRow,
+        WaitRow,
+        EndRow,
+    )
 }
 
 

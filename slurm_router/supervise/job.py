@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 if __name__ == "__main__":  # the job process: take stop signals before the slower imports below
     from slurm_router.supervise.supervisor import LAUNCHER_PID_ENV, TaskSupervisor
@@ -138,7 +139,11 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
         print(f"{spec.name}: already completed ({paths.result}{fused})", flush=True)
         return json.loads(paths.result.read_text())
     # seeds=auto: a reserve runs only while the contest is undecided (worker/auto_seeds.py)
+    waiting_since = time.time()
     unneeded = auto_seeds.wait_for_call(spec, stop=lambda: bool(supervisor.signum))
+    waited_s = time.time() - waiting_since
+    if waited_s >= auto_seeds.POLL_S and srun_rank() in (None, 0):  # it held its devices: the report shows it apart
+        task_event(spec, "wait", waited_s=round(waited_s, 3), reason="seeds=auto reserve: waiting for its round's call")
     if supervisor.signum:
         raise TaskStopped(checkpoint_step(spec), supervisor.signum)
     if unneeded is not None:
