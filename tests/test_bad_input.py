@@ -111,7 +111,7 @@ def _without_root_override() -> tuple[str, ...]:
         return ()
     prefix = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
     if not shutil.which("setpriv") or subprocess.run([*prefix, "true"], capture_output=True).returncode:
-        pytest.skip("running as root without setpriv: permissions cannot be made to hold")
+        pytest.skip("this machine cannot make permissions hold: running as root without setpriv")
     return prefix
 
 

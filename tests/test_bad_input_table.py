@@ -660,7 +660,7 @@ def _read_only_dir(path: Path):
         finally:
             _run("chattr", "-i", str(path))
     else:
-        pytest.skip("neither a read-only tmpfs nor chattr +i can be made here")
+        pytest.skip("this machine cannot make a read-only tmpfs or use chattr +i")
 
 
 @contextlib.contextmanager
@@ -668,7 +668,7 @@ def _tiny_fs(path: Path):
     """A file system with room for six files: the run directory fills it half-way through being written."""
     path.mkdir()
     if not _run("mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=6", "tmpfs", str(path)):
-        pytest.skip("cannot mount a tmpfs here")
+        pytest.skip("this machine cannot mount a tmpfs")
     try:
         yield path
     finally:
@@ -729,9 +729,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys, args, ex
     files = _files(tmp_path / "f")
     joined = " ".join(args)
     if "{locked}" in joined and os.access(files["locked"] / "x.txt", os.R_OK):
-        pytest.skip("chmod 000 does not stop this user (root) from reading: unreadable files cannot be made here")
+        pytest.skip("this machine cannot make an unreadable file: chmod 000 does not stop this user (root) from reading")
     if ("{io.jsonl}" in joined or "{ioerror}" in joined) and not _io_error_readable():
-        pytest.skip("/proc/self/mem reads without an error here: no I/O error to provoke")
+        pytest.skip("this machine cannot provoke an I/O error: /proc/self/mem reads without one")
     with contextlib.ExitStack() as stack:
         for name, make in SPECIAL.items():
             if "{" + name + "}" in joined:

@@ -1,6 +1,6 @@
-"""In CI (CI=true) a whole integration tier must not pass by being skipped (issue 36): a test skipped for want of
-the Slurm test cluster, the multi-node cluster or Chromium fails there; elsewhere it stays a skip, and so do skips
-CI cannot help (no GPU). Runs pytest on a small test file with tests/conftest.py's hooks, as .ci/run would."""
+"""In CI (CI=true) no test passes by being skipped (issues 36, 50): a test skipped for want of the Slurm test
+cluster, the multi-node cluster, Chromium or an extra fails there; elsewhere it stays a skip, and so do skips CI
+cannot help (no GPU, a capability no install gives). Runs pytest on a small test file with tests/conftest.py's hooks, as .ci/run would."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ def test_needs_the_multinode_cluster():
 
 def test_needs_chromium():
     pytest.skip("chromium not installed (apt-get install chromium): the html was checked, not rendered")
+
+def test_needs_an_extra():
+    pytest.importorskip("a_module_nobody_installs")
+
+def test_cannot_be_made_here():
+    pytest.skip("this machine cannot make an unreadable file: chmod 000 does not stop this user (root) from reading")
 
 @pytest.mark.skipif(True, reason="needs an NVIDIA GPU (CUDA)")
 def test_needs_a_gpu():
@@ -46,16 +52,18 @@ def run_pytest(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     )
 
 
-def test_in_ci_a_skipped_slurm_multinode_or_browser_test_fails_the_run(tmp_path):
+def test_in_ci_every_skip_but_a_gpus_or_a_missing_capability_fails_the_run(tmp_path):
+    """A missing extra (optuna for the pruning replays, issue 50) fails like a missing cluster; a GPU skip and a
+    capability no install gives ("this machine cannot ...", root reading a chmod 000 file) stay skips."""
     out = run_pytest(tmp_path, "true")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "3 failed, 1 passed, 1 skipped" in out.stdout, out.stdout
-    for name in ("test_needs_slurm", "test_needs_the_multinode_cluster", "test_needs_chromium"):
-        assert f"FAILED test_tiers.py::{name} - skipped in CI (CI=true), where this tier must run" in out.stdout
+    assert "4 failed, 1 passed, 2 skipped" in out.stdout, out.stdout
+    for name in ("test_needs_slurm", "test_needs_the_multinode_cluster", "test_needs_chromium", "test_needs_an_extra"):
+        assert f"FAILED test_tiers.py::{name} - skipped in CI (CI=true), where every test but" in out.stdout
     assert "needs an NVIDIA GPU" in out.stdout, "a GPU skip stays a skip in CI"
 
 
 def test_outside_ci_they_stay_skips(tmp_path):
     out = run_pytest(tmp_path, None)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "1 passed, 4 skipped" in out.stdout, out.stdout
+    assert "1 passed, 6 skipped" in out.stdout, out.stdout
