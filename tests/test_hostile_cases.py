@@ -8,7 +8,8 @@ files, are rows of tests/test_bad_input_table.py):
 3. a finished task whose adapter/ was deleted: export names the command, resume= says so and trains it again;
 4. a metric whose higher_is_better differs between the submission's check and the calls inside a task fails the
    task in one line instead of recording the checked value;
-7. a task that failed before any evaluation after step 0 shows no val_loss (a dash), not the base's step-0 loss.
+7. a task that failed before any evaluation after step 0 shows no val_loss (a dash), not the base's step-0 loss;
+11. (a newcomer's friction) prune=true with train.eval_every too large suggests a value that is accepted.
 """
 
 import json
@@ -191,3 +192,14 @@ def test_a_task_that_failed_after_step_0_shows_no_val_loss(tmp_path):
     assert main.get("val_loss") is None and main["val_loss_start"] == summary["base"]["val_loss"], main
     row = next(line for line in proc.stdout.splitlines() if line.startswith("│ main "))
     assert row.split("│")[2].strip() == "-", row
+
+
+def test_prune_with_eval_every_too_large_suggests_a_value_that_is_accepted(tmp_path):
+    """Issue 50, 11: the refusal suggested train.eval_every=25 whatever train.steps was (25 >= 10 is refused too)."""
+    args = ["+experiment=lora_ab", "prune=true", "seeds=2", "train.steps=10", "dry_run=true", f"run_root={tmp_path}"]
+    proc = run_cli(*args, "train.eval_every=20", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    line = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1]
+    assert "set e.g. train.eval_every=2 " in line, line
+    proc = run_cli(*args, "train.eval_every=2", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -177,8 +177,14 @@ def check_prune(cfg: DictConfig, variants: dict[str, DictConfig]) -> None:
         if not vcfg.train.eval_every or vcfg.train.eval_every >= vcfg.train.steps:
             own = (vcfg.train.eval_every, vcfg.train.steps) != (cfg.train.eval_every, cfg.train.steps)
             where = f"variants.{name}: " if own else ""  # the variant's own setting, or everyone's
+            steps = vcfg.train.steps
+            fix = (
+                f"set e.g. {where.rstrip(': ') + '.' if own else ''}train.eval_every={max(1, steps // 4)} "
+                "(it looks at the evaluations from half of training on)"
+                if steps >= 2
+                else "train more than one step"
+            )
             raise UserError(
-                f"{where}prune=true needs train.eval_every > 0 and below train.steps={vcfg.train.steps} "
-                f"(it decides at the in-training evaluations; train.eval_every={vcfg.train.eval_every}): "
-                "set e.g. train.eval_every=25"
+                f"{where}prune=true needs train.eval_every > 0 and below train.steps={steps} "
+                f"(it decides at the in-training evaluations; train.eval_every={vcfg.train.eval_every}): {fix}"
             )
