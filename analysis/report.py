@@ -161,14 +161,17 @@ def variants_changed(run_dir: Path, tasks: list[Task]) -> dict[str, dict]:
     """Per variant task: what its config changed against the other variants, and its trainable parameters."""
     variants = [t for t in tasks if t.stage != "base"]
     diff = config_diff({t.name: task_config(run_dir, t.name) for t in variants}) if len(variants) > 1 else {}
-    return {
-        t.name: {
-            "changed": diff.get(t.name, {}),
-            "n_trainable_params": _int((t.start or {}).get("n_trainable_params")),
-            "n_params": _int((t.start or {}).get("n_params")),
-        }
-        for t in variants
-    }
+    own = {t.name: _int((t.start or {}).get("n_trainable_params")) for t in variants}
+    group = {t.name: str(t.meta.get("fused_into") or t.name) for t in variants}
+    out = {}
+    for t in variants:
+        n = _int((t.start or {}).get("n_params"))
+        # a fused task's model holds every member's adapters: a member alone has the base and its own
+        others = [own[m] for m in own if m != t.name and group[m] == group[t.name]]
+        if n is not None and others and all(x is not None for x in others):
+            n -= sum(x for x in others if x is not None)
+        out[t.name] = {"changed": diff.get(t.name, {}), "n_trainable_params": own[t.name], "n_params": n}
+    return out
 
 
 def command_line(argv: list | None) -> str | None:

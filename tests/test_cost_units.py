@@ -284,3 +284,23 @@ def test_under_seeds_auto_the_decision_pays_for_the_whole_rounds_before_it(tmp_p
     plain = cost.to_decision(tasks, costs, 2)
     assert plain["good-s0"] < 0.01 and plain["good-s2"] == upto["good-s2"]
     assert cost.account(tasks, hours, None, rounds)["tasks"]["good-s0"]["wait_device_hours"] == 0
+
+
+def test_a_fused_members_trainable_share_is_the_one_it_has_alone(tmp_path):
+    """Issue 50, 10: a fused task's model holds every member's adapters, so its start rows' n_params counted the
+    other members' too (3.57% fused, 4.35% alone for one variant). The report's share is the member's alone."""
+    from slurm_router.analysis.report import variants_changed
+
+    base, adapters = 1_000_000, {"r8": 20_000, "r32": 80_000}
+    for name, n_own in adapters.items():
+        folder = tmp_path / "tasks" / f"{name}-s0"
+        folder.mkdir(parents=True)
+        row = {"event": "start", "time": 0.0, "attempt": 0, "device": 0, "task": f"{name}-s0", "steps": 4, "world": 1}
+        row |= {"n_params": base + sum(adapters.values()), "n_trainable_params": n_own}
+        (folder / "events-rank0.jsonl").write_text(json.dumps(row) + "\n")
+    fused = {"r8-s0": None, "r32-s0": "r8-s0"}
+    tasks = [load(tmp_path, n, fused_into=lead) for n, lead in fused.items()]
+    got = variants_changed(tmp_path, tasks)
+    assert got["r8-s0"]["n_params"] == base + 20_000 and got["r32-s0"]["n_params"] == base + 80_000, got
+    alone = variants_changed(tmp_path, [load(tmp_path, "r8-s0")])
+    assert alone["r8-s0"]["n_params"] == base + 100_000  # a task alone: its start row's count as written
