@@ -50,17 +50,9 @@ def check_loser_run(run_dir, waited: bool | None = False) -> None:
     if waited is not None:
         assert all(waits.values()) if waited else not any(waits.values()), waits
     assert all((cost["tasks"][t]["wait_device_hours"] > 0) == bool(waits[t]) for t in reserves), (waits, cost)
-    for t in reserves:
-        row = cost["tasks"][t]
-        assert (
-            abs(
-                row["fixed_design_device_hours"]
-                - row["remaining_device_hours"]
-                - row["device_hours"]
-                + row["wait_device_hours"]
-            )
-            < 1e-12
-        )
+    for row in (cost["tasks"][t] for t in reserves):
+        trained = row["device_hours"] - row["wait_device_hours"]
+        assert abs(row["fixed_design_device_hours"] - row["remaining_device_hours"] - trained) < 1e-12, row
     report = (run_dir / "report" / "report.md").read_text()
     assert auto["line"] in report and "r32 is the only variant left" in report
     status = run_cli("status", str(run_dir), "--json", cwd=run_dir, timeout=120)  # the reserves read as not needed
@@ -69,12 +61,19 @@ def check_loser_run(run_dir, waited: bool | None = False) -> None:
     pruned = [t for t in got if got[t].get("exit_state") == "pruned"]
     assert all(tasks[t]["ended_as"] == f"pruned at step {got[t]['step']}" for t in pruned), tasks
     assert all(tasks[t]["ended_as"] is None for t in tasks if t not in pruned + reserves), tasks
+    # issue 50, 8: never run, pruned and completed are different words wherever a state is shown
+    table = run_cli("status", str(run_dir), cwd=run_dir, timeout=120).stdout
+    assert f"{len(reserves)} NOT_NEEDED" in table and (f"{len(pruned)} PRUNED" in table or not pruned), table
+    assert f"{len(got) - len(reserves) - len(pruned)} COMPLETED" in table, table
+    listed = run_cli("status", "--run-root", str(run_dir.parent), cwd=run_dir, timeout=120).stdout
+    assert f"{len(got)}/{len(got)} (" in listed and f"{len(reserves)} not needed" in listed, listed
 
 
 def test_a_clear_loser_is_decided_on_two_seeds_and_no_reserve_trains(tmp_path):
     proc = run_cli(*AUTO, "auto_seeds.max=4", f"run_root={tmp_path}", cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "seeds=auto (at most 4 per variant): replicates run r8 2, r32 2" in proc.stdout
+    assert "variants/r8-s2: not needed" in proc.stdout and ": completed" in proc.stdout, proc.stdout[-3000:]
     check_loser_run(run_dir_of(proc))
 
 

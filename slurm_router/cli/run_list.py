@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slurm_router.errors import UserError
 from slurm_router.rundir.layout import MANIFEST, RunLayout
 from slurm_router.rundir.manifest import Manifest
+from slurm_router.rundir.progress import decided_state, task_ended_as
 
 
 @dataclass
@@ -27,8 +28,9 @@ class RunRow:
     launcher: str | None
     created: float | None  # unix time the run dir was made
     state: str  # the manifest's state, made current (below)
-    tasks_done: int  # tasks with a result (completed or cached)
+    tasks_done: int  # tasks with a result (completed or cached, or ended by the run's decision)
     tasks_total: int
+    decided: dict[str, int] = field(default_factory=dict)  # of those, ended by the run's decision: PRUNED: n, ...
 
 
 def find_runs(run_root: str) -> list[Path]:
@@ -92,7 +94,12 @@ def list_runs(run_root: str, limit: int = 20, previews: bool = False) -> tuple[l
             continue
         tasks = data.get("tasks") or {}
         layout = RunLayout(run_dir)
-        done = sum(1 for name in tasks if layout.task(name).result.is_file())
+        ended = [name for name in tasks if layout.task(name).result.is_file()]
+        decided: dict[str, int] = {}
+        for word in (decided_state(task_ended_as(layout.task(name).dir)) for name in ended):
+            if word:
+                decided[word] = decided.get(word, 0) + 1
+        done = len(ended)
         live = live_jobs(data, seen) if data.get("state") == "submitted" else {}
         rows.append(
             RunRow(
@@ -104,9 +111,16 @@ def list_runs(run_root: str, limit: int = 20, previews: bool = False) -> tuple[l
                 run_state(data, live, done, len(tasks)),
                 done,
                 len(tasks),
+                decided,
             )
         )
     return rows, hidden
+
+
+def _decided_words(decided: dict[str, int]) -> str:
+    """' (4 pruned, 2 not needed)': the tasks counted done that the run's decision ended, not trained to the end."""
+    words = [f"{n} {state.lower().replace('_', ' ')}" for state, n in decided.items()]
+    return f" ({', '.join(words)})" if words else ""
 
 
 def print_runs(run_root: str, limit: int = 20, as_json: bool = False, previews: bool = False) -> None:
@@ -124,7 +138,7 @@ def print_runs(run_root: str, limit: int = 20, as_json: bool = False, previews: 
             r.state,
             r.experiment or "-",
             r.launcher or "-",
-            f"{r.tasks_done}/{r.tasks_total}",
+            f"{r.tasks_done}/{r.tasks_total}" + _decided_words(r.decided),
             r.run_dir,
         )
         for r in rows

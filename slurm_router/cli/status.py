@@ -15,6 +15,7 @@ from dataclasses import asdict
 from slurm_router.errors import SchedulerUnavailable, UserError
 from slurm_router.launch.base import Launcher
 from slurm_router.rundir.manifest import Manifest
+from slurm_router.rundir.progress import decided_state
 from slurm_router.scheduler.registry import launcher_class
 from slurm_router.scheduler.task_view import (
     FAILED_STATES,
@@ -105,10 +106,16 @@ def follow_run(manifest: dict, poll_s: float = 2.0, out=sys.stdout, timeout_s: f
 # ---------------------------------------------------------------- presentation
 
 
+def shown_state(t: TaskView) -> str:
+    """The task's state as a user reads it: PRUNED, STOPPED or NOT_NEEDED for one the run's decision ended (the
+    scheduler says COMPLETED: it exited 0), else the scheduler's word."""
+    return (t.state == "COMPLETED" and decided_state(t.progress.ended_as)) or t.state
+
+
 def _summary(tasks: list[TaskView]) -> str:
     counts: dict[str, int] = {}
     for t in tasks:
-        counts[t.state] = counts.get(t.state, 0) + 1
+        counts[shown_state(t)] = counts.get(shown_state(t), 0) + 1
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no tasks"
 
 
@@ -126,7 +133,7 @@ def render_table(manifest: dict, tasks: list[TaskView]) -> None:
             t.stage,
             t.variant,
             t.job_id,
-            t.state + "".join(f" ({note})" for note in (t.progress.ended_as, t.reason) if note),
+            shown_state(t) + "".join(f" ({note})" for note in (t.progress.ended_as, t.reason) if note),
             _steps(t),
             format_duration(t.progress.eta_s),
             format_duration(t.elapsed_s),
@@ -152,12 +159,15 @@ def render_table(manifest: dict, tasks: list[TaskView]) -> None:
         colors = {
             "COMPLETED": "green",
             "CACHED": "green",
+            "PRUNED": "green",
+            "STOPPED": "green",
+            "NOT_NEEDED": "green",
             "RUNNING": "cyan",
             "PENDING": "yellow",
             "INTERRUPTED": "yellow",
         }
         for t, r in zip(tasks, rows):
-            table.add_row(*r, style=colors.get(t.state, "red" if t.state in FAILED_STATES else None))
+            table.add_row(*r, style=colors.get(shown_state(t), "red" if t.state in FAILED_STATES else None))
         Console(width=max(Console().width, 160) if not sys.stdout.isatty() else None).print(table)
     for reason in dict.fromkeys(t.reason for t in tasks if t.blocked):
         assert reason is not None

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from slurm_router.rundir.lifecycle import TaskState
-from slurm_router.rundir.progress import TaskProgress, read_progress
+from slurm_router.rundir.progress import TaskProgress, decided_state, read_progress, task_ended_as
 from slurm_router.rundir.spec import TaskSpec
 
 PLAIN_EVERY_S = 30.0  # plain lines: a task whose steps moved gets a line at least this often
@@ -106,11 +106,14 @@ class Progress:
             if each in self.ended:
                 continue
             self.ended.add(each)
-            msg = f"{self.tasks[each].stage}/{each}: {word}"
+            ended = task_ended_as(self.tasks[each].task_dir) if ok else None  # pruned, stopped, not needed
+            decided = decided_state(ended)
+            shown = word if not decided else decided.lower().replace("_", " ") if word.islower() else decided
+            msg = f"{self.tasks[each].stage}/{each}: {shown}" + (f" ({ended})" if decided and ended != shown else "")
             if not ok and log is not None:
                 msg += f" (log: {log})"
             if self._rich is not None:
-                self._rich.update(self._ids[each], info=word)
+                self._rich.update(self._ids[each], info=shown)
                 self._rich.console.print(msg)
             else:
                 print(msg, flush=True)

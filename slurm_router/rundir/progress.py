@@ -133,6 +133,22 @@ def ended_as(end: list[dict]) -> str | None:
     return None
 
 
+def decided_state(ended: str | None) -> str | None:
+    """The word for a task that exited 0 because the run's decision ended it (ended_as): PRUNED, STOPPED (a
+    seeds=auto reserve stopped once its contest was decided) or NOT_NEEDED (a reserve that never ran); None for a
+    task that trained to its end. Four different things wherever a state is shown, none of them COMPLETED."""
+    if not ended:
+        return None
+    if ended.startswith("pruned"):
+        return "PRUNED"
+    return "STOPPED" if "stopped at step" in ended else "NOT_NEEDED"
+
+
+def task_ended_as(task_dir: str | os.PathLike) -> str | None:
+    """ended_as of a task's folder (its rank 0's newest end row)."""
+    return ended_as(last_rows(TaskPaths(Path(task_dir)).events(0), EndRow.KIND))
+
+
 def setup_failure(run_dir: str | Path | None, job_id: str | None) -> str | None:
     """What RUN_DIR/logs/setup-failed.<job id> says (`launcher.setup line 1 (exit 3) failed with exit code 3`), or
     None: the job's setup passed, or has not run."""
