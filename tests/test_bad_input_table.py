@@ -729,7 +729,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys, args, ex
     files = _files(tmp_path / "f")
     joined = " ".join(args)
     if "{locked}" in joined and os.access(files["locked"] / "x.txt", os.R_OK):
-        pytest.skip("this machine cannot make an unreadable file: chmod 000 does not stop this user (root) from reading")
+        pytest.skip(
+            "this machine cannot make an unreadable file: chmod 000 does not stop this user (root) from reading"
+        )
     if ("{io.jsonl}" in joined or "{ioerror}" in joined) and not _io_error_readable():
         pytest.skip("this machine cannot provoke an I/O error: /proc/self/mem reads without one")
     with contextlib.ExitStack() as stack:
