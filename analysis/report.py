@@ -208,9 +208,10 @@ def task_links(run_dir: Path, out: Path, tasks: list[Task]) -> dict[str, dict[st
     links: dict[str, dict[str, str]] = {}
     for t in tasks:
         paths = layout.task(t.name)
-        log = Path(t.meta["log_path"]) if t.meta.get("log_path") else layout.log(t.name)
+        lead = t.meta.get("fused_into")  # a fused member trains in its leader's task: the log is the task's
+        log = Path(t.meta["log_path"]) if t.meta.get("log_path") else layout.log(lead or t.name)
         found = {
-            "log": log,
+            f"log (the fused task {lead}'s)" if lead else "log": log,
             "task.json": paths.task_file,
             "config.yaml": layout.config,
             "adapter": paths.adapter if paths.adapter.is_dir() else paths.full_model,
