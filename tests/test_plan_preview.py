@@ -95,6 +95,15 @@ def test_dry_run_local_prints_the_plan_and_writes_only_the_preview(tmp_path):
     assert (run_dir / "preview.txt").read_text().startswith("dry_run=true: a preview")
     assert json.loads((run_dir / "manifest.json").read_text())["state"] == "previewed"
     _status_says_never_submitted(run_dir)
+    # it says where the preview is kept and how to clean previews up (issue 50, 12); cleaning deletes only previews
+    assert f"the preview is kept in {run_dir}" in out and "--clean-previews deletes them" in out
+    ran = run_dir.parent / "ran"
+    (ran / "tasks" / "t").mkdir(parents=True)
+    (ran / "manifest.json").write_text((run_dir / "manifest.json").read_text())
+    (ran / "tasks" / "t" / "events-rank0.jsonl").write_text("{}\n")  # something ran in it: never deleted
+    clean = run_cli("--run-root", str(run_dir.parents[1]), "--clean-previews", module="slurm_router.status", timeout=60)
+    assert clean.returncode == 0 and f"deleted the preview {run_dir}" in clean.stdout, clean.stdout + clean.stderr
+    assert not run_dir.exists() and ran.is_dir()
 
 
 def _array_sizes(preview: str) -> list[int]:

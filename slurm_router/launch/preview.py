@@ -250,6 +250,10 @@ def write_preview(cfg: DictConfig, variants: dict, stages: list[Stage], run_id: 
 
     lines += backend_of(cfg.launcher.kind).preview(cfg, manifest, stages)  # the scheduler's scripts, if any
     lines.append(f"to run it: the same command without dry_run=true (status {run_dir}: never submitted)")
+    lines.append(
+        f"the preview is kept in {run_dir}; the run list leaves previews out, and "
+        f"python -m slurm_router.status --run-root {run_dir.parents[1]} --clean-previews deletes them"
+    )
     text = "\n".join(lines)
     (run_dir / PREVIEW_FILE).write_text(text + "\n")
     manifest.set(state=PREVIEWED, preview=str(run_dir / PREVIEW_FILE))
