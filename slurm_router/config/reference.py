@@ -208,6 +208,7 @@ def keys_text(width: int = 60) -> str:
     rows = [*config_keys(), *launcher_keys()]
     wide = max(len(k.key) for k in rows) + 2
     lines = ["keys (KEY=VALUE; the type, the default, what it does; launcher.* says which launchers have it):"]
+    cells: list[tuple[str, str, str, str]] = []
     for k in rows:
         kind, what = k.type, k.line
         if "|" in kind:  # a choice: its values lead the line unless the comment lists them
@@ -216,7 +217,12 @@ def keys_text(width: int = 60) -> str:
         if k.launchers and len(k.launchers) < len(schema.LAUNCHER_SCHEMAS):
             what = f"[{', '.join(k.launchers)}] {what}"
         default = k.default if len(k.default) <= 12 else k.default[:9] + "..."
-        lines.append(f"  {k.key:{wide}s}{kind:17s}{default:14s}{short(what, width)}".rstrip())
+        cells.append((k.key, kind, default, short(what, width)))
+    # each column as wide as its widest cell and two spaces: `int, list or auto` never runs into its default
+    kinds, defaults = (max(len(c[i]) for c in cells) + 2 for i in (1, 2))
+    lines += [
+        f"  {key:{wide}s}{kind:{kinds}s}{default:{defaults}s}{what}".rstrip() for key, kind, default, what in cells
+    ]
     return "\n".join(lines)
 
 
