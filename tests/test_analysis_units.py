@@ -199,7 +199,9 @@ def test_a_cpu_runs_mfu_is_against_this_machines_measured_matmul_peak(tmp_path, 
     got = mfu(t, tokens_per_s=1000)
     peak = matmul_peak.peak_flops("cpu", "float32", 1, measure=False)  # measured by mfu, kept in the cache
     assert peak and 1e8 < peak < 1e13, peak
-    assert got["mfu"] == pytest.approx(1000 * (4e6 + 2e4) / peak) and "measured on this machine at 1 thread" in got["text"]
+    assert (
+        got["mfu"] == pytest.approx(1000 * (4e6 + 2e4) / peak) and "measured on this machine at 1 thread" in got["text"]
+    )
     assert (tmp_path / "slurm_router" / "matmul_peak.json").is_file()
     t.start["host"] = "another-node"
     assert mfu(t, tokens_per_s=1000)["mfu"] is None and "another-node" in mfu(t, tokens_per_s=1000)["text"]
