@@ -46,7 +46,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     kind: str = setting(
-        "gpt2", choices=tuple(model_families.FAMILIES), reader='train/model.py: model_cfg.kind == "hf"'
+        "gpt2",
+        choices=tuple(model_families.FAMILIES),
+        reader="config/model_families/__init__.py: family(str(model_cfg.kind))",
     )  # gpt2: built from this config | hf: a local checkpoint
     name_or_path: Optional[str] = setting(
         None,

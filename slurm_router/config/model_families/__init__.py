@@ -24,6 +24,7 @@ class ModelFamily:
     checked on the model, cli/checks.py). check: its own value checks (UserError; `where` leads the line)."""
 
     kind: str
+    from_checkpoint: bool  # loaded from model.name_or_path (its own tokenizer), not built from the config
     trains_base_stage: bool
     packs_rows: bool
     no_base_stage: str = ""
@@ -39,3 +40,8 @@ def family(kind: str) -> ModelFamily:
 def of(cfg) -> ModelFamily:
     """The family of a config (its model.kind, checked to be one of FAMILIES)."""
     return family(str(cfg.model.kind))
+
+
+def from_checkpoint(model_cfg) -> bool:
+    """A model section (a task's too) whose family loads a checkpoint rather than building from the config."""
+    return family(str(model_cfg.kind)).from_checkpoint

@@ -26,6 +26,7 @@ def check(cfg, where: str) -> None:
 
 FAMILY = ModelFamily(
     kind="gpt2",
+    from_checkpoint=False,
     trains_base_stage=True,
     packs_rows=True,
     leaves_unread={

@@ -24,6 +24,7 @@ def check(cfg, where: str) -> None:
 
 FAMILY = ModelFamily(
     kind="hf",
+    from_checkpoint=True,
     trains_base_stage=False,
     packs_rows=False,
     no_base_stage="with model=hf (no base stage: the checkpoint is the base)",
