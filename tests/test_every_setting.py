@@ -193,3 +193,18 @@ def test_every_declared_reader_reads_its_key():
     assert len(sites) >= 100
     for key, module, code in sites:
         assert key.rsplit(".", 1)[-1] in code and code in code_of(module), f"{key}: {code!r} is not in {module}"
+
+
+def test_model_kind_and_data_kind_are_their_registries():
+    """model.kind and data.kind take what config/model_families/ and config/data_sources/ register, each kind
+    answering for itself (the one place the config branches on them)."""
+    from slurm_router.config import data_sources, model_families
+    from slurm_router.config.schema import CHOICES
+
+    assert CHOICES["model.kind"] == tuple(model_families.FAMILIES) == ("gpt2", "hf")
+    assert CHOICES["data.kind"] == tuple(data_sources.SOURCES) == tuple(DATA_ORDER)
+    assert all(model_families.family(k).kind == k for k in model_families.FAMILIES)
+    assert all({"kind", "max_len"} <= set(data_sources.source(k).reads) for k in data_sources.SOURCES)
+
+
+DATA_ORDER = ("stdlib", "text_dir", "jsonl", "parquet", "synthetic")
