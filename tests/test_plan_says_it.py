@@ -94,12 +94,12 @@ def test_the_fused_plan_agrees_with_itself(tmp_path):
     assert ram and allowed and allowed.group(2) == ram.group(1), auto  # one machine, one figure for its memory
     assert abs(float(allowed.group(1)) - 0.85 * float(ram.group(1)) / 2) < 0.01
     assert "resources.fuse_variants=auto (K=2): 4 variant task(s) run as 2 task(s): 4 fused into 2" in proc.stdout
-    assert "  resources.fuse_variants=auto (K=2): 4 variant task(s) run as 2 task(s)" in proc.stdout
+    assert "(4 variant task(s) run as 2: 4 fused into 2 by resources.fuse_variants=auto, " in proc.stdout
     assert not [line for line in out if "fuse_variants=2" in line], proc.stdout  # the user typed auto
-    r4 = next(line for line in out if line.startswith("  r4, seed 0: "))
-    assert r4.startswith("  r4, seed 0: 4 steps, global batch 16, lr 0.001 (r4), 0.005 (r16); "), r4
-    r8 = next(line for line in out if line.startswith("  r8, seed 0: "))
-    assert r8.startswith("  r8, seed 0: 4 steps, global batch 16, lr 0.005; "), r8
+    r4 = next(line for line in out if line.startswith("  r4 + r16 fused, seed 0 (task r4): "))
+    assert "4 steps, global batch 16, lr 0.001 (r4), 0.005 (r16); " in r4, r4
+    r8 = next(line for line in out if line.startswith("  r8 + r32 fused, seed 0 (task r8): "))
+    assert "4 steps, global batch 16, lr 0.005; " in r8, r8
 
 
 def test_a_fused_plan_with_nothing_fused_and_a_sweep_of_the_setting(tmp_path):
