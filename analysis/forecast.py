@@ -6,9 +6,9 @@ forecast of this shape starts from them."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -29,7 +29,7 @@ def duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def load(run_dir: str | Path) -> dict | None:
+def load(run_dir: str | os.PathLike) -> dict | None:
     try:
         data = json.loads((Path(run_dir) / FILE).read_text())
         return data if isinstance(data, dict) else None
@@ -46,6 +46,8 @@ def compare(run_dir: Path, summary: dict, manifest: dict) -> dict | None:
     fc = load(run_dir)
     if fc is None:
         return None
+    if manifest.get("state") == "completed":
+        remember(fc, summary)
     if "unknown" in fc:
         return {"unknown": fc["unknown"]}
     header, cost = summary.get("header") or {}, summary.get("cost") or {}
@@ -116,29 +118,41 @@ def section(summary: dict) -> list[tuple]:
     return [("h", 2, "Forecast and what happened"), ("table", table), ("p", " ".join(notes))]
 
 
-def measured_rates(tasks: list[Any], manifest: dict, fc: dict) -> dict[str, dict]:
-    """Per stage, what the run measured in the calibration's units: a step at the probe's batch (the base's every
-    weight, a variant's LoRA), one held-out batch, a task's start-up (its start to its first event)."""
-    batch = int((fc.get("request") or {}).get("batch") or 0)
+def measured_rates(summary: dict, fc: dict) -> dict[str, dict]:
+    """Per stage, what the run measured in the calibration's units, from the report's cost rows of the tasks that
+    trained alone and to the end: the forecast's rate x (measured step time / forecast step time), and a task's
+    start-up (its time outside training and evaluation)."""
+    cost = (summary.get("cost") or {}).get("tasks") or {}
+    rates = fc.get("rates") or {}
     out: dict[str, dict] = {}
-    for stage in {t.stage for t in tasks}:
-        mine = [t for t in tasks if t.stage == stage and len(t.steps) and not t.meta.get("fused_into")]
-        mine = [t for t in mine if not t.meta.get("members")]
-        if not mine or not batch:
-            continue
-        per = [float(t.steps["t_step_s"].median()) * batch / max(1, int(t.steps["n_samples"].median())) for t in mine]
-        rates: dict[str, float] = {("step_s" if stage == "base" else "lora_step_s"): statistics.median(per)}
-        if stage != "base":
-            evals = [t.evals for t in mine if len(t.evals) and "t_eval_s" in t.evals]
-            n = int((((mine[0].meta.get("config") or {}).get("train")) or {}).get("eval_batches") or 0)
-            if evals and n:
-                rates["eval_batch_s"] = statistics.median(float(e["t_eval_s"].median()) for e in evals) / n
-        starts = []
-        for t in mine:
-            at = (manifest.get("tasks") or {}).get(t.name, {}).get("started_at")
-            if at and t.has_events:
-                starts.append(float(t.events["time"].min()) - float(at))
-        if starts:
-            rates["startup_s"] = statistics.median(starts)
-        out[stage] = rates
+    for stage, threads in (fc.get("threads") or {}).items():
+        ratios, starts = [], []
+        for name, c in cost.items():
+            f = (fc.get("tasks") or {}).get(name)
+            if not f or f["stage"] != stage or c.get("share", 1.0) != 1.0 or not c.get("steps_per_s"):
+                continue
+            if c.get("state") != "completed" or not f.get("steps") or not f.get("train_s"):
+                continue
+            ratios.append((1.0 / float(c["steps_per_s"])) / (float(f["train_s"]) / int(f["steps"])))
+            per_device = 3600 / max(1, int(c.get("devices") or 1))
+            parts = sum(float(c.get(k) or 0.0) for k in ("train_device_hours", "eval_device_hours"))
+            starts.append(max(0.0, (float(c.get("device_hours") or 0.0) - parts) * per_device))
+        old = rates.get(str(threads)) or {}
+        key = "step_s" if stage == "base" else "lora_step_s"
+        if ratios and old.get(key):
+            out[stage] = {key: float(old[key]) * statistics.median(ratios)}
+            if starts:
+                out[stage]["startup_s"] = statistics.median(starts)
     return out
+
+
+def remember(fc: dict, summary: dict) -> None:
+    """The run's own rates into the calibration cache (artifacts/calibration.py) under forecast.json's key."""
+    from slurm_router.artifacts.calibration import record_measured
+
+    threads, path, k = fc.get("threads") or {}, fc.get("cache_file"), fc.get("calibration_key")
+    if not path or not k:
+        return
+    for stage, rates in measured_rates(summary, fc).items():
+        if stage in threads:
+            record_measured(path, k, int(threads[stage]), rates)

@@ -54,7 +54,12 @@ def key(request: dict) -> str:
 
     import torch
 
-    ident = {**request, "torch": torch.__version__, "python": sys.executable, "machine": platform.node()}
+    ident = {
+        **{k: v for k, v in request.items() if k != "threads"},
+        "torch": torch.__version__,
+        "python": sys.executable,
+        "machine": platform.node(),
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -83,8 +88,10 @@ def rates(cfg: Any, request: dict, timeout_s: float = 300.0) -> dict:
     the probe fails."""
     path, k = cache_file(cfg), key(request)
     found = cached(cfg, request)
-    if found is not None and all(str(t) in found["by_threads"] for t in request["threads"]):
+    missing = [t for t in request["threads"] if found is None or str(t) not in found["by_threads"]]
+    if found is not None and not missing:
         return {**found, "cached": True}
+    request = {**request, "threads": missing}  # only the thread counts not measured yet
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if request["device"] == "cpu" else {}))
     started = time.time()
     proc = subprocess.run(
@@ -102,6 +109,9 @@ def rates(cfg: Any, request: dict, timeout_s: float = 300.0) -> dict:
     out["startup_s"] = out.pop("ready_at") - started
     out["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out["source"] = "calibration"
+    if found is not None:  # the thread counts measured before stay (and a measured run's start-up)
+        out["by_threads"] = {**found["by_threads"], **out["by_threads"]}
+        out["startup_s"] = found.get("startup_s") or out["startup_s"]
     _store(path, k, out)
     return {**out, "cached": False}
 
@@ -112,19 +122,18 @@ def cached(cfg: Any, request: dict) -> dict | None:
     return found if isinstance(found, dict) and "by_threads" in found else None
 
 
-def record_measured(cfg: Any, request: dict, threads: int, measured: dict) -> None:
-    """A run's own rates at `threads` (step_s, lora_step_s, eval_batch_s; startup_s: whichever it measured)
-    replace the calibration's for the same request, so the next forecast of this shape starts from what a run
-    did (a Slurm run's GPUs, which no probe here can measure, included)."""
-    path, k = cache_file(cfg), key(request)
-    entry = _load(path).get(k)
+def record_measured(path: str | os.PathLike, k: str, threads: int, measured: dict) -> None:
+    """A run's own rates at `threads` (step_s, lora_step_s, eval_batch_s; startup_s: whichever it measured) replace
+    the calibration's under key k (forecast.json keeps it), so the next forecast of this shape starts from what a
+    run did (a Slurm run's GPUs, which no probe here can measure, included)."""
+    entry = _load(Path(path)).get(k)
     entry = entry if isinstance(entry, dict) and "by_threads" in entry else {"by_threads": {}}
     good = {n: float(v) for n, v in measured.items() if isinstance(v, (int, float)) and v > 0}
     if "startup_s" in good:
         entry["startup_s"] = good.pop("startup_s")
     entry["by_threads"][str(threads)] = {**entry["by_threads"].get(str(threads), {}), **good}
     entry["source"] = "a measured run"
-    _store(path, k, entry)
+    _store(Path(path), k, entry)
 
 
 def _probe(request: dict) -> dict:

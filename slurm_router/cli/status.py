@@ -159,6 +159,10 @@ def render_table(manifest: dict, tasks: list[TaskView]) -> None:
         for t, r in zip(tasks, rows):
             table.add_row(*r, style=colors.get(t.state, "red" if t.state in FAILED_STATES else None))
         Console(width=max(Console().width, 160) if not sys.stdout.isatty() else None).print(table)
+    from slurm_router.launch.forecast import eta_line
+
+    if line := eta_line(str(manifest.get("run_dir") or ""), tasks):  # the run's, from forecast.json and progress
+        print(line)
     for reason in dict.fromkeys(t.reason for t in tasks if t.blocked):
         assert reason is not None
         names = [t.variant for t in tasks if t.reason == reason]

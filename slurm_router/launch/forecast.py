@@ -22,7 +22,9 @@ from slurm_router.verdict import GRACE
 from slurm_router.worker.auto_seeds import reserve_index
 
 REPORT_S = 15.0  # writing the report after the last task (imports, plots): wall time, no device
-FUSED_PER_VARIANT = 1.0  # a fused task's step and evaluation: this x K variants' (per_variant layout: one row each)
+# a fused task's step and evaluation: this x K variants' alone (per_variant layout on CPU: 0.76x the tokens/s of
+# separate processes at K=2, benchmarks/results/fused-cpu.md)
+FUSED_PER_VARIANT = 1.3
 
 
 def slots_and_device(cfg: DictConfig) -> tuple[int, str, bool]:
@@ -61,15 +63,25 @@ def plan_forecast(cfg: DictConfig, stages: list[Stage]) -> dict | None:
     first = todo[-1].tasks[0]
     threads = {s.name: _stage_threads(s, slots, device) for s in todo}
     request = calibration.probe_request(first.config, _batch(first), list(threads.values()), device)
+    # where the run's report records the rates it measured (analysis/forecast.py): the next forecast starts there
+    record = {
+        "calibration_key": calibration.key(request),
+        "cache_file": str(calibration.cache_file(cfg)),
+        "threads": threads,
+        "request": {k: request[k] for k in ("batch", "eval_batch", "device")},
+    }
     started = time.perf_counter()
     try:
         r = calibration.rates(cfg, request) if here else calibration.cached(cfg, request)
     except (RuntimeError, OSError, ValueError) as e:
-        return {"unknown": f"the calibration probe failed ({e})"}
-    if r is None:
-        return {"unknown": f"no throughput measured on {device} for this model shape yet (the first run records it)"}
-    stage_tasks = [(s.name, task_times(s, r, threads[s.name], request["batch"])) for s in todo]
-    best = [(n, pruned_best(ts, s, r, threads[s.name], request["batch"])) for (n, ts), s in zip(stage_tasks, todo)]
+        return {"unknown": f"the calibration probe failed ({e})", **record}
+    if r is None or any(str(t) not in r["by_threads"] for t in threads.values()):
+        why = f"no throughput measured on {device} for this model shape yet (a run of it records its own)"
+        return {"unknown": why, **record}
+    stage_tasks = [(s.name, task_times(s, r, threads[s.name], request["batch"], slots)) for s in todo]
+    best = [
+        (n, pruned_best(ts, s, r, threads[s.name], request["batch"], slots)) for (n, ts), s in zip(stage_tasks, todo)
+    ]
     low = eta.low_part(best, slots)
     fc = eta.forecast(stage_tasks, slots, REPORT_S if cfg.launcher.kind == "local" else 0.0, low)
     out = fc.to_dict()
@@ -78,22 +90,29 @@ def plan_forecast(cfg: DictConfig, stages: list[Stage]) -> dict | None:
         created=time.time(),
         device=device,
         slots=slots,
-        threads=threads,
+        **record,
         source=r.get("source", "calibration") + (" (cached)" if r.get("cached") else ""),
         rates={"startup_s": r.get("startup_s"), "mean_len": r.get("mean_len"), **r["by_threads"]},
         calibration_s=round(time.perf_counter() - started, 2),
-        request={k: request[k] for k in ("batch", "eval_batch", "threads", "device")}
-        | {"model": {k: v for k, v in request["model"].items() if k != "name_or_path"}},
+        model={k: v for k, v in request["model"].items() if k not in ("name_or_path", "lora")},
         reserves=any(t.group != "first" for _, ts in stage_tasks for t in ts),
         prune=bool(cfg.get("prune")),
-        tasks={t.name: {"stage": n, "total_s": t.total_s, "group": t.group} for n, ts in stage_tasks for t in ts},
+        tasks={t.name: {"stage": n, **_task_row(t, stages)} for n, ts in stage_tasks for t in ts},
     )
     return out
 
 
-def task_times(stage: Stage, r: dict, threads: int, probe_batch: int, stop_at=None) -> list[eta.TaskTime]:
+def _task_row(t: eta.TaskTime, stages: list[Stage]) -> dict:
+    steps = next((int(s.steps) for st in stages for s in st.tasks if s.name == t.name), 0)
+    return {"total_s": t.total_s, "startup_s": t.startup_s, "train_s": t.train_s, "steps": steps, "group": t.group}
+
+
+def task_times(stage: Stage, r: dict, threads: int, probe_batch: int, slots: int, stop_at=None) -> list[eta.TaskTime]:
     """Each task of the stage (a fused task: its K variants in one pass) at the measured rates."""
     rates = r["by_threads"][str(threads)]
+    # tasks that start side by side share the cores while they import and load (2 at once took 2x one's start-up
+    # here, on 2 cores): the probe started alone
+    together = max(1, min(len(stage.tasks), slots)) if r.get("source") == "calibration" else 1
     out = []
     for t in stage.tasks:
         k = len(t.group) * FUSED_PER_VARIANT if t.members else 1.0
@@ -108,7 +127,7 @@ def task_times(stage: Stage, r: dict, threads: int, probe_batch: int, stop_at=No
                 t.name,
                 stage.name,
                 int(t.devices),
-                float(r.get("startup_s") or 0.0),
+                float(r.get("startup_s") or 0.0) * together,
                 per_step,
                 per_eval,
                 int(t.steps),
@@ -120,7 +139,9 @@ def task_times(stage: Stage, r: dict, threads: int, probe_batch: int, stop_at=No
     return out
 
 
-def pruned_best(tasks: list[eta.TaskTime], stage: Stage, r: dict, threads: int, probe_batch: int) -> list[eta.TaskTime]:
+def pruned_best(
+    tasks: list[eta.TaskTime], stage: Stage, r: dict, threads: int, probe_batch: int, slots: int
+) -> list[eta.TaskTime]:
     """prune=true's best case: every replicate of every variant but the first stopped at its first look (a fused
     task as a whole: its group keeps training the first variant's replicates, so it is not shortened here)."""
     cfg = (stage.tasks[0].config or {}) if stage.tasks else {}
@@ -134,7 +155,7 @@ def pruned_best(tasks: list[eta.TaskTime], stage: Stage, r: dict, threads: int, 
         every = int(((t.config or {}).get("train") or {}).get("eval_every") or 0)
         return eta.first_look(int(t.steps), every, GRACE)
 
-    return task_times(stage, r, threads, probe_batch, stop_at)
+    return task_times(stage, r, threads, probe_batch, slots, stop_at)
 
 
 def lines(fc: dict | None) -> list[str]:
@@ -176,3 +197,49 @@ def save(fc: dict | None, run_dir: str | os.PathLike) -> None:
 
 def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str))
+
+
+def run_eta(run_dir: str | os.PathLike, tasks: list[Any]) -> tuple[float, float] | None:
+    """(the run's remaining seconds, the forecast's whole wall time), refreshed from what was measured: a running
+    task's remaining steps at its own pace (rundir/progress.py), a waiting task's forecast scaled by how the ended
+    tasks' elapsed times compared with theirs. tasks: the status rows (scheduler/task_view.py TaskView), by
+    name. None: no forecast, or nothing left to run."""
+    from slurm_router.analysis.forecast import load
+
+    fc = load(run_dir)
+    if not fc or "unknown" in fc or not fc.get("tasks"):
+        return None
+    rows = {t.variant: t for t in tasks}
+    order = list(dict.fromkeys(str(s["name"]).split(" ")[0] for s in fc.get("stages") or []))
+    seen = [order.index(f["stage"]) for n, f in fc["tasks"].items() if n in rows and f["stage"] in order]
+    current = max(seen, default=0)  # the progress view knows its own stage's tasks: the stages before it ended
+    ended = [
+        (rows[n].elapsed_s, f["total_s"])
+        for n, f in fc["tasks"].items()
+        if n in rows and rows[n].terminal and rows[n].elapsed_s and f["total_s"] > 0
+    ]
+    scale = sorted(a / f for a, f in ended)[len(ended) // 2] if ended else 1.0
+    startup = float((fc.get("rates") or {}).get("startup_s") or 0.0)
+    stages: dict[str, list[tuple[float, bool]]] = {}
+    for name, f in fc["tasks"].items():
+        row = rows.get(name)
+        if (row is not None and row.terminal) or (row is None and order.index(f["stage"]) < current):
+            continue
+        running = row is not None and row.state == "RUNNING"
+        p = row.progress if row is not None else None
+        left = eta.remaining_s(
+            f["total_s"] * scale, startup, p.step if p else None, int(p.steps or 0) if p else 0, p.eta_s if p else None
+        )
+        stages.setdefault(f["stage"], []).append((left, running))
+    if not stages:
+        return None
+    return eta.run_eta(list(stages.values()), int(fc.get("slots") or 1), float(fc.get("report_s") or 0.0)), fc["wall_s"]
+
+
+def eta_line(run_dir: str | os.PathLike, tasks: list[Any]) -> str | None:
+    """'run ETA 3m05s (forecast 9m47s in all; refreshed from the tasks' measured pace)', or None."""
+    got = run_eta(run_dir, tasks)
+    if got is None:
+        return None
+    left, whole = got
+    return f"run ETA {duration(left)} (forecast {duration(whole)} in all at plan time; refreshed from the tasks' pace)"

@@ -196,9 +196,9 @@ def write_preview(
     lines = [f"dry_run=true: a preview of run {run_id}; nothing was trained or submitted", *plan_lines(cfg, stages)]
     from slurm_router.scheduler.registry import backend_of
 
+    forecast.save(predicted, run_dir)  # before the scheduler's scripts: launcher.time_limit=auto reads it
     lines += backend_of(cfg.launcher.kind).preview(cfg, manifest, stages)  # the scheduler's scripts, if any
     lines += forecast.lines(predicted)
-    forecast.save(predicted, run_dir)
     lines.append(f"to run it: the same command without dry_run=true (status {run_dir}: never submitted)")
     text = "\n".join(lines)
     (run_dir / PREVIEW_FILE).write_text(text + "\n")
