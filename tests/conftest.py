@@ -227,7 +227,8 @@ def run_cli(
     """The real command, as a user types it. cores: on that many of this machine's cores only (its affinity), as
     on a smaller machine: a task's torch threads follow the cores it has (worker/cpu.py), and with AVX-512 kernels
     a matmul's sums differ with the thread count, so a loss compared bit for bit needs the same count."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # no forecast probe per model shape (slurm_router/launch/forecast.py; tests/test_forecast.py runs it)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLURM_ROUTER_TEST_NO_FORECAST": "1", **(env or {})}
     pin = None if cores is None else (lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores]))
     return subprocess.run(
         [sys.executable, "-m", module, *args],

@@ -65,7 +65,8 @@ def run(overrides: list[str], multirun: bool = False) -> int:
         return write_preview(shown, shown_variants, stages, run_id, run_dir, predicted)
     manifest = create_run_dir(shown, run_id, run_dir, stages, cfg.launcher.kind, secrets=secrets)  # and its lock
     forecast.save(predicted, manifest.layout.root)
-    print("\n".join(forecast.lines(predicted)), flush=True)
+    for line in forecast.lines(predicted):  # the run's forecast, before it starts
+        print(line, flush=True)
     return launch(launcher(cfg, manifest), stages)
 
 
