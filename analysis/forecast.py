@@ -42,12 +42,20 @@ def _ratio(actual: float | None, forecast: float | None) -> float | None:
 
 
 def compare(run_dir: Path, summary: dict, manifest: dict) -> dict | None:
-    """summary.json's `forecast`: the forecast, the actual figures and their ratios (None: no forecast.json)."""
+    """summary.json's `forecast`: the forecast, the actual figures and their ratios (None: no forecast.json). A
+    forecast.json it cannot read is said in the section, never a report not written."""
     fc = load(run_dir)
     if fc is None:
         return None
-    if manifest.get("state") == "completed":
-        remember(fc, summary)
+    try:
+        if manifest.get("state") == "completed":
+            remember(fc, summary)
+        return _compare(fc, summary, manifest)
+    except (KeyError, TypeError, ValueError, AttributeError, OSError) as e:
+        return {"unknown": f"forecast.json could not be read ({type(e).__name__}: {e})"}
+
+
+def _compare(fc: dict, summary: dict, manifest: dict) -> dict:
     if "unknown" in fc:
         return {"unknown": fc["unknown"]}
     header, cost = summary.get("header") or {}, summary.get("cost") or {}

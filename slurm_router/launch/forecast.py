@@ -55,12 +55,19 @@ def _batch(t: TaskSpec) -> int:
 
 
 def plan_forecast(cfg: DictConfig, stages: list[Stage]) -> dict | None:
-    """The forecast as forecast.json holds it, or None when nothing can be measured (a Slurm run's GPUs that no
-    earlier run of this shape recorded; a probe that failed): {"unknown": why} then."""
-    from slurm_router.artifacts import calibration
-
+    """The forecast as forecast.json holds it; {"unknown": why} when nothing can be measured (a Slurm run's GPUs
+    that no earlier run of this shape recorded; a probe that failed). A forecast never stops a run."""
     if os.environ.get(OFF_ENV):
         return None
+    try:
+        return _plan_forecast(cfg, stages)
+    except Exception as e:  # noqa: BLE001 (the forecast says why it has none; the run goes on)
+        return {"unknown": f"the forecast failed ({type(e).__name__}: {e})"}
+
+
+def _plan_forecast(cfg: DictConfig, stages: list[Stage]) -> dict:
+    from slurm_router.artifacts import calibration
+
     slots, device, here = slots_and_device(cfg)
     todo = [s for s in stages if not s.cached and s.tasks]
     if not todo:
@@ -244,7 +251,10 @@ def run_eta(run_dir: str | os.PathLike, tasks: list[Any]) -> tuple[float, float]
 
 def eta_line(run_dir: str | os.PathLike, tasks: list[Any]) -> str | None:
     """'run ETA 3m05s (forecast 9m47s in all; refreshed from the tasks' measured pace)', or None."""
-    got = run_eta(run_dir, tasks)
+    try:
+        got = run_eta(run_dir, tasks)
+    except (KeyError, TypeError, ValueError, AttributeError):  # a forecast.json of another version: no ETA
+        return None
     if got is None:
         return None
     left, whole = got
