@@ -170,5 +170,7 @@ def test_the_dry_run_prints_the_forecast_the_run_saves_it_and_the_report_sets_it
     assert rows["wall time (s)"]["ratio"] > 0 and rows["device-hours"]["ratio"] > 0
     report = (run_dir / "report" / "report.md").read_text()
     assert "## Forecast and what happened" in report and "| device-hours |" in report
+    status = run_cli(str(run_dir), "--json", module="slurm_router.status", cwd=tmp_path, env=env)
+    assert status.returncode == 0 and json.loads(status.stdout)["run_eta_s"] is None  # nothing left to run
     cache = json.loads((tmp_path / "cache" / "calibration.json").read_text())
     assert any(e.get("source") == "a measured run" for e in cache.values())  # the run's rates, for the next forecast
