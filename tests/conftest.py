@@ -204,6 +204,10 @@ def pytest_sessionfinish(session):
             f.writelines(line + "\n" for line in _RERUNS)
 
 
+# No forecast probe per model shape in the suite's runs, in process or not (slurm_router/launch/forecast.py OFF_ENV):
+# tests/test_forecast.py clears it for its own runs
+os.environ["SLURM_ROUTER_TEST_NO_FORECAST"] = "1"
+
 # Every scheduler backend loaded, as the command does first: each adds its launchers' schemas (launcher=slurm and
 # launcher=sbatch are the Slurm backend's), so a test that composes a config in process finds them.
 backends()
@@ -227,8 +231,7 @@ def run_cli(
     """The real command, as a user types it. cores: on that many of this machine's cores only (its affinity), as
     on a smaller machine: a task's torch threads follow the cores it has (worker/cpu.py), and with AVX-512 kernels
     a matmul's sums differ with the thread count, so a loss compared bit for bit needs the same count."""
-    # no forecast probe per model shape (slurm_router/launch/forecast.py; tests/test_forecast.py runs it)
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLURM_ROUTER_TEST_NO_FORECAST": "1", **(env or {})}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     pin = None if cores is None else (lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores]))
     return subprocess.run(
         [sys.executable, "-m", module, *args],

@@ -22,7 +22,7 @@ from slurm_router.verdict import GRACE
 from slurm_router.worker.auto_seeds import reserve_index
 
 # tests only: no forecast (no probe, no line, no forecast.json), so the suite does not pay a probe per model shape;
-# tests/conftest.py run_cli sets it, tests/test_forecast.py clears it
+# tests/conftest.py sets it for the suite, tests/test_forecast.py clears it
 OFF_ENV = "SLURM_ROUTER_TEST_NO_FORECAST"
 REPORT_S = 15.0  # writing the report after the last task (imports, plots): wall time, no device
 # a fused task's step and evaluation: this x K variants' alone (per_variant layout on CPU: 0.76x the tokens/s of
