@@ -95,10 +95,8 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "launcher.account": {"slurm": (SLURM, '"partition", "account"'), "sbatch": (SBATCH, "account=lc.account")},
     "launcher.qos": {"slurm": (SLURM, '"account", "qos"'), "sbatch": (SBATCH, "qos=lc.qos")},
     "launcher.constraint": {"slurm": (SLURM, '"qos", "constraint"'), "sbatch": (SBATCH, "constraint=lc.constraint")},
-    "launcher.timeout_min": {
-        "slurm": (SLURM, "timeout_min=lc.timeout_min"),
-        "sbatch": (SBATCH, "timeout_min=lc.timeout_min"),
-    },
+    "launcher.timeout_min": ("backends/slurm/time_limit.py", "int(cfg.launcher.timeout_min)"),
+    "launcher.time_limit": ("backends/slurm/time_limit.py", 'str(cfg.launcher.get("time_limit")) != AUTO'),
     "launcher.mem_gb": {"slurm": (SLURM, 'params["mem_gb"] = lc.mem_gb'), "sbatch": (SBATCH, "mem_gb=lc.mem_gb")},
     "launcher.cpus_per_task": (COMMON, "int(lc.cpus_per_task)"),
     "launcher.cpus_per_device": (COMMON, 'launcher_setting(lc, "cpus_per_device")'),
