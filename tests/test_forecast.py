@@ -174,3 +174,30 @@ def test_the_dry_run_prints_the_forecast_the_run_saves_it_and_the_report_sets_it
     assert status.returncode == 0 and json.loads(status.stdout)["run_eta_s"] is None  # nothing left to run
     cache = json.loads((tmp_path / "cache" / "calibration.json").read_text())
     assert any(e.get("source") == "a measured run" for e in cache.values())  # the run's rates, for the next forecast
+
+
+def test_a_runs_own_rates_go_back_into_the_cache(tmp_path):
+    from slurm_router.artifacts import calibration
+
+    fc = {
+        "threads": {"variants": 1},
+        "rates": {"1": {"lora_step_s": 0.5}},
+        "tasks": {"a": {"stage": "variants", "train_s": 10.0, "steps": 20}, "f": {"stage": "variants"}},
+        "cache_file": str(tmp_path / "calibration.json"),
+        "calibration_key": "k",
+    }
+    cost = {
+        "a": {"steps_per_s": 1.0, "share": 1.0, "state": "completed", "devices": 1, "device_hours": 30 / 3600}
+        | {"train_device_hours": 20 / 3600, "eval_device_hours": 5 / 3600},
+        "f": {"steps_per_s": 9.0, "share": 0.5, "state": "completed"},  # a fused variant: not a task alone
+    }
+    summary = {"cost": {"tasks": cost}}
+    got = report_forecast.measured_rates(summary, fc)
+    assert got == {"variants": {"lora_step_s": pytest.approx(1.0), "startup_s": pytest.approx(5.0)}}
+    report_forecast.remember(fc, summary)
+    entry = json.loads((tmp_path / "calibration.json").read_text())["k"]
+    assert entry["source"] == "a measured run" and entry["startup_s"] == pytest.approx(5.0)
+    assert entry["by_threads"]["1"]["lora_step_s"] == pytest.approx(1.0)
+    calibration.record_measured(tmp_path / "calibration.json", "k", 2, {"step_s": 2.0, "bad": -1})
+    entry = json.loads((tmp_path / "calibration.json").read_text())["k"]
+    assert entry["by_threads"]["2"] == {"step_s": 2.0} and "1" in entry["by_threads"]
