@@ -24,7 +24,7 @@ from typing import Any
 
 VERSION = 1
 FILE = "calibration.json"
-PROBE_STEPS = 3  # timed steps after one warm-up (the median is kept)
+PROBE_STEPS = 5  # timed steps after one warm-up; the median is kept (other work makes single steps noisy)
 PROBE_EVAL_BATCHES = 2
 
 
