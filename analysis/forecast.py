@@ -128,13 +128,13 @@ def section(summary: dict) -> list[tuple]:
 
 def measured_rates(summary: dict, fc: dict) -> dict[str, dict]:
     """Per stage, what the run measured in the calibration's units, from the report's cost rows of the tasks that
-    trained alone and to the end: the forecast's rate x (measured step time / forecast step time), and a task's
-    start-up (its time outside training and evaluation)."""
+    trained alone and to the end: the forecast's rate x (measured / forecast) for a step and for one evaluation, and
+    a task's start-up (its time outside training and evaluation)."""
     cost = (summary.get("cost") or {}).get("tasks") or {}
     rates = fc.get("rates") or {}
     out: dict[str, dict] = {}
     for stage, threads in (fc.get("threads") or {}).items():
-        ratios, starts = [], []
+        ratios, starts, evals = [], [], []
         for name, c in cost.items():
             f = (fc.get("tasks") or {}).get(name)
             if not f or f["stage"] != stage or c.get("share", 1.0) != 1.0 or not c.get("steps_per_s"):
@@ -145,12 +145,17 @@ def measured_rates(summary: dict, fc: dict) -> dict[str, dict]:
             per_device = 3600 / max(1, int(c.get("devices") or 1))
             parts = sum(float(c.get(k) or 0.0) for k in ("train_device_hours", "eval_device_hours"))
             starts.append(max(0.0, (float(c.get("device_hours") or 0.0) - parts) * per_device))
+            if c.get("evaluations") and f.get("evals") and f.get("eval_s"):  # one evaluation, measured / forecast
+                one = float(c.get("eval_device_hours") or 0.0) * per_device / int(c["evaluations"])
+                evals.append(one / (float(f["eval_s"]) / int(f["evals"])))
         old = rates.get(str(threads)) or {}
         key = "step_s" if stage == "base" else "lora_step_s"
         if ratios and old.get(key):
             out[stage] = {key: float(old[key]) * statistics.median(ratios)}
             if starts:
                 out[stage]["startup_s"] = statistics.median(starts)
+            if evals and old.get("eval_batch_s"):
+                out[stage]["eval_batch_s"] = float(old["eval_batch_s"]) * statistics.median(evals)
     return out
 
 

@@ -181,19 +181,29 @@ def test_a_runs_own_rates_go_back_into_the_cache(tmp_path):
 
     fc = {
         "threads": {"variants": 1},
-        "rates": {"1": {"lora_step_s": 0.5}},
-        "tasks": {"a": {"stage": "variants", "train_s": 10.0, "steps": 20}, "f": {"stage": "variants"}},
+        "rates": {"1": {"lora_step_s": 0.5, "eval_batch_s": 0.1}},
+        "tasks": {
+            "a": {"stage": "variants", "train_s": 10.0, "steps": 20, "eval_s": 2.0, "evals": 2},
+            "f": {"stage": "variants"},
+        },
         "cache_file": str(tmp_path / "calibration.json"),
         "calibration_key": "k",
     }
     cost = {
         "a": {"steps_per_s": 1.0, "share": 1.0, "state": "completed", "devices": 1, "device_hours": 30 / 3600}
-        | {"train_device_hours": 20 / 3600, "eval_device_hours": 5 / 3600},
+        | {"train_device_hours": 20 / 3600, "eval_device_hours": 5 / 3600, "evaluations": 2},
         "f": {"steps_per_s": 9.0, "share": 0.5, "state": "completed"},  # a fused variant: not a task alone
     }
     summary = {"cost": {"tasks": cost}}
     got = report_forecast.measured_rates(summary, fc)
-    assert got == {"variants": {"lora_step_s": pytest.approx(1.0), "startup_s": pytest.approx(5.0)}}
+    # a step took 1 s (0.5 forecast), an evaluation 2.5 s (1 s forecast), the rest of the task 5 s
+    assert got == {
+        "variants": {
+            "lora_step_s": pytest.approx(1.0),
+            "startup_s": pytest.approx(5.0),
+            "eval_batch_s": pytest.approx(0.25),
+        }
+    }
     report_forecast.remember(fc, summary)
     entry = json.loads((tmp_path / "calibration.json").read_text())["k"]
     assert entry["source"] == "a measured run" and entry["startup_s"] == pytest.approx(5.0)

@@ -115,8 +115,17 @@ def _plan_forecast(cfg: DictConfig, stages: list[Stage]) -> dict:
 
 
 def _task_row(t: eta.TaskTime, stages: list[Stage]) -> dict:
-    steps = next((int(s.steps) for st in stages for s in st.tasks if s.name == t.name), 0)
-    return {"total_s": t.total_s, "startup_s": t.startup_s, "train_s": t.train_s, "steps": steps, "group": t.group}
+    spec = next(s for st in stages for s in st.tasks if s.name == t.name)
+    every = int(((spec.config or {}).get("train") or {}).get("eval_every") or 0)
+    return {
+        "total_s": t.total_s,
+        "startup_s": t.startup_s,
+        "train_s": t.train_s,
+        "steps": int(spec.steps),
+        "eval_s": t.eval_s,
+        "evals": eta.n_evaluations(int(spec.steps), every),
+        "group": t.group,
+    }
 
 
 def task_times(stage: Stage, r: dict, threads: int, probe_batch: int, slots: int, stop_at=None) -> list[eta.TaskTime]:
