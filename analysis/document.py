@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from slurm_router.analysis import cost, fused
+from slurm_router.analysis import cost, forecast, fused
 from slurm_router.analysis.render import fmt, gib, pct
 from slurm_router.analysis.seeds_table import seeds_section
 from slurm_router.rundir.throughput import WARMUP_FRACTION
@@ -85,6 +85,7 @@ def document(summary: dict, tables: dict) -> list[tuple]:
             ("p", "Links are relative to this report's folder: open the report inside the run dir, or copy both."),
         ]
     b += cost.section(summary)  # what the verdict cost: device-hours in all, to the decision, fixed design
+    b += forecast.section(summary)  # the plan's forecast beside what happened
     b += _balance_section(tasks, tables["devices"]) + _time_section(tasks)
     facts = [_facts_row(fused.label(n, s), s["job"]) for n, s in tasks.items()]
     b += [("h", 2, "Job facts"), ("table", pd.DataFrame(facts))]

@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from slurm_router.analysis import abtest, cost, fused, jobfacts, metrics, plots, task_metrics
+from slurm_router.analysis import abtest, cost, forecast, fused, jobfacts, metrics, plots, task_metrics
 from slurm_router.analysis import winner as winners
 from slurm_router.analysis.contest import auto_seeds, prune_looks, task_config
 from slurm_router.analysis.contest import rounds as contest_rounds
@@ -304,6 +304,7 @@ def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     summary["caveat"] = sentences.one_seed_caveat(summary["ab"])
     rounds = contest_rounds(run_dir, every)  # seeds=auto: a later round starts once the earlier ones ended
     summary["cost"] = cost.account(every, per_task, summary["winner"], rounds)  # in all, to the decision
+    summary["forecast"] = forecast.compare(run_dir, summary, manifest)  # forecast.json beside what happened
     members = fused.members(tasks)
     tables = {
         "steps_detail": pd.concat([metrics.per_step_table(t) for t in tasks] or [pd.DataFrame()]),

@@ -204,6 +204,10 @@ def pytest_sessionfinish(session):
             f.writelines(line + "\n" for line in _RERUNS)
 
 
+# No forecast probe per model shape in the suite's runs, in process or not (slurm_router/launch/forecast.py OFF_ENV):
+# tests/test_forecast.py clears it for its own runs
+os.environ["SLURM_ROUTER_TEST_NO_FORECAST"] = "1"
+
 # Every scheduler backend loaded, as the command does first: each adds its launchers' schemas (launcher=slurm and
 # launcher=sbatch are the Slurm backend's), so a test that composes a config in process finds them.
 backends()

@@ -53,13 +53,20 @@ def run(overrides: list[str], multirun: bool = False) -> int:
     from slurm_router.launch.plan import make_plan
 
     stages = make_plan(cfg, variants, run_id, str(run_dir), lambda n: launcher.auto_fuse_variants(cfg, n))
+    from slurm_router.launch import forecast
+
+    predicted = forecast.plan_forecast(cfg, stages)  # before secrets are hidden: the probe reads the real data
     # what is written and printed shows credentials as ***; the launcher keeps the real config (config/secrets.py)
     shown, secrets = _hide_secrets(cfg, variants, stages)
     if cfg.dry_run or cfg.launcher.get("dry_run"):  # the plan, the Slurm scripts, their submit commands
         from slurm_router.launch.preview import write_preview
 
-        return write_preview(shown, {n: _hide_secrets(v)[0] for n, v in variants.items()}, stages, run_id, run_dir)
+        shown_variants = {n: _hide_secrets(v)[0] for n, v in variants.items()}
+        return write_preview(shown, shown_variants, stages, run_id, run_dir, predicted)
     manifest = create_run_dir(shown, run_id, run_dir, stages, cfg.launcher.kind, secrets=secrets)  # and its lock
+    forecast.save(predicted, manifest.layout.root)
+    for line in forecast.lines(predicted):  # the run's forecast, before it starts
+        print(line, flush=True)
     return launch(launcher(cfg, manifest), stages)
 
 

@@ -169,6 +169,10 @@ def render_table(manifest: dict, tasks: list[TaskView]) -> None:
         for t, r in zip(tasks, rows):
             table.add_row(*r, style=colors.get(shown_state(t), "red" if t.state in FAILED_STATES else None))
         Console(width=max(Console().width, 160) if not sys.stdout.isatty() else None).print(table)
+    from slurm_router.launch.forecast import eta_line
+
+    if line := eta_line(str(manifest.get("run_dir") or ""), tasks):  # the run's, from forecast.json and progress
+        print(line)
     for reason in dict.fromkeys(t.reason for t in tasks if t.blocked):
         assert reason is not None
         names = [t.variant for t in tasks if t.reason == reason]
@@ -249,6 +253,17 @@ def exit_status(raw: str | int | None) -> tuple[int | None, int | None]:
         return None, None
 
 
+def run_eta_s(manifest: dict, tasks: list[TaskView]) -> float | None:
+    """The run's remaining seconds (launch/forecast.py: forecast.json refreshed from the tasks' pace), or None."""
+    from slurm_router.launch.forecast import run_eta
+
+    try:
+        got = run_eta(str(manifest.get("run_dir") or ""), tasks)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return None if got is None else round(got[0], 1)
+
+
 def to_json(manifest: dict, tasks: list[TaskView]) -> str:
     return json.dumps(
         {
@@ -257,6 +272,7 @@ def to_json(manifest: dict, tasks: list[TaskView]) -> str:
             "launcher": manifest.get("launcher"),
             "all_terminal": all(t.terminal for t in tasks),
             "all_completed": bool(tasks) and all(t.state in SUCCESS_STATES for t in tasks),
+            "run_eta_s": run_eta_s(manifest, tasks),
             "tasks": [task_json(t) for t in tasks],
         },
         indent=2,

@@ -239,8 +239,12 @@ def _per_variant(task: TaskSpec, members: list[TaskSpec]) -> str:
     return ", ".join(parts)
 
 
-def write_preview(cfg: DictConfig, variants: dict, stages: list[Stage], run_id: str, run_dir: Path) -> int:
-    """dry_run=true: the run dir with the plan and preview.txt (and the Slurm scripts); nothing submitted."""
+def write_preview(
+    cfg: DictConfig, variants: dict, stages: list[Stage], run_id: str, run_dir: Path, predicted: dict | None = None
+) -> int:
+    """dry_run=true: the run dir with the plan, its forecast (launch/forecast.py) and preview.txt (and the Slurm
+    scripts); nothing submitted."""
+    from slurm_router.launch import forecast
     from slurm_router.rundir.manifest import create_run_dir
 
     manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind, lock=False)
@@ -248,7 +252,9 @@ def write_preview(cfg: DictConfig, variants: dict, stages: list[Stage], run_id: 
     lines = [f"dry_run=true: a preview of run {run_id}; nothing was trained or submitted", *plan_lines(cfg, stages)]
     from slurm_router.scheduler.registry import backend_of
 
+    forecast.save(predicted, run_dir)  # before the scheduler's scripts: launcher.time_limit=auto reads it
     lines += backend_of(cfg.launcher.kind).preview(cfg, manifest, stages)  # the scheduler's scripts, if any
+    lines += forecast.lines(predicted)
     lines.append(f"to run it: the same command without dry_run=true (status {run_dir}: never submitted)")
     lines.append(
         f"the preview is kept in {run_dir}; the run list leaves previews out, and "

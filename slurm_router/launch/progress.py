@@ -43,6 +43,8 @@ class Progress:
             n: {"progress": TaskProgress(), "printed": -1, "step": 0, "at": time.monotonic()} for n in self.tasks
         }
         self.ended: set[str] = set()
+        self.run_dir = tasks[0].run_dir if tasks else None
+        self.eta_at = time.monotonic()  # the run's ETA (launch/forecast.py): a line every PLAIN_EVERY_S
         self.live = sys.stderr.isatty()
         self._rich = None
         if self.live:
@@ -66,6 +68,31 @@ class Progress:
         for name, task in self.tasks.items():
             self.state[name]["progress"] = read_progress(task.task_dir, running=True, all_steps=False)
             self._show(name)
+        if self.run_dir and time.monotonic() - self.eta_at >= PLAIN_EVERY_S:
+            self.eta_at = time.monotonic()
+            self._run_eta()
+
+    def _run_eta(self) -> None:
+        """The run's ETA, from its forecast and these tasks' progress: one line (a live bar's console line)."""
+        from types import SimpleNamespace
+
+        from slurm_router.launch.forecast import eta_line
+
+        rows = [
+            SimpleNamespace(
+                variant=n,
+                terminal=n in self.ended,
+                elapsed_s=None,
+                state="RUNNING" if st["progress"].step else "PENDING",
+                progress=st["progress"],
+            )
+            for n, st in self.state.items()
+        ]
+        line = eta_line(str(self.run_dir), rows)
+        if line and self._rich is not None:
+            self._rich.console.print(line)
+        elif line:
+            print(f"  {line}", flush=True)
 
     def _info(self, name: str) -> str:
         """'loss 2.345  1,234 tok/s  ETA 1m02s' (the pace and the ETA over the newest steps)."""

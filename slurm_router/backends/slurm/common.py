@@ -171,6 +171,9 @@ class SlurmLauncher(Launcher):
         check_colocation(cfg)
         check_nodes(cfg)
         resolve_container(cfg)
+        from slurm_router.backends.slurm import time_limit
+
+        time_limit.check(cfg)  # launcher.time_limit: auto or unset
 
     def prepare(self) -> None:
         from slurm_router.launch import snapshot

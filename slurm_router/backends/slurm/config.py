@@ -30,6 +30,7 @@ class SlurmLauncherConfig(SlurmSettings):  # its keys' declarations: backends/sl
     qos: Optional[str] = None  # Slurm's --qos
     constraint: Optional[str] = None  # Slurm's --constraint (node features)
     timeout_min: int = 60  # each job's time limit in minutes; a task near it checkpoints and requeues
+    time_limit: Optional[str] = None  # auto: each stage's --time from the run's forecast, with a margin (time_limit.py)
     mem_gb: Optional[float] = None  # memory per node in GB (null: the partition's default)
     # CPUs per Slurm task: None = cpus_per_device x the worker processes the task runs (devices_per_task x
     # tasks_per_gpu, or 1 per srun task with srun_workers: backends/slurm/common.py job_cpus); a number: as given

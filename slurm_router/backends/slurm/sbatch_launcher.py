@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 
+from slurm_router.backends.slurm import time_limit
 from slurm_router.backends.slurm.common import (
     REPORT_TIMEOUT_MIN,
     SlurmLauncher,
@@ -61,7 +62,7 @@ def sbatch_spec(
         gpus_per_task=gpus,
         cpus_per_task=job_cpus(cfg, devices),
         mem_gb=lc.mem_gb,
-        timeout_min=lc.timeout_min,
+        timeout_min=time_limit.stage_minutes(cfg, stage, run_dir),
         partition=lc.partition,
         account=lc.account,
         qos=lc.qos,

@@ -17,6 +17,7 @@ from slurm_router.errors import UserError
 
 SLURM, SBATCH = "backends/slurm/submitit_launcher.py", "backends/slurm/sbatch_launcher.py"
 COMMON, CONTAINER = "backends/slurm/common.py", "launch/container.py"
+TIME_LIMIT = "backends/slurm/time_limit.py"
 
 # Slurm's --mail-type names (sbatch(1), 22.05 on); a list is comma-separated
 MAIL_TYPES = (
@@ -63,9 +64,8 @@ SETTINGS: dict[str, Setting] = {
     "account": Setting(reader=_each('"partition", "account"', "account=lc.account")),
     "qos": Setting(reader=_each('"account", "qos"', "qos=lc.qos")),
     "constraint": Setting(reader=_each('"qos", "constraint"', "constraint=lc.constraint")),
-    "timeout_min": Setting(
-        bounds=(1, None, True), reader=_each("timeout_min=lc.timeout_min", "timeout_min=lc.timeout_min")
-    ),
+    "timeout_min": Setting(bounds=(1, None, True), reader=f"{TIME_LIMIT}: int(cfg.launcher.timeout_min)"),
+    "time_limit": Setting(reader=f'{TIME_LIMIT}: str(cfg.launcher.get("time_limit")) != AUTO', example="auto"),
     "mem_gb": Setting(bounds=(0, None, False), reader=_each('params["mem_gb"] = lc.mem_gb', "mem_gb=lc.mem_gb")),
     "cpus_per_task": Setting(bounds=(1, 4096, True), reader=f"{COMMON}: int(lc.cpus_per_task)"),
     "cpus_per_device": Setting(

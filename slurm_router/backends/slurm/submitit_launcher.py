@@ -17,6 +17,7 @@ import shlex
 import sys
 import tempfile
 
+from slurm_router.backends.slurm import time_limit
 from slurm_router.backends.slurm.commands import CONTROLLER_UP, SAY_FILE_ENV, UNAVAILABLE_MARK
 from slurm_router.backends.slurm.common import (
     REPORT_TIMEOUT_MIN,
@@ -127,7 +128,7 @@ def submitit_params(
         extra.update({k: v for k, v in afterok(after).items() if k == "dependency" or k not in mine})
     params = dict(
         name=f"{cfg.experiment}-{stage}",
-        timeout_min=lc.timeout_min,
+        timeout_min=time_limit.stage_minutes(cfg, stage, run_dir),
         cpus_per_task=job_cpus(cfg, devices),
         slurm_array_parallelism=lc.array_parallelism,
         slurm_signal_delay_s=lc.signal_delay_s,
