@@ -46,13 +46,13 @@ LAUNCHERS = sorted(p.stem for p in Path(conf_dir(), "launcher").glob("*.yaml"))
 SLURM, SBATCH = "backends/slurm/submitit_launcher.py", "backends/slurm/sbatch_launcher.py"
 COMMON, CONTAINER = "backends/slurm/common.py", "launch/container.py"
 MODEL, PLAN, SETUP = "train/model.py", "launch/plan.py", "worker/setup.py"
-WORKER, MICRO = "worker/worker.py", "worker/microbatch.py"
+WORKER, MICRO, MEMBERS = "worker/worker.py", "worker/microbatch.py", "worker/members.py"
 TRACKERS, ROUTER, PACKING = "tracking/trackers.py", "router/router.py", "router/packing.py"
 READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "experiment": (PLAN, "experiment=cfg.experiment"),
     "seed": (PLAN, "seed=cfg.seed"),
     "seeds": ("config/variants.py", "value = cfg.seeds"),
-    "prune": ("worker/decisions.py", 'self.cfg.get("prune")'),
+    "prune": ("worker/decisions.py", 'bool(cfg.get("prune"))'),
     "auto_seeds.max": ("config/variants.py", '.get("max", 6)'),
     "auto_seeds.budget_device_hours": ("worker/auto_seeds.py", '.get("budget_device_hours")'),
     "auto_seeds.min_effect": ("worker/prune.py", 'auto.get("min_effect")'),
@@ -67,7 +67,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "model.n_head": (MODEL, "n_head=model_cfg.n_head"),
     "model.n_embd": (MODEL, "n_embd=model_cfg.n_embd"),
     "model.n_positions": (MODEL, "n_positions=model_cfg.n_positions"),
-    "model.vocab_size": (SETUP, "cfg.model.vocab_size,"),  # the model the task trains (and the previews size)
+    "model.vocab_size": (MEMBERS, "cfg.model.vocab_size,"),  # the model the task trains (and the previews size)
     "model.dtype": (MODEL, 'model_cfg.dtype == "bf16"'),
     "model.base_dropout": (MODEL, 'getattr(model_cfg, "base_dropout", "zero") != base_dropout.KEEP'),
     "model.lora.enabled": (MODEL, "model_cfg.lora.enabled"),
@@ -134,15 +134,15 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "train.steps": (PLAN, "steps=vcfg.train.steps"),
     "train.global_batch_size": (PLAN, "global_batch_size=vcfg.train.global_batch_size"),
     "train.lr": (PLAN, "lr=vcfg.train.lr"),
-    "train.warmup_steps": (WORKER, "self.cfg.train.warmup_steps"),
-    "train.weight_decay": (SETUP, "cfg.train.weight_decay"),
-    "train.grad_clip": (WORKER, "self.cfg.train.grad_clip"),
+    "train.warmup_steps": (MEMBERS, "self.cfg.train.warmup_steps"),
+    "train.weight_decay": (MEMBERS, "cfg.train.weight_decay"),
+    "train.grad_clip": (MEMBERS, "self.cfg.train.grad_clip"),
     "train.eval_every": (WORKER, "self.cfg.train.eval_every"),
     "train.eval_batches": (SETUP, "cfg.train.eval_batches"),
     "train.eval_batch_size": (SETUP, "cfg.train.eval_batch_size"),
     "train.precision": (MICRO, "cfg.train.precision"),
-    "train.compile": (SETUP, "if cfg.train.compile:"),
-    "train.gradient_checkpointing": (SETUP, "gradient_checkpointing=cfg.train.gradient_checkpointing"),
+    "train.compile": (MEMBERS, "if cfg.train.compile:"),
+    "train.gradient_checkpointing": (MEMBERS, "gradient_checkpointing=cfg.train.gradient_checkpointing"),
     "train.loss_chunk_tokens": (MICRO, "cfg.train.loss_chunk_tokens"),
     "train.pad_to_multiple": (MICRO, "self.cfg.train.pad_to_multiple"),
     "train.prefetch": (MICRO, "self.cfg.train.prefetch"),
@@ -162,7 +162,7 @@ READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     },
     "resources.nodes_per_task": (COMMON, "int(cfg.resources.nodes_per_task)"),
     "resources.fuse_variants": (PLAN, "cfg.resources.fuse_variants"),
-    "train.fused_layout": ("worker/fused.py", "self.cfg.train.fused_layout"),
+    "train.fused_layout": (SETUP, "self.cfg.train.fused_layout"),
     "tracker.tensorboard": (TRACKERS, 'KINDS = ("tensorboard", "mlflow", "wandb")'),
     "tracker.mlflow": (TRACKERS, 'KINDS = ("tensorboard", "mlflow", "wandb")'),
     "tracker.wandb": (TRACKERS, 'KINDS = ("tensorboard", "mlflow", "wandb")'),
