@@ -1,6 +1,7 @@
-"""The shape the code keeps (issue 26; docs/ARCHITECTURE.md, "Rooms"): no module over 400 lines, at most eight
-modules at the top of the package, and no import cycle between any two modules of it (in-function and
-type-checking imports included; lint-imports checks the rooms' layers)."""
+"""The shape the code keeps (issue 26; docs/ARCHITECTURE.md, "Rooms"): at most eight modules at the top of the
+package, and no import cycle between any two modules of it (in-function and type-checking imports included;
+lint-imports checks the rooms' layers). A module's length is not a test: files split by concept, and
+scripts/lint.sh lists the modules over 400 lines for review (issue 49)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MAX_LINES, MAX_TOP = 400, 8
-
-
-def _modules() -> list[Path]:
-    package = [p for p in (REPO / "slurm_router").rglob("*.py") if "analysis" not in p.relative_to(REPO).parts]
-    return sorted(package + list((REPO / "analysis").glob("*.py")))
-
-
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
-def test_no_module_is_over_400_lines(path):
-    n = len(path.read_text().splitlines())
-    assert n <= MAX_LINES, f"{path.relative_to(REPO)}: {n} lines; split it where it reads apart"
+MAX_TOP = 8
 
 
 def test_few_modules_at_the_top_of_the_package():

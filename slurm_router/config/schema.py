@@ -174,7 +174,7 @@ class Config:
     # stop a clear loser at an in-training evaluation (train.eval_every), by the verdict's statistics: prune.py
     prune: bool = setting(
         False,
-        reader='worker/decisions.py: self.cfg.get("prune")',
+        reader='worker/decisions.py: bool(cfg.get("prune"))',
         sweep="prune compares the variants with each other while they train: set it once, prune=true",
         variant="it compares the variants with each other",
     )

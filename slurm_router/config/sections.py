@@ -87,7 +87,7 @@ class ModelConfig:
     vocab_size: int = setting(
         BYTE_VOCAB_SIZE,
         bounds=(2, 1 << 22, True),
-        reader="worker/setup.py: cfg.model.vocab_size,",
+        reader="worker/members.py: cfg.model.vocab_size,",
         read_if=when.family_reads("model.vocab_size", off=when.HF),
         example="300",
     )  # model=gpt2's embedding rows: at least the byte-level tokenizer's
@@ -162,13 +162,13 @@ class TrainConfig:
         2e-3, bounds=(0, 10, False), reader="launch/plan.py: lr=vcfg.train.lr"
     )  # peak learning rate (AdamW), after warmup_steps
     warmup_steps: int = setting(
-        5, bounds=(0, None, True), reader="worker/worker.py: self.cfg.train.warmup_steps"
+        5, bounds=(0, None, True), reader="worker/members.py: self.cfg.train.warmup_steps"
     )  # linear warmup from 0 to lr
     weight_decay: float = setting(
-        0.0, bounds=(0, 10, True), reader="worker/setup.py: cfg.train.weight_decay"
+        0.0, bounds=(0, 10, True), reader="worker/members.py: cfg.train.weight_decay"
     )  # AdamW's weight decay
     grad_clip: float = setting(
-        1.0, bounds=(0, None, True), reader="worker/worker.py: self.cfg.train.grad_clip"
+        1.0, bounds=(0, None, True), reader="worker/members.py: self.cfg.train.grad_clip"
     )  # clip the gradient norm to this (0: off)
     eval_every: int = setting(
         0, bounds=(0, None, True), reader="worker/worker.py: self.cfg.train.eval_every"
@@ -184,10 +184,10 @@ class TrainConfig:
     )  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     # Speed switches (see slurm_router/train/loss.py and README "GPU throughput")
     compile: bool = setting(
-        False, reader="worker/setup.py: if cfg.train.compile:"
+        False, reader="worker/members.py: if cfg.train.compile:"
     )  # torch.compile the transformer backbone
     gradient_checkpointing: bool = setting(
-        False, reader="worker/setup.py: gradient_checkpointing=cfg.train.gradient_checkpointing"
+        False, reader="worker/members.py: gradient_checkpointing=cfg.train.gradient_checkpointing"
     )  # recompute layer activations in backward (long sequences)
     loss_chunk_tokens: int = setting(
         0, bounds=(0, None, True), reader="worker/microbatch.py: cfg.train.loss_chunk_tokens"
@@ -208,14 +208,14 @@ class TrainConfig:
     packing: str = setting(
         "auto", choices=("auto", "true", "false"), reader="train/packed.py: str(train_cfg.packing).lower()"
     )  # auto | true | false
-    # resources.fuse_variants >= 2 (slurm_router/worker/fused.py): a micro-batch's variants in one packed row (one
+    # resources.fuse_variants >= 2 (the fused worker): a micro-batch's variants in one packed row (one
     # forward and backward: bigger kernels, a GPU's choice) or one row per variant through the shared model (the
     # activations of one variant at a time: faster on CPU, benchmarks/results/fused-cpu.md). auto: per_variant on
     # CPU, row on a GPU.
     fused_layout: str = setting(
         "auto",
         choices=("auto", "row", "per_variant"),
-        reader="worker/fused.py: self.cfg.train.fused_layout",
+        reader="worker/setup.py: self.cfg.train.fused_layout",
         read_if=when.FUSED,
         example="row",
     )  # auto | row | per_variant
@@ -282,7 +282,7 @@ class ResourcesConfig:
         variant="a stage is one array job, each of its tasks on the same number of nodes",
     )
     # Fused variants: up to K compatible LoRA tasks of the variants stage train in one task over one shared base
-    # (launch/fuse.py groups them, worker/fused.py trains them); 1 = every task alone; auto (launcher=local) = the
+    # (launch/fuse.py groups them, one worker trains them); 1 = every task alone; auto (launcher=local) = the
     # tasks spread over the slots the machine runs at once, as far as the memory model fits a fused task
     # (backends/local/launcher.py auto_fuse_variants). Set once, at the top level.
     fuse_variants: Any = setting(

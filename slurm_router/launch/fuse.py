@@ -1,6 +1,6 @@
 """resources.fuse_variants=K: the variants stage's tasks grouped into fused tasks of up to K (issue 28).
 
-A fused task trains its variants over one shared frozen base in one process (worker/fused.py; the math in
+A fused task trains its variants over one shared frozen base in one process (the worker's member group; the math in
 train/fused_lora.py), so its tasks must agree on everything but what each variant owns: its adapter (model.lora.*),
 its optimizer and schedule (train.lr, weight_decay, grad_clip, warmup_steps), its batch (train.global_batch_size)
 and its training seed. Tasks are grouped in the local queue's order (plan.queue_order: seed by seed across
@@ -40,7 +40,7 @@ def not_fusable(config: dict) -> str | None:
     kept = base_dropout.why_not_fused(config.get("model") or {})
     if kept:
         return kept
-    train = config.get("train") or {}  # what the fused worker (worker/fused.py) does not do, never ignored
+    train = config.get("train") or {}  # what the fused worker does not do, never ignored
     if str(train.get("packing", "auto")).lower() == "false":
         return "train.packing=false: a fused task trains packed rows (set train.packing=auto to fuse it)"
     if train.get("compile"):

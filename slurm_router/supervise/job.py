@@ -24,7 +24,7 @@ hand) and ends with its launcher: if that dies, the job stops like on SIGTERM, k
 stopped within supervisor.ORPHAN_GRACE_S, and records its own end in the manifest (nobody else will).
 
 A fused task (resources.fuse_variants: a leader's spec names its members) trains every variant of its group in
-one process (worker/fused.py); it is done only when each of them has its result.json, its checkpoints (every
+one process (the worker's member group); it is done only when each of them has its result.json, its checkpoints (every
 variant's state in one file) are in the leader's folder, and a failure's `end` row reaches every unfinished one.
 
 Exit codes (slurm_router.rundir.lifecycle): 0 done, 75 stopped after a checkpoint, 76 a co-located task asks for a

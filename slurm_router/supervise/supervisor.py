@@ -115,11 +115,10 @@ def worker_entry(rank: int, spec_json: str, world: int, master: str, resume: str
     """One worker's whole life: train, and rank 0 writes the task's result."""
     from slurm_router.fileio import atomic_write_text
     from slurm_router.rundir.spec import TaskSpec
-    from slurm_router.worker import fused, worker
+    from slurm_router.worker.worker import train
 
     spec = TaskSpec(**json.loads(spec_json))
-    train = fused.train_fused if spec.members else worker.train  # fused: its variants in one process group
-    result = train(spec, rank, world, master, resume)
+    result = train(spec, rank, world, master, resume)  # a fused task: its members in one process group
     if rank == 0 and isinstance(result, dict):
         atomic_write_text(TaskPaths(spec.task_dir).result, json.dumps(result, indent=1))
         pause_for_tests("after_result")

@@ -150,7 +150,7 @@ def fuse(models: list[nn.Module]) -> FusedModel:
 
 def fuse_parts(first: nn.Module, weights: list[dict], configs: list[Any]) -> FusedModel:
     """fuse() from the first variant's model and every variant's lora_weights and peft config: a caller that builds
-    the variants one at a time keeps only one base in memory (worker/fused.py)."""
+    the variants one at a time keeps only one base in memory (the worker's fused group)."""
     base = cast(Any, first).unload()  # the transformers model, its LoRA layers removed (not merged)
     segments = Segments()
     layers: dict[str, FusedLoraLayer] = {}

@@ -1,72 +1,79 @@
-"""What the run decided about this task, as each rank of it learns it (prune=true; docs/design/pruning.md): after
-an in-training evaluation, before the first step, and after any step in which the run took a look (LookWatch, its
-flag riding the step's gathered stats). A pruned variant's task ends `pruned`; a seeds=auto reserve whose contest
-was decided for its variant ends `not_needed` at the step it reached (worker/auto_seeds.py decided_reserve). Rank 0
-asks; every rank learns its answer in one gather and ends the same way."""
+"""What the run decided about the members of a task (prune=true; docs/design/pruning.md), as rank 0 asks it: after
+an in-training evaluation, before the first step, and after any step in which the run took a look (a LookWatch,
+its flag riding the step's gathered stats). A pruned member ends `pruned`; a seeds=auto reserve whose contest was
+decided for its variant ends `not_needed` at the step it reached (the reserve's rule: decided_reserve). Rank 0
+asks; the worker gathers its answers so that every rank ends the same members the same way."""
 
 from __future__ import annotations
 
-from slurm_router.rundir import events as ev
+from dataclasses import dataclass
+from typing import cast
+
 from slurm_router.worker.auto_seeds import NOT_NEEDED, decided_reserve
-from slurm_router.worker.prune import LookWatch, Pruned
-from slurm_router.worker.setup import WorkerSetup
-from slurm_router.worker.step_stats import StepStats
+from slurm_router.worker.members import Member
+from slurm_router.worker.prune import LookWatch
 
-PRUNED, NOT_NEEDED_NOW = 1.0, 2.0  # what rank 0 learned, gathered so every rank ends the same way
+PRUNED, NOT_NEEDED_NOW = 1.0, 2.0  # a member's answer, gathered so every rank ends the same way
 
 
-class RunDecisions(WorkerSetup):
-    """The Worker's half that asks the run's decisions (worker.py trains; fused.py asks per member)."""
+@dataclass
+class Ending:
+    """How a member leaves the group after a decision: its end row's exit_state and detail, its result (rank 0's;
+    other ranks know only the exit_state)."""
 
-    last_eval: tuple[list[float], list[int]]  # the latest evaluation's per-batch loss sums and tokens
-    last_metrics: dict  # its task metrics (eval.metrics; empty without)
+    exit_state: str
+    detail: str | None
+    result: dict
+    steps_in_row: bool = False  # not_needed: its end row says how many steps it was planned for
 
-    def watch_looks(self) -> LookWatch | None:
-        """prune=true, rank 0: the run's looks, asked about after every step (worker/prune.py LookWatch); made
-        before the first check of the run's decisions, so no look falls between the two."""
-        if self.rank != 0 or not self.cfg.get("prune") or self.spec.save_weights:
-            return None
-        return LookWatch(self.spec.run_dir)
+    @property
+    def flag(self) -> float:
+        return NOT_NEEDED_NOW if self.exit_state == NOT_NEEDED else PRUNED
 
-    def look_taken(self, step: int, stats: list[StepStats]) -> bool:
-        """Whether, after `step`, the run's decisions are worth asking without an evaluation: a look was taken since
-        the step before (rank 0's LookWatch flag, gathered with the step's stats) and steps remain."""
-        return step + 1 < self.spec.steps and any(s.new_look for s in stats)
 
-    def prune(self, step: int, evaluated: bool = True) -> Pruned | None:
-        """prune=true, after an in-training evaluation (or, evaluated=False, before the first step and after a step
-        in which the run took a look): a seeds=auto reserve whose contest was decided for its variant ends
-        not_needed (worker/auto_seeds.py decided_reserve); otherwise rank 0 learns
-        the run's decision about its variant (prune.py) and every rank learns it; a pruned variant's task ends
-        here, its result says why."""
-        if not self.cfg.get("prune") or self.spec.save_weights:
-            return None
-        decision = None
-        if self.rank == 0 and not evaluated:
-            from slurm_router.worker.prune import decided
+def prunes(cfg, save_weights: str | None) -> bool:
+    """Whether the run's decisions concern this task: prune=true and a variant (a base stage is never pruned)."""
+    return bool(cfg.get("prune")) and not save_weights
 
-            decision = decided(self.spec, step)
-        elif self.rank == 0:
-            from slurm_router.worker.prune import after_eval
 
-            decision = after_eval(
-                self.spec, step, *self.last_eval, sources=self.eval_sources, metrics=self.last_metrics
-            )
-        unneeded = decided_reserve(self.spec) if self.rank == 0 and decision is None else None
-        flag = self.gather([PRUNED if decision else NOT_NEEDED_NOW if unneeded else 0.0])[0][0]
-        if not flag:
-            return None
-        if flag == NOT_NEEDED_NOW:  # a seeds=auto reserve of the variant the contest was decided for
-            self.events.write(ev.EndRow(exit_state=NOT_NEEDED, step=step, detail=unneeded, steps=self.spec.steps))
-            self.close()
-            if self.rank == 0:
-                print(f"{self.spec.name}: {unneeded} (step {step})", flush=True)
-            result = {"exit_state": NOT_NEEDED, "reason": unneeded, "step": step, "steps": self.spec.steps}
-            return Pruned(step, result if self.rank == 0 else None)
-        self.events.write(ev.EndRow(exit_state="pruned", step=step, detail=decision.reason if decision else None))
-        self.close()
-        if self.rank != 0:
-            return Pruned(step)
-        assert decision is not None
-        print(decision.reason, flush=True)
-        return Pruned(step, {"exit_state": "pruned", **decision.as_dict(), "steps": self.spec.steps})
+def watch_looks(cfg, spec, rank: int) -> LookWatch | None:
+    """prune=true, rank 0: the run's looks, asked about after every step; made before the first check of the run's
+    decisions, so no look falls between the two."""
+    if rank != 0 or not prunes(cfg, spec.save_weights):
+        return None
+    return LookWatch(spec.run_dir)
+
+
+def ask(members: list[Member], step: int, evaluated: bool, sources: list) -> list[Ending | None]:
+    """Rank 0: each member's ending, if the run decided one. After an in-training evaluation (evaluated) every
+    member's evaluation is recorded before any is decided, and the run's next look is taken when one is due."""
+    from slurm_router.worker import prune
+
+    if evaluated:
+        for m in members:
+            seed = cast(int, m.spec.seed)
+            prune.record(m.spec.task_dir, step, m.spec.variant, seed, *m.last_eval, sources, m.last_metrics)
+        schedule = prune.run_schedule(members[0].spec.run_dir)  # the run's, as its plan fixed it: one for all
+        decisions = [prune.decide_after(m.spec, step, schedule) for m in members]
+    else:
+        decisions = [prune.decided(m.spec, step) for m in members]
+    out: list[Ending | None] = []
+    for m, d in zip(members, decisions):
+        if d is not None:
+            print(d.reason, flush=True)
+            out.append(Ending("pruned", d.reason, {"exit_state": "pruned", **d.as_dict(), "steps": m.spec.steps}))
+            continue
+        unneeded = decided_reserve(m.spec)  # a seeds=auto reserve of the variant the contest was decided for
+        if unneeded is None:
+            out.append(None)
+            continue
+        print(f"{m.spec.name}: {unneeded} (step {step})", flush=True)
+        result = {"exit_state": NOT_NEEDED, "reason": unneeded, "step": step, "steps": m.spec.steps}
+        out.append(Ending(NOT_NEEDED, unneeded, result, steps_in_row=True))
+    return out
+
+
+def learned(flag: float) -> Ending:
+    """A rank other than 0: the ending its gathered flag says (no detail: rank 0 holds the decision)."""
+    state = NOT_NEEDED if flag == NOT_NEEDED_NOW else "pruned"
+    return Ending(state, None, {"exit_state": state}, steps_in_row=state == NOT_NEEDED)

@@ -3,9 +3,9 @@ its example count once, then at every evaluation each rank scores its share of t
 ...) with the variant's model, and the shares are summed across ranks into the whole list, in order (each index
 is scored by one rank: the sum is exact). A function that raises, or returns a wrong result, fails the task on
 every rank with one line naming the metric and the example (the worker keeps a checkpoint first, and resume=
-evaluates again: worker.py evaluate).
+evaluates again: the worker's evaluate).
 
-A fused task (worker/fused.py) scores each variant through the shared model with that variant's adapter alone
+A fused task scores each member through the shared model with that member's adapter alone
 active (train/fused_lora.py Segments.only).
 """
 

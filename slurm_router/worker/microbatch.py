@@ -1,5 +1,9 @@
 """One device's share of a step: its micro-batches' forward and backward, with the out-of-memory retry.
 
+A plain task's micro-batch is a right-padded batch or one packed row through its model; a fused task's
+(FusedMicroBatches) is one packed row of its members' samples side by side, or one row per member, through the
+shared model (docs/design/fused.md, "The fused worker").
+
 On an out-of-memory error the micro-batch is halved and both halves are queued again: no sample is lost or
 computed twice, and the gradients accumulate all or nothing (a failed backward leaves none behind). Losses
 and timings are read once, after the last micro-batch: one host-device sync a step, not one each.
@@ -17,6 +21,7 @@ import torch
 
 from slurm_router.router import MemoryModel, MicroBatch
 from slurm_router.rundir.events import MicroRow
+from slurm_router.train.fused_lora import FusedModel, fused_loss, fused_packed_batch
 from slurm_router.train.loss import target_positions, token_loss_sum
 from slurm_router.train.packed import packed_tensors
 
@@ -164,10 +169,15 @@ class DeviceStep:
     peak_bytes: int = 0
     oom_count: int = 0
     oom_mb: tuple[int, int] = (0, 0)  # (padded tokens, samples) of the largest that did not fit
+    member_sums: Any = None  # (K,) float64 on the device: each member's token-loss sum, all-reduced by the worker
+    n_pad_tokens: int = 0  # padding computed (a task alone's step row reports it)
 
 
 class MicroBatchRunner:
-    """Runs one device's micro-batches of each step (a worker holds one for the whole run)."""
+    """Runs one device's micro-batches of each step (a worker holds one for the whole run). Its losses are token
+    sums: the worker divides the gradients by the global target count after their all-reduce."""
+
+    divides_in_loss = False  # True: each member's loss is already divided by its own global target count
 
     def __init__(
         self,
@@ -193,6 +203,16 @@ class MicroBatchRunner:
         if self.packed:
             return packed_tensors(self.split, ids, self.device)
         return (*batch_tensors(self.split, ids, self.pad_id, self.device, self.cfg.train.pad_to_multiple), None)
+
+    def begin_step(self, params: list[torch.nn.Parameter], targets: dict[int, int], n_members: int) -> None:
+        """A step's trainable weights (the members still in the group) and each member's global target count."""
+        self.params = params
+
+    def member_sums(self, out: DeviceStep) -> torch.Tensor:
+        return torch.tensor([out.loss_sum], dtype=torch.float64, device=self.device)
+
+    def pad_tokens(self, out: DeviceStep) -> int:
+        return sum(mb.n_padded_tokens - mb.n_tokens for mb in out.done)
 
     def forward_backward(self, batch) -> tuple[torch.Tensor, int]:
         """One micro-batch's summed token loss and its targets; its gradients accumulated (all or nothing)."""
@@ -234,6 +254,7 @@ class MicroBatchRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._report(ran, out, step, lr)
+        out.member_sums, out.n_pad_tokens = self.member_sums(out), self.pad_tokens(out)
         return out
 
     def _halve(self, mb: MicroBatch, out: DeviceStep) -> list[MicroBatch]:
@@ -279,3 +300,61 @@ class MicroBatchRunner:
                     oom_retries=r.oom_retries,
                 )
             )
+
+
+class FusedMicroBatches(MicroBatchRunner):
+    """A fused task's runner over keyed samples (k * N + id: member k, N training samples). A micro-batch is one
+    fused packed row of its members' samples (train.fused_layout row), or one row per member through the shared
+    model (per_variant); either way its gradients are added only once every row's exist (all or nothing, as
+    accumulate). Each member's loss is divided by its own global target count in the loss itself, so one backward
+    gives each member its separate run's gradients."""
+
+    divides_in_loss = True
+    fused: FusedModel
+    per_variant: bool
+    divide_by: list[float]  # each member's global target count this step
+    variant_sums: torch.Tensor  # (K,) this device's token-loss sums this step, read after the step's sync
+
+    def begin_step(self, params: list[torch.nn.Parameter], targets: dict[int, int], n_members: int) -> None:
+        self.params = params
+        self.divide_by = [float(targets.get(k, 1)) for k in range(n_members)]
+        self.variant_sums = torch.zeros(n_members, dtype=torch.float64, device=self.device)
+
+    def member_sums(self, out: DeviceStep) -> torch.Tensor:
+        return self.variant_sums
+
+    def pad_tokens(self, out: DeviceStep) -> int:
+        return 0  # packed rows of the members' samples side by side: no member's padding
+
+    def key(self, key: int) -> tuple[int, int]:
+        return divmod(key, len(self.split.lengths))
+
+    def length(self, sample_id: int) -> int:
+        return int(self.split.lengths[self.key(sample_id)[1]])
+
+    def _build(self, keys):
+        per_variant: list[list[int]] = [[] for _ in self.fused.members]
+        for key in keys:
+            k, i = self.key(key)
+            per_variant[k].append(i)
+        if not self.per_variant:
+            return [fused_packed_batch(self.split, per_variant, self.device)]
+        alone = [[ids if j == k else [] for j in range(len(per_variant))] for k, ids in enumerate(per_variant) if ids]
+        return [fused_packed_batch(self.split, rows, self.device) for rows in alone]
+
+    def forward_backward(self, batches) -> tuple[torch.Tensor, int]:
+        """Every row's forward and backward, then their gradients added in row order (all or nothing)."""
+        done = [self._row(batch) for batch in batches]
+        sums = torch.stack([row_sums for _, row_sums in done]).sum(0)
+        for row_grads, _ in done:
+            for p, g in zip(self.params, row_grads):
+                if g is not None:
+                    p.grad = torch.empty_like(p).copy_(g) if p.grad is None else p.grad.add_(g)
+        self.variant_sums += sums
+        return sums.sum(), sum(sum(b.n_targets) for b in batches)
+
+    def _row(self, batch) -> tuple[tuple, torch.Tensor]:
+        """One row's gradients of the trainable weights (None where unused) and its per-member loss sums."""
+        with autocast(self.cfg, self.device):
+            total, row_sums = fused_loss(self.fused, batch, self.divide_by, as_tensor=True)
+        return torch.autograd.grad(total, self.params, allow_unused=True), row_sums.detach()

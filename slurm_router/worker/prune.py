@@ -118,7 +118,7 @@ def after_eval(
 
 def decide_after(spec, step: int, schedule: contest.Schedule | None = None) -> Decision | None:
     """The run's decision about this task's variant once its evaluation at `step` is recorded (a fused task
-    records all its variants' first: worker/fused.py): the run's next look is taken here when this evaluation
+    records all its members' first): the run's next look is taken here when this evaluation
     made one due, and recorded once for every replicate. schedule: the run's looks (run_schedule, from the plan's
     task.json files when not given)."""
     config = getattr(spec, "config", None) or {}

@@ -1,6 +1,7 @@
 """A worker's start-up (docs/design/data-flow.md, "Data flow"): device, threads and process group; then the data,
-model, optimizer, router and events file; the collectives every step uses (gather) and the end (close). The
-Worker (worker.py) is this plus its named steps."""
+the members the task trains (one, or a fused group's K), the router, each member's events file and the micro-batch
+runner; the collectives every step uses (gather) and the end (close). The Worker is this plus its loop.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +20,13 @@ from slurm_router.rundir import events as ev
 from slurm_router.rundir.layout import TaskPaths
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.tracking.trackers import task_sink
-from slurm_router.train.data import GlobalBatchSampler, build_corpus, eval_batches
-from slurm_router.train.model import build_model, compile_backbone, count_parameters, memory_shape, trainable_parameters
-from slurm_router.train.optim import make_optimizer
-from slurm_router.train.packed import choose_packing
+from slurm_router.train.data import build_corpus, eval_batches
+from slurm_router.train.model import memory_shape
 from slurm_router.train.tokenizer import make_tokenizer
 from slurm_router.worker import state as train_state
 from slurm_router.worker.cpu import worker_threads
-from slurm_router.worker.microbatch import CpuMemorySim, MicroBatchRunner
+from slurm_router.worker.members import Group, Member, build_group
+from slurm_router.worker.microbatch import CpuMemorySim, FusedMicroBatches, MicroBatchRunner
 from slurm_router.worker.prune import LookWatch
 from slurm_router.worker.telemetry import Telemetry, device_name
 
@@ -36,10 +36,10 @@ COLLECTIVE_TIMEOUT_S = float(os.environ.get("SLURM_ROUTER_COLLECTIVE_TIMEOUT_S",
 
 
 class WorkerSetup:
-    """The start-up half of a Worker: what setup() builds, every rank the same way."""
+    """The start-up of a Worker: what setup() builds, every rank the same way."""
 
-    runner_class: type[MicroBatchRunner] = MicroBatchRunner  # what runs a device's micro-batches (fused.py: its own)
     looks: LookWatch | None = None  # prune=true, rank 0: whether the run took a look since the last step
+    group: Group  # the members the task trains
 
     spec: TaskSpec
     rank: int
@@ -50,7 +50,7 @@ class WorkerSetup:
     cfg: Any
 
     def setup(self) -> None:
-        """Device, threads and process group; then data, model, optimizer, router and the events file."""
+        """Device, threads and process group; then data, members, router, the events files and the runner."""
         if torch.cuda.is_available():
             self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
@@ -72,10 +72,25 @@ class WorkerSetup:
 
             self.spec.attempt = int(self.gather([next_attempt(self.spec.task_dir) if self.rank == 0 else 0])[0][0])
         self._build()
-        self.events = self.events_writer(self.spec)
-        self.micro = self.runner_class(
+        for m in self.group.members:  # each member writes in its own task directory
+            m.events = self.events_writer(m.spec)
+        self.micro = self._runner()
+
+    @property
+    def members(self) -> list[Member]:
+        return self.group.members
+
+    @property
+    def alive(self) -> list[Member]:
+        """The members still in the group (not yet completed, pruned or diverged)."""
+        return self.group.alive
+
+    def _runner(self) -> MicroBatchRunner:
+        """What runs this device's micro-batches: a task alone's, or a fused group's over keyed samples."""
+        fused = self.group.fused
+        runner = (MicroBatchRunner if fused is None else FusedMicroBatches)(
             self.model,
-            self.params,
+            self.members[0].params,
             self.corpus.train,
             self.cfg,
             self.device,
@@ -83,10 +98,15 @@ class WorkerSetup:
             self.telemetry,
             self.mem_sim,
             self.router,
-            self.events,
+            self.members[0].events,
             self.slowdown,
             self.packed,
         )
+        if isinstance(runner, FusedMicroBatches):
+            runner.fused = cast(Any, fused)
+            layout = str(self.cfg.train.fused_layout)
+            runner.per_variant = layout == "per_variant" or (layout == "auto" and self.device.type == "cpu")
+        return runner
 
     def events_writer(self, spec: TaskSpec) -> ev.EventWriter:
         """This rank's events file of `spec`'s task (a fused task: each variant's), rank 0's with its trackers."""
@@ -144,28 +164,10 @@ class WorkerSetup:
             verify_before_load(self.spec.base_weights)
 
     def _build(self) -> None:
-        spec, cfg = self.spec, self.cfg
         self._build_data()
-        # the base's init from the config's seed; the LoRA init and the data order from the task's training seed
-        self.model = build_model(
-            cfg.model,
-            cfg.model.vocab_size,
-            cfg.seed,
-            spec.base_weights,
-            lora=spec.lora,
-            device=self.device,
-            gradient_checkpointing=cfg.train.gradient_checkpointing,
-            lora_seed=spec.seed,
-        ).to(self.device)
-        self.packed = choose_packing(self.model, cfg.train, self.rank == 0)
-        if cfg.train.compile:
-            compile_backbone(self.model)
-        self.params = trainable_parameters(self.model)
-        self.n_params, self.n_trainable = count_parameters(self.model)
-        self.optimizer = make_optimizer(self.params, spec.lr, cfg.train.weight_decay, self.device)
+        self.group = build_group(self.spec, self.cfg, len(self.corpus.train), self.device, self.rank == 0)
+        self.model, self.packed, self.n_params = self.group.model, self.group.packed, self.group.n_params
         self._build_router()
-        self.sampler = GlobalBatchSampler(len(self.corpus.train), spec.global_batch_size, cast(int, spec.seed))
-        self.ckpt_identity = {"task": spec.name, "lora": spec.lora, "global_batch_size": spec.global_batch_size}
 
     def _build_router(self) -> None:
         """Telemetry, the router and its memory model (seeded from the model's shape), every device's memory."""
@@ -207,48 +209,10 @@ class WorkerSetup:
 
         return train_state.Stopped(checkpoint_step(self.resume) if self.resume else 0, signum)
 
-    def score_metrics(self, model: Any, step: int) -> dict:
-        """eval.metrics of `model` at `step` (worker/metrics.py; collective). A metric that fails keeps a checkpoint
-        of this step first (reason eval-failed): resume= evaluates again from it (Worker.start)."""
-        if not self.metric_set:
-            return {}
-        from slurm_router.worker.metrics import MetricFailed
-
-        try:
-            return self.metric_set.score(model, step, self.gather)
-        except MetricFailed:
-            cast(Any, self).checkpoint(step, "eval-failed")
-            raise
-
-    def judged(self, metrics: dict) -> tuple[str, float] | None:
-        """(eval.primary, its mean score at the evaluation, signed so that lower is better): what adapter-best/
-        keeps the best of when the run judges by a task metric; None: by held-out loss."""
-        primary = str((self.cfg.get("eval") or {}).get("primary") or "loss")
-        m = metrics.get(primary)
-        if not m:
-            return None
-        mean = sum(m["scores"]) / max(1, len(m["scores"]))
-        return primary, -mean if m["higher_is_better"] else mean
-
-    def eval_missing(self, tasks: list[TaskPaths]) -> bool:
-        """resume= from a checkpoint at an evaluation step whose evaluation no task of `tasks` recorded (eval.metrics
-        failed there): rank 0 reads their events, every rank learns it (collective). An evaluation counts once."""
-        s, every = cast(Any, self).first_step, self.cfg.train.eval_every
-        if not (s == 0 or (every and s % every == 0 and s < self.spec.steps)):
-            return False
-        missing = 0.0
-        if self.rank == 0:
-            for paths in tasks:
-                try:
-                    rows = ev.scan_events(paths.events(0))[0]
-                except OSError:
-                    rows = []
-                if not any(r.get(ev.EVENT) == ev.EvalRow.KIND and r.get("step") == s for r in rows):
-                    missing = 1.0
-        return bool(self.gather([missing])[0][0])
-
     def close(self) -> None:
-        self.events.close()
+        for m in self.members:
+            if m.events is not None:
+                m.events.close()
         dist.destroy_process_group()
 
     def gather(self, values: list[float]) -> list[list[float]]:

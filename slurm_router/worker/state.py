@@ -113,7 +113,8 @@ def capture_around(
     """Collective (every rank calls it): the checkpoint dict on rank 0, None elsewhere. What every checkpoint
     holds (format, the task's identity, the step, the router, every rank's RNG state, gathered: they are per
     rank) around the worker's own `payload` (called on rank 0: weights and optimizer are identical on every
-    replica). The single worker's payload is below (capture); a fused task's holds one entry per variant."""
+    replica). The worker's payload is its member group's: a task alone's one entry at the top level (as capture
+    below writes for one model), a fused task's one entry per member."""
     rngs = [None] * world
     dist.all_gather_object(rngs, _rng_state(device))
     if dist.get_rank() != 0:
@@ -157,7 +158,7 @@ def capture(
     device: torch.device,
     identity: dict,
 ) -> dict | None:
-    """The single worker's checkpoint (collective): its trainable weights, optimizer and losses so far."""
+    """One model's checkpoint (collective), in a task alone's layout: its trainable weights, optimizer and losses."""
 
     def payload() -> dict:
         return {

@@ -1,7 +1,7 @@
 """A step's records: the router's plan of it (StepPlan); what every worker tells every other after it
 (StepStats: one row of one small all-gather, float64, not a poll per routing decision; the router learns from
 every device's row, and the stop flag and prune=true's new-look flag ride along so every rank sees every flag
-and all stop after the same step); and its event row (step_row), which the worker and the fused worker both write."""
+and all stop after the same step); and its event row (step_row), which the worker writes for each member of its task."""
 
 from __future__ import annotations
 
@@ -19,14 +19,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepPlan:
-    """The router's split of one global batch."""
+    """The step's global batches (one per member of the task still training) and the router's split of them."""
 
-    ids: list[int]
+    ids: list[int]  # every sample's key: k * N + its id (member k, N training samples; a task alone's: its ids)
     lengths: list[int]
     speeds: list[float]
     assignment: Assignment
     mine: list[MicroBatch]
-    target_tokens: int  # what the global loss divides by (data.Split: completions, assistant turns)
+    batches: dict[int, list[int]]  # each member's global batch (sample ids), by k
+    targets: dict[int, int]  # each member's global target count: what its loss divides by (data.Split: completions)
+
+    @property
+    def target_tokens(self) -> int:
+        return sum(self.targets.values())
 
 
 @dataclass(frozen=True)
