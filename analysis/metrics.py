@@ -283,13 +283,9 @@ def mfu(task: Task, tokens_per_s: float | None, peak_tflops: float | None = None
     if not (n and tokens_per_s and task.n_devices):
         return {"mfu": None, "text": "n/a (no parameter count or throughput)"}
     mean_len = _mean_sample_tokens(task)
-    flops_per_token = matmul_peak.train_flops_per_token(
-        int(n),
-        int(cast(int, n_train)),
-        start.get("n_layer"),
-        start.get("d_model"),
-        (mean_len + 1) / 2 if mean_len else 0,
-    )
+    n_layer, d_model = _count(start, "n_layer"), _count(start, "d_model")
+    context = (mean_len + 1) / 2 if mean_len else 0.0
+    flops_per_token = matmul_peak.train_flops_per_token(int(n), int(cast(int, n_train)), n_layer, d_model, context)
     if start.get("device_type") == "cpu" and not peak_tflops:
         name, peak, how = _cpu_peak(start)
     else:
@@ -298,7 +294,7 @@ def mfu(task: Task, tokens_per_s: float | None, peak_tflops: float | None = None
         return {"mfu": None, "flops_per_token": flops_per_token, "text": f"n/a ({how}; give --peak-tflops)"}
     value = tokens_per_s * flops_per_token / (task.n_devices * peak)
     kind = "full training, 6N" if n_train == n else "LoRA, 4N + 2N_trainable"
-    kind += " + attention" if start.get("n_layer") and mean_len else ""
+    kind += " + attention" if n_layer and d_model and mean_len else ""
     return {
         "mfu": value,
         "flops_per_token": flops_per_token,
@@ -306,6 +302,12 @@ def mfu(task: Task, tokens_per_s: float | None, peak_tflops: float | None = None
         "peak_flops": peak,
         "text": f"{100 * value:.1f}% of {name} peak ({kind}; {how})",
     }
+
+
+def _count(row: dict, key: str) -> int | None:
+    """A positive count from a loaded row (pandas gives a float, NaN where the field was not written)."""
+    x = row.get(key)
+    return int(x) if isinstance(x, (int, float)) and x == x and x > 0 else None
 
 
 def _mean_sample_tokens(task: Task) -> float | None:
@@ -324,7 +326,7 @@ def _cpu_peak(start: dict) -> tuple[str | None, float | None, str]:
 
     if start.get("host") and start["host"] != platform.node():
         return None, None, f"CPU: its matmul peak is {start['host']}'s, not measured here"
-    threads = start.get("threads")
+    threads = _count(start, "threads")
     peak = matmul_peak.peak_flops("cpu", "float32", threads)
     where = f"{threads} thread(s)" if threads else "torch's default threads"
     return "this CPU's float32 matmul", peak, f"torch.mm measured on this machine at {where}"

@@ -126,7 +126,7 @@ class WorkerSetup:
 
     def start_row(self, spec: TaskSpec, n_trainable: int) -> ev.StartRow:
         """What a worker of `spec`'s task starts with (a fused task: each variant's, its own trainable count)."""
-        return ev.StartRow(
+        row = ev.StartRow(
             steps=spec.steps,
             world=self.world,
             device_type=self.device.type,
@@ -144,6 +144,11 @@ class WorkerSetup:
             resume_from=self.resume,
             device_name=device_name(self.device),
         )
+        if self.device.type == "cpu":  # MFU against this machine's matmul peak at the worker's threads
+            row.threads = torch.get_num_threads()
+        for name, value in model_shape(self.model).items():  # attention's FLOPs in MFU
+            setattr(row, name, value)
+        return row
 
     def _build_data(self) -> None:
         """The tokenizer, the corpus, the held-out batches; the base cache verified (size, sha256) before a
@@ -221,3 +226,12 @@ class WorkerSetup:
         out = [torch.zeros_like(t) for _ in range(self.world)]
         dist.all_gather(out, t)
         return [o.cpu().tolist() for o in out]
+
+
+def model_shape(model) -> dict:
+    """{n_layer, d_model} of a transformer's config (GPT-2's names or Llama's), for attention's FLOPs in MFU; {} when
+    the config does not say."""
+    config = getattr(model, "config", None)
+    n_layer = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    d_model = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    return {"n_layer": int(n_layer), "d_model": int(d_model)} if n_layer and d_model else {}
