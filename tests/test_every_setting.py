@@ -44,7 +44,7 @@ LAUNCHERS = sorted(p.stem for p in Path(conf_dir(), "launcher").glob("*.yaml"))
 
 # key -> (module under slurm_router/, the code that reads it), or {launcher kind: (module, code)}
 SLURM, SBATCH = "backends/slurm/submitit_launcher.py", "backends/slurm/sbatch_launcher.py"
-COMMON, CONTAINER = "backends/slurm/common.py", "launch/container.py"
+COMMON, CONTAINER = "backends/slurm/common.py", "backends/slurm/container.py"
 MODEL, PLAN, SETUP = "train/model.py", "launch/plan.py", "worker/setup.py"
 WORKER, MICRO = "worker/worker.py", "worker/microbatch.py"
 TRACKERS, ROUTER, PACKING = "tracking/trackers.py", "router/router.py", "router/packing.py"

@@ -24,7 +24,7 @@ NODE_FAIL = "NODE_FAIL"
 USABLE_STATES = frozenset(
     {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "resv", "reserved", "plnd", "planned"}
 )
-# The job's end time (epoch seconds), exported by the batch script outside a container (launch/container.py):
+# The job's end time (epoch seconds), exported by the batch script outside a container (backends/slurm/container.py):
 # inside one there is seldom a squeue to ask.
 JOB_END_ENV = "SLURM_ROUTER_JOB_END_TIME"
 JOB_TIMEOUT_S = 30.0  # one command from inside a job (then retried): a stop must not wait on a hung controller long
@@ -212,7 +212,7 @@ class SlurmJobEnvironment(JobEnvironment):
             return []
 
 
-# ---------------------------------------------------------------- a container's job (launch/container.py)
+# ---------------------------------------------------------------- a container's job (backends/slurm/container.py)
 
 
 def outside_exports(srun_workers: bool) -> list[str]:
