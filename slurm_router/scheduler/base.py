@@ -100,6 +100,10 @@ class Backend:
     name = "local"
     launchers: dict[str, str] = {}
     queued = False  # its launchers return before the tasks end (a queue's arrays, each job with a time limit)
+    # Its own words for a task that ended without a result, beyond FAILED, TIMEOUT and CANCELLED (task_view.py)
+    failed_states: frozenset[str] = frozenset()
+    # squeue-like reasons it gives a PENDING job it will never start (a dependency that can never be satisfied)
+    never_runs_reasons: tuple[str, ...] = ()
 
     def launcher_class(self, kind: str) -> Any:
         module, _, cls = self.launchers[kind].partition(":")

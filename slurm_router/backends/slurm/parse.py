@@ -22,12 +22,10 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from slurm_router.backends.slurm.states import HELD_STATES, NEVER_SATISFIED, REQUEUE_STATES
 from slurm_router.rundir.progress import TaskProgress
 from slurm_router.scheduler.task_view import (
     FAILED_STATES,
-    HELD_STATES,
-    NEVER_SATISFIED,
-    REQUEUE_STATES,
     TERMINAL_STATES,
     SlurmRow,
     TaskView,
