@@ -99,6 +99,14 @@ def _never_reasons() -> tuple[str, ...]:
     return tuple(r for b in backends().values() for r in b.never_runs_reasons)
 
 
+def never_runs_why(reason: str | None) -> str:
+    """What follows a never-runs reason ("<reason>: stage base failed (r8)" -> "stage base failed (r8)"), else ''."""
+    for word in _never_reasons():
+        if (reason or "").startswith(f"{word}: "):
+            return (reason or "")[len(word) + 2 :]
+    return ""
+
+
 def never_runs(row: SlurmRow) -> bool:
     """PENDING for a reason its scheduler gives a job it will never start (Backend.never_runs_reasons: a dependency
     that can never be satisfied); only a cancel ends it."""

@@ -26,6 +26,7 @@ class SlurmBackend(Backend):
     queued = True
     failed_states = FAILED_STATES
     never_runs_reasons = (NEVER_SATISFIED,)
+    dependency_word = "afterok"
 
     def job_environment(self) -> JobEnvironment | None:
         if not os.environ.get("SLURM_JOB_ID"):

@@ -111,6 +111,8 @@ def tasks_per_node(text: str) -> list[int]:
 class SlurmJobEnvironment(JobEnvironment):
     name = "slurm"
     restart_detail = "requeued by Slurm (preemption, node failure or scontrol requeue)"
+    scheduler = "Slurm"
+    node_failure = "NODE_FAIL"  # sacct's state of a job whose node failed
 
     def __init__(self, runner: Callable[[list[str]], str] = job_command):
         self.runner = runner
