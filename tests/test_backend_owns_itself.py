@@ -33,7 +33,9 @@ STATES = (
     "SPECIAL_EXIT SUSPENDED RESIZING SIGNALING STAGE_OUT DependencyNeverSatisfied"
 ).split()
 SLURM_STATE = re.compile(rf"\b(?:{'|'.join(STATES)})\b")  # case-sensitive: Slurm spells them so
-SLURM_WORD = re.compile(r"\b(?:after(?:ok|any|notok|corr)|apptainer|singularity|pyxis|enroot)\b|(?<=\S)\.sbatch\b", re.I)
+SLURM_WORD = re.compile(
+    r"\b(?:after(?:ok|any|notok|corr)|apptainer|singularity|pyxis|enroot)\b|(?<=\S)\.sbatch\b", re.I
+)
 
 # What remains outside backends/slurm/, all of it in config/ (being moved by the config declarations' work, issue
 # 49, 1: a backend declares its own keys, bounds and checks): config/checks.py's MAIL_TYPES (Slurm's mail types,
