@@ -56,7 +56,7 @@ LOCAL_STATES = {s.value: s.status_word for s in TaskState}
 
 
 @dataclass
-class SlurmRow:
+class SchedulerRow:
     state: str
     elapsed_s: int | None = None
     requeues: int = 0
@@ -67,14 +67,14 @@ class SlurmRow:
 
 
 @dataclass(kw_only=True)
-class TaskView(SlurmRow):
-    """The scheduler's view of one task of a run: what Slurm (or the local launcher) says of it, plus where it sits
+class TaskView(SchedulerRow):
+    """The scheduler's view of one task of a run: what its scheduler (or the local launcher) says of it, plus where it sits
     in the run. Not the manifest's lifecycle state (rundir/lifecycle.py TaskState) nor how its process ended
     (TaskOutcome)."""
 
     stage: str
     variant: str
-    job_id: str  # the task's Slurm id: 123_4 for array task 4, 123 for a plain job
+    job_id: str  # the task's job id (a Slurm array task's: 123_4; a plain job's: 123)
     log_path: str | None = None
     err_path: str | None = None
     out_tail: list[str] = field(default_factory=list)
@@ -107,7 +107,7 @@ def never_runs_why(reason: str | None) -> str:
     return ""
 
 
-def never_runs(row: SlurmRow) -> bool:
+def never_runs(row: SchedulerRow) -> bool:
     """PENDING for a reason its scheduler gives a job it will never start (Backend.never_runs_reasons: a dependency
     that can never be satisfied); only a cancel ends it."""
     return row.state == "PENDING" and (row.reason or "").startswith(_never_reasons())
