@@ -91,12 +91,12 @@ class Replicate:
 
 
 def replicates(tasks: list[Task], metric: str = LOSS) -> dict[str, list[Replicate]]:
-    """Every variant (in the order its first task appears) -> its replicates, diverged and pruned ones left out
-    (the report lists them as such). A replicate whose only evaluation is its step-0 one is not trained yet.
+    """Every variant (in the order its first task appears) -> its replicates, diverged and pruned ones and a
+    seeds=auto reserve stopped once its contest was decided left out (the report lists them as such). A replicate whose only evaluation is its step-0 one is not trained yet.
     A task metric's `val_loss` is its mean signed score (stats.metric_side: lower is better)."""
     out: dict[str, list[Replicate]] = {}
     for t in tasks:
-        if t.stage == "base" or t.diverged or t.pruned:
+        if t.stage == "base" or t.diverged or t.pruned or t.not_needed:  # not_needed: a seeds=auto reserve stopped
             continue
         b = eval_batches(t, metric=metric)
         out.setdefault(t.variant, []).append(Replicate(t.name, t.seed, b if b and b["step"] > 0 else None))

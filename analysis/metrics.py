@@ -11,8 +11,10 @@ Definitions (they are repeated in the report's own "Definitions" section):
   tokens any one device computed in that step). Of the token slots the job paid for (every device is held
   as long as the most loaded one), the share that held real tokens; padding and imbalance both lower it.
 - MFU: tokens/s x FLOPs per token / (devices x peak FLOP/s). FLOPs per token = 2N forward + 2N backward
-  through the activations + 2N' for the weight gradients of the N' trainable parameters: 6N for full
-  training, about 4N for LoRA. Attention FLOPs are left out (small at these sequence lengths).
+  through the activations + 2N' for the weight gradients of the N' trainable parameters (6N for full
+  training, about 4N for LoRA) + 12 x layers x width x the mean attended context (causal attention's two
+  matmuls, forward and backward; analysis/matmul_peak.py). The peak: a GPU's data-sheet bf16 peak, a CPU's
+  float32 matmul peak measured on the machine (matmul_peak.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from slurm_router.analysis import matmul_peak
 from slurm_router.analysis.load import Task, of_kind
 from slurm_router.rundir import throughput as rates
 from slurm_router.rundir.events import StartRow
@@ -269,27 +272,62 @@ def device_peak(start: dict, peak_tflops: float | None = None) -> tuple[str | No
 
 
 def mfu(task: Task, tokens_per_s: float | None, peak_tflops: float | None = None) -> dict:
+    """Model FLOP utilisation: tokens/s x FLOPs per token (matmul_peak.train_flops_per_token, attention included when
+    the start row gives the model's shape) over devices x the peak: a GPU's data-sheet bf16 peak, a CPU's matmul
+    peak measured on this machine at the worker's threads (only when the run ran here: another machine's is
+    unknown), or --peak-tflops."""
     start = task.start or {}
     if not start:
         return {"mfu": None, "text": "n/a (no events)"}
-    if start.get("device_type") == "cpu":
-        return {"mfu": None, "text": "n/a (CPU)"}
     n, n_train = start.get("n_params"), start.get("n_trainable_params", start.get("n_params"))
-    name, peak, how = device_peak(start, peak_tflops)
     if not (n and tokens_per_s and task.n_devices):
         return {"mfu": None, "text": "n/a (no parameter count or throughput)"}
-    flops_per_token = 4 * n + 2 * cast(int, n_train)
+    mean_len = _mean_sample_tokens(task)
+    flops_per_token = matmul_peak.train_flops_per_token(
+        int(n),
+        int(cast(int, n_train)),
+        start.get("n_layer"),
+        start.get("d_model"),
+        (mean_len + 1) / 2 if mean_len else 0,
+    )
+    if start.get("device_type") == "cpu" and not peak_tflops:
+        name, peak, how = _cpu_peak(start)
+    else:
+        name, peak, how = device_peak(start, peak_tflops)
     if not peak:
         return {"mfu": None, "flops_per_token": flops_per_token, "text": f"n/a ({how}; give --peak-tflops)"}
     value = tokens_per_s * flops_per_token / (task.n_devices * peak)
     kind = "full training, 6N" if n_train == n else "LoRA, 4N + 2N_trainable"
+    kind += " + attention" if start.get("n_layer") and mean_len else ""
     return {
         "mfu": value,
         "flops_per_token": flops_per_token,
         "device": name,
         "peak_flops": peak,
-        "text": f"{100 * value:.1f}% of {name} bf16 peak ({kind}; {how})",
+        "text": f"{100 * value:.1f}% of {name} peak ({kind}; {how})",
     }
+
+
+def _mean_sample_tokens(task: Task) -> float | None:
+    """Real tokens per sample over the task's steps (the step rows' n_tokens / n_samples)."""
+    s = task.steps
+    if not len(s) or "n_tokens" not in s or "n_samples" not in s:
+        return None
+    samples = float(s["n_samples"].sum())
+    return float(s["n_tokens"].sum()) / samples if samples > 0 else None
+
+
+def _cpu_peak(start: dict) -> tuple[str | None, float | None, str]:
+    """A CPU run's peak: the float32 matmul FLOP/s measured on this machine at the worker's threads, when the run
+    ran on this machine (its start row's host); else unknown."""
+    import platform
+
+    if start.get("host") and start["host"] != platform.node():
+        return None, None, f"CPU: its matmul peak is {start['host']}'s, not measured here"
+    threads = start.get("threads")
+    peak = matmul_peak.peak_flops("cpu", "float32", threads)
+    where = f"{threads} thread(s)" if threads else "torch's default threads"
+    return "this CPU's float32 matmul", peak, f"torch.mm measured on this machine at {where}"
 
 
 def finite(x):

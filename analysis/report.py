@@ -64,6 +64,8 @@ def summarize_task(task: Task, facts: dict, peak_tflops: float | None = None) ->
         s.update(diverged=task.diverged, state="diverged", val_loss=None, train_loss=None)
     if task.pruned:  # stopped early on purpose: its last held-out loss is at the step it stopped
         s.update(pruned=task.pruned, state="pruned")
+    if task.not_needed and task.not_needed["step"]:  # a reserve stopped once its contest was decided
+        s.update(stopped=task.not_needed, state="stopped")
     s.update(metrics.throughput(task))
     s.update(metrics.balance(task))
     s["oom_retries"] = metrics.oom_retries(task)
@@ -96,7 +98,7 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     """What this task's report lacks, in words ('r32: no events yet')."""
     state = (facts.get("state") or "").upper()
     n, want = s["steps"], task.expected_steps
-    if state == "CACHED" or task.diverged or task.pruned:  # listed with the verdict, not as missing
+    if state == "CACHED" or task.diverged or task.pruned or task.not_needed:  # listed with the verdict, not missing
         return []
     from slurm_router.scheduler.task_view import FAILED_STATES, never_runs_why
 
@@ -210,9 +212,10 @@ def task_links(run_dir: Path, out: Path, tasks: list[Task]) -> dict[str, dict[st
     links: dict[str, dict[str, str]] = {}
     for t in tasks:
         paths = layout.task(t.name)
-        log = Path(t.meta["log_path"]) if t.meta.get("log_path") else layout.log(t.name)
+        lead = t.meta.get("fused_into")  # a fused member trains in its leader's task: the log is the task's
+        log = Path(t.meta["log_path"]) if t.meta.get("log_path") else layout.log(lead or t.name)
         found = {
-            "log": log,
+            f"log (the fused task {lead}'s)" if lead else "log": log,
             "task.json": paths.task_file,
             "config.yaml": layout.config,
             "adapter": paths.adapter if paths.adapter.is_dir() else paths.full_model,
@@ -240,7 +243,9 @@ def partial_line(run_dir: Path, manifest: dict, tasks: list[Task], facts: dict) 
 def analyze(run_dir: Path, peak_tflops: float | None = None, runner=None):
     """(summary, tasks, tables): everything the report shows, nothing written."""
     manifest, every = load_run(run_dir)
-    tasks = [t for t in every if not t.not_needed]  # seeds=auto reserves not needed: only the cost counts them
+    # seeds=auto reserves never run: only the cost counts them; one stopped once its contest was decided trained
+    # some steps: listed (as stopped), never a replicate the verdict reads (abtest.replicates)
+    tasks = [t for t in every if not (t.not_needed and not t.not_needed["step"])]
     facts = jobfacts.job_facts(manifest, every, runner)
     summary: dict[str, Any] = {
         "experiment": manifest.get("experiment"),

@@ -58,7 +58,8 @@ workers=4
 [ -z "$quick" ] || workers=2
 before=$( (wc -l < "$record") 2>/dev/null || echo 0)
 status=0
-python3 -m pytest -q -rfEsxXR --rerun-show-tracebacks --rerun-record="$record" \
+# --durations: the slowest tests, printed at the end, so a slower suite shows where its time went
+python3 -m pytest -q -rfEsxXR --durations=30 --rerun-show-tracebacks --rerun-record="$record" \
   -n "$workers" --dist loadfile --no-loadscope-reorder ${quick:+--quick} "$@" || status=$?
 echo "test.sh: pytest exit $status; rerun record $record:" >&2
 tail -n +"$((before + 1))" "$record" >&2 2>/dev/null || echo "(nothing written: pytest ended before its summary)" >&2

@@ -101,7 +101,9 @@ def test_summary_keeps_its_keys_and_matches_a_hand_computation(run_dir):
         assert v["oom_retries"] == sum(r["oom_retries"] for r in rows(task, "step")) == 0
         evals = sorted(rows(task, "eval", device=0), key=lambda r: r["step"])
         assert v["val_loss"] == pytest.approx(evals[-1]["val_loss"]) and v["best_val_loss"] <= v["val_loss"]
-        assert v["device_hours"] > 0 and v["job"]["state"] == "COMPLETED" and v["mfu_text"] == "n/a (CPU)"
+        assert v["device_hours"] > 0 and v["job"]["state"] == "COMPLETED"
+        # issue 51, 1: against this machine's measured float32 matmul peak (the run ran here)
+        assert 0 < v["mfu"] < 1 and "torch.mm measured on this machine" in v["mfu_text"], v["mfu_text"]
         per_device = v["job"]["devices_used"], v["job"]["devices_allocated"]
         assert per_device == (2, 2)
 

@@ -177,8 +177,34 @@ def test_mfu_uses_6n_for_full_training_4n_plus_2n_trainable_for_lora_and_names_t
     assert lora["mfu"] == pytest.approx(100_000 * (4 * 100e6 + 2 * 1e6) / (2 * 312e12)) and "LoRA" in lora["text"]
     t.start.update(n_trainable_params=100e6, device_name="NVIDIA H100 PCIe")  # not the SXM part's peak
     assert mfu(t, tokens_per_s=100_000)["mfu"] == pytest.approx(100_000 * 6 * 100e6 / (2 * 756e12))
-    t.start.update(device_type="cpu")
-    assert mfu(t, tokens_per_s=100_000)["text"] == "n/a (CPU)"
+    # attention's two matmuls when the start row gives the shape: 12 x layers x width x the mean attended context
+    t.steps = pd.DataFrame([{"step": 0, "busy_s_all": [1.0, 1.0], "n_tokens": 990, "n_samples": 10}])  # 99 a sample
+    t.start.update(n_layer=12, d_model=768)
+    want = 6 * 100e6 + 12 * 12 * 768 * 50
+    assert mfu(t, tokens_per_s=100_000)["mfu"] == pytest.approx(100_000 * want / (2 * 756e12))
+
+
+def test_a_cpu_runs_mfu_is_against_this_machines_measured_matmul_peak(tmp_path, monkeypatch):
+    """Issue 51, 1: a CPU run's MFU divides by the float32 torch.mm FLOP/s measured here at the worker's threads
+    (kept in the user cache: measured once); a run from another host says its peak is unknown here."""
+    import platform
+
+    from slurm_router.analysis import matmul_peak
+    from slurm_router.analysis.metrics import mfu
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    t = Task("r8", {"stage": "variants"})
+    t.steps = pd.DataFrame([{"step": 0, "busy_s_all": [1.0]}])
+    t.start = {"device_type": "cpu", "n_params": 1e6, "n_trainable_params": 1e4, "host": platform.node(), "threads": 1}
+    got = mfu(t, tokens_per_s=1000)
+    peak = matmul_peak.peak_flops("cpu", "float32", 1, measure=False)  # measured by mfu, kept in the cache
+    assert peak and 1e8 < peak < 1e13, peak
+    assert (
+        got["mfu"] == pytest.approx(1000 * (4e6 + 2e4) / peak) and "measured on this machine at 1 thread" in got["text"]
+    )
+    assert (tmp_path / "slurm_router" / "matmul_peak.json").is_file()
+    t.start["host"] = "another-node"
+    assert mfu(t, tokens_per_s=1000)["mfu"] is None and "another-node" in mfu(t, tokens_per_s=1000)["text"]
 
 
 def test_tokens_per_s_is_one_definition_after_warm_up_and_counts_a_rerun_step_once():

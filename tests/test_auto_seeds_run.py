@@ -152,9 +152,15 @@ def test_a_reserve_still_running_when_its_contest_is_decided_stops_there(tmp_pat
     assert cost["state"] == "not_needed" and cost["remaining_steps"] == 8 - stopped["step"], cost
     assert summary["winner"]["variant"] == "r32" and summary["winner"]["decided"], summary["winner"]
     assert summary["cost"]["to_decision"]["decided"], summary["cost"]["to_decision"]
+    # the stopped reserve is in the tasks' table as stopped (issue 50, 8), never one of the verdict's replicates
+    assert summary["variants"]["r32-s2"]["state"] == "stopped", summary["variants"]["r32-s2"]
+    assert summary["by_variant"]["r32"]["n_seeds"] == 2, summary["by_variant"]["r32"]
+    assert not any("r32-s2" in line for line in summary["missing"]), summary["missing"]
     status = run_cli("status", str(run_dir), "--json", cwd=run_dir, timeout=120)
     tasks = {t["task"]: t for t in json.loads(status.stdout)["tasks"]}
     assert tasks["r32-s2"]["ended_as"] == f"not needed (stopped at step {stopped['step']})", tasks["r32-s2"]
+    table = run_cli("status", str(run_dir), cwd=run_dir, timeout=120).stdout
+    assert "1 STOPPED" in table and "1 PRUNED" in table, table
 
 
 def test_min_effect_settles_variants_that_train_alike_on_two_seeds(tmp_path):

@@ -37,11 +37,9 @@ SLURM_WORD = re.compile(
     r"\b(?:after(?:ok|any|notok|corr)|apptainer|singularity|pyxis|enroot)\b|(?<=\S)\.sbatch\b", re.I
 )
 
-# What remains outside backends/slurm/, all of it in config/ (being moved by the config declarations' work, issue
-# 49, 1: a backend declares its own keys, bounds and checks): config/checks.py's MAIL_TYPES (Slurm's mail types,
-# STAGE_OUT among them), CONTAINER_RUNTIMES (apptainer, pyxis) and check_job_values (an apptainer image's file).
-# config/schema.py RANGES' launcher.* bounds are Slurm's too, though no word here names them. Lower this as they go.
-CONFIG_LEFT = {"slurm_router/config/checks.py"}
+# Before issue 49: 8 modules outside backends/slurm/ broke this rule (analysis/report.py, launch/container.py,
+# launch/preview.py, rundir/layout.py, scheduler/task_view.py, supervise/colocate.py, supervise/job.py,
+# supervise/retry.py), and config/checks.py held Slurm's mail types and container runtimes. Now none.
 
 
 def modules() -> list[Path]:
@@ -104,11 +102,9 @@ def _knowing() -> dict[str, list[str]]:
 
 
 def test_no_module_outside_the_slurm_backend_speaks_slurm():
-    knowing = _knowing()
-    outside_config = {k: v for k, v in knowing.items() if not k.startswith("slurm_router/config/")}
-    assert not outside_config, (
-        "Slurm's words outside backends/slurm/ (ask the backend: scheduler/base.py):\n"
-        + "\n".join(f"{k}: {'; '.join(v)}" for k, v in outside_config.items())
+    outside = _knowing()
+    assert not outside, "Slurm's words outside backends/slurm/ (ask the backend: scheduler/base.py):\n" + "\n".join(
+        f"{k}: {'; '.join(v)}" for k, v in outside.items()
     )
 
 
@@ -117,7 +113,7 @@ def test_what_a_new_backend_needs_outside_its_folder():
     (tests/stub_backend/, run end to end by tests/test_stub_backend.py) is named by no file of the package, its
     configs or pyproject.toml; its registration is SLURM_ROUTER_BACKENDS there (in the package, one line of
     scheduler/registry.py BACKENDS). The Slurm backend's knowledge outside its folder is counted the same way: the
-    modules the rule above finds, today only config/ (CONFIG_LEFT says what and why)."""
+    modules the rule above finds: none."""
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     outside = [
         f
@@ -133,4 +129,4 @@ def test_what_a_new_backend_needs_outside_its_folder():
 
     slurm_outside = sorted(_knowing())
     print(f"files outside backends/slurm/ that hold Slurm's knowledge: {len(slurm_outside)}: {slurm_outside}")
-    assert set(slurm_outside) == CONFIG_LEFT, slurm_outside
+    assert slurm_outside == [], slurm_outside

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from slurm_router.__main__ import main
 from slurm_router.config.compose import compose
@@ -811,3 +812,16 @@ def test_the_table_is_large_and_new():
     assert len(CASES) >= 95
     repeats = [a for a, _ in CASES if f"{a!r}".replace("'", '"') in old or repr(a) in old]
     assert not repeats, repeats
+
+
+def test_a_free_form_key_and_a_variant_edit_in_one_command(tmp_path):
+    """eval.metrics.NAME= is free-form (a Dict field): the composition that finds the experiment's variants for
+    `variants.r8.train.lr=` reads the same rule, so the two together pass, as each does alone (it was 'not in
+    struct', exit 2)."""
+    tests = str(Path(__file__).parent)
+    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    args = ["+experiment=lora_ab", "eval.metrics.em=toy_metric:next_letter", "eval.primary=em", "dry_run=true"]
+    for extra in ([], ["variants.r8.train.lr=1e-3"]):
+        proc = run_cli(*args, *extra, f"run_root={tmp_path / 'runs'}", cwd=tmp_path, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "not in struct" not in proc.stderr

@@ -2,13 +2,15 @@
 source (conf/data/*.yaml) and each launcher (conf/launcher/*.yaml), is either read by the code or refused in one
 line naming it when the user sets it.
 
-- read: READS names, for each key, the module and the code that reads it; the test finds that code in the module,
+- read: each key's declaration (config/settings.py: `reader=`, beside its schema field; a launcher's keys: its
+  backend's declared() hook) names the module and the code that reads it; the test finds that code in the module,
   comments and docstrings left out. This shows where the key is read, not what it changes: the data.* keys have
   the stronger test in tests/test_ignored_settings.py (a read key changes the corpus built), and the walk uses
   their rule (config/checks.py, data_keys_read).
-- read under a condition (config/unread.py RULES: base.steps only with a base stage, ...): where the composed
-  config leaves the condition off, the key must be refused; test_a_conditional_read_... shows each rule both ways.
-- refused: set to CHANGED[key] through the command's own checks, as `python -m slurm_router` runs them
+- read under a condition (the declaration's `read_if`, config/conditions.py: base.steps only with a base stage,
+  ...): where the composed config leaves the condition off, the key must be refused; test_a_conditional_read_...
+  shows each condition both ways (its `off` and `on` overrides).
+- refused: set to its declaration's `example` through the command's own checks, as `python -m slurm_router` runs them
   (compose, then check_new_run with the keys the overrides set), it gives a UserError whose one line starts
   with the key.
 
@@ -33,215 +35,27 @@ from omegaconf import DictConfig, OmegaConf
 from slurm_router.cli.checks import check_new_run
 from slurm_router.config.checks import data_keys_read
 from slurm_router.config.compose import compose
-from slurm_router.config.schema import conf_dir, free_form_keys
+from slurm_router.config.schema import conf_dir, declared, free_form_keys
+from slurm_router.config.settings import Condition, Setting
 from slurm_router.config.sweep import parse_overrides
-from slurm_router.config.unread import RULE_OF, RULES, set_keys
+from slurm_router.config.unread import set_keys
 from slurm_router.errors import UserError
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slurm_router"
 DATA = sorted(p.stem for p in Path(conf_dir(), "data").glob("*.yaml"))
 LAUNCHERS = sorted(p.stem for p in Path(conf_dir(), "launcher").glob("*.yaml"))
 
-# key -> (module under slurm_router/, the code that reads it), or {launcher kind: (module, code)}
-SLURM, SBATCH = "backends/slurm/submitit_launcher.py", "backends/slurm/sbatch_launcher.py"
-COMMON, CONTAINER = "backends/slurm/common.py", "backends/slurm/container.py"
-MODEL, PLAN, SETUP = "train/model.py", "launch/plan.py", "worker/setup.py"
-WORKER, MICRO = "worker/worker.py", "worker/microbatch.py"
-TRACKERS, ROUTER, PACKING = "tracking/trackers.py", "router/router.py", "router/packing.py"
-READS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
-    "experiment": (PLAN, "experiment=cfg.experiment"),
-    "seed": (PLAN, "seed=cfg.seed"),
-    "seeds": ("config/variants.py", "value = cfg.seeds"),
-    "prune": ("worker/decisions.py", 'self.cfg.get("prune")'),
-    "auto_seeds.max": ("config/variants.py", '.get("max", 6)'),
-    "auto_seeds.budget_device_hours": ("worker/auto_seeds.py", '.get("budget_device_hours")'),
-    "auto_seeds.min_effect": ("worker/prune.py", 'auto.get("min_effect")'),
-    "eval.primary": ("config/metrics.py", "str(ev.primary)"),
-    "eval.metrics": ("config/metrics.py", "(ev.metrics or {})"),
-    "dry_run": ("cli/run.py", "if cfg.dry_run"),
-    "run_root": ("rundir/manifest.py", "Path(cfg.run_root)"),
-    "variants": ("config/variants.py", "cfg.variants.items()"),
-    "model.kind": (MODEL, 'model_cfg.kind == "hf"'),
-    "model.name_or_path": (MODEL, "os.path.expanduser(model_cfg.name_or_path)"),
-    "model.n_layer": (MODEL, "n_layer=model_cfg.n_layer"),
-    "model.n_head": (MODEL, "n_head=model_cfg.n_head"),
-    "model.n_embd": (MODEL, "n_embd=model_cfg.n_embd"),
-    "model.n_positions": (MODEL, "n_positions=model_cfg.n_positions"),
-    "model.vocab_size": (SETUP, "cfg.model.vocab_size,"),  # the model the task trains (and the previews size)
-    "model.dtype": (MODEL, 'model_cfg.dtype == "bf16"'),
-    "model.base_dropout": (MODEL, 'getattr(model_cfg, "base_dropout", "zero") != base_dropout.KEEP'),
-    "model.lora.enabled": (MODEL, "model_cfg.lora.enabled"),
-    "model.lora.r": (MODEL, "r=lc.r"),
-    "model.lora.alpha": (MODEL, "lora_alpha=lc.alpha"),
-    "model.lora.dropout": (MODEL, "lora_dropout=lc.dropout"),
-    "model.lora.target_modules": (MODEL, "target_module_names(model_cfg.lora.target_modules)"),
-    "model.lora.use_rslora": (MODEL, "use_rslora=lc.use_rslora"),
-    "model.lora.use_dora": (MODEL, "use_dora=lc.use_dora"),
-    # the router's keys reach it as RouterSettings.from_config(cfg.router) (worker/setup.py)
-    "router.policy": (ROUTER, "POLICIES[self.settings.policy]"),
-    "router.cost": (PACKING, 'settings.cost == "tokens_attention"'),
-    "router.attention_weight": (PACKING, "settings.attention_weight / settings.attention_ref_len"),
-    "router.attention_ref_len": (PACKING, "settings.attention_weight / settings.attention_ref_len"),
-    "router.microbatch_overhead_tokens": (PACKING, "settings.microbatch_overhead_tokens"),
-    "router.memory_headroom": (ROUTER, "self.settings.memory_headroom"),
-    "router.max_tokens_per_microbatch": (PACKING, "settings.max_tokens_per_microbatch"),
-    "router.affinity_boundaries": ("router/policies.py", "settings.affinity_boundaries"),
-    "router.speed_model": (ROUTER, "make_speed_model(self.settings.speed_model"),
-    "router.row_cost": (ROUTER, 'self.settings.row_cost == "fitted"'),
-    "router.speed_ema": (ROUTER, "self.settings.speed_ema"),
-    "launcher.kind": ("cli/checks.py", "launcher_class(cfg.launcher.kind)"),
-    "launcher.cpu_slots": ("backends/local/launcher.py", 'cfg.launcher.get("cpu_slots")'),
-    "launcher.partition": {"slurm": (SLURM, '"partition", "account"'), "sbatch": (SBATCH, "partition=lc.partition")},
-    "launcher.account": {"slurm": (SLURM, '"partition", "account"'), "sbatch": (SBATCH, "account=lc.account")},
-    "launcher.qos": {"slurm": (SLURM, '"account", "qos"'), "sbatch": (SBATCH, "qos=lc.qos")},
-    "launcher.constraint": {"slurm": (SLURM, '"qos", "constraint"'), "sbatch": (SBATCH, "constraint=lc.constraint")},
-    "launcher.timeout_min": {
-        "slurm": (SLURM, "timeout_min=lc.timeout_min"),
-        "sbatch": (SBATCH, "timeout_min=lc.timeout_min"),
-    },
-    "launcher.mem_gb": {"slurm": (SLURM, 'params["mem_gb"] = lc.mem_gb'), "sbatch": (SBATCH, "mem_gb=lc.mem_gb")},
-    "launcher.cpus_per_task": (COMMON, "int(lc.cpus_per_task)"),
-    "launcher.cpus_per_device": (COMMON, 'launcher_setting(lc, "cpus_per_device")'),
-    "launcher.array_parallelism": {
-        "slurm": (SLURM, "slurm_array_parallelism=lc.array_parallelism"),
-        "sbatch": (SBATCH, "array_parallelism=lc.array_parallelism"),
-    },
-    "launcher.additional_parameters": {
-        "slurm": (SLURM, "dict(lc.additional_parameters or {})"),
-        "sbatch": (SBATCH, "(lc.additional_parameters or {}).items()"),
-    },
-    "launcher.srun_workers": {"slurm": (SLURM, "if lc.srun_workers:"), "sbatch": (SBATCH, "if lc.srun_workers else")},
-    "launcher.wait": (COMMON, "self.cfg.launcher.wait"),
-    "launcher.max_requeues": ("supervise/requeue.py", 'launcher_setting(launcher, "max_requeues")'),
-    "launcher.signal_delay_s": {
-        "slurm": (SLURM, "slurm_signal_delay_s=lc.signal_delay_s"),
-        "sbatch": (SBATCH, "signal_delay_s=lc.signal_delay_s"),
-    },
-    "launcher.max_failures": ("supervise/retry.py", '"max_failures")'),
-    "launcher.setup": {
-        "slurm": (SLURM, 'launcher_setting(cfg.launcher, "setup")'),
-        "sbatch": (SBATCH, 'launcher_setting(lc, "setup")'),
-    },
-    "launcher.python": (CONTAINER, 'cfg.launcher.get("python")'),
-    "launcher.container.image": (CONTAINER, "str(c.image)"),
-    "launcher.container.runtime": (CONTAINER, "runtime=str(c.runtime)"),
-    "launcher.container.mounts": (CONTAINER, "c.mounts or ()"),
-    "launcher.container.runtime_cmd": (CONTAINER, "str(c.runtime_cmd)"),
-    "launcher.snapshot": (COMMON, 'self.cfg.launcher.get("snapshot", False)'),
-    "launcher.mail_type": (COMMON, 'launcher_setting(launcher, "mail_type")'),
-    "launcher.mail_user": (COMMON, 'launcher_setting(launcher, "mail_user")'),
-    "launcher.dry_run": (SBATCH, "cfg.launcher.dry_run"),
-    "train.steps": (PLAN, "steps=vcfg.train.steps"),
-    "train.global_batch_size": (PLAN, "global_batch_size=vcfg.train.global_batch_size"),
-    "train.lr": (PLAN, "lr=vcfg.train.lr"),
-    "train.warmup_steps": (WORKER, "self.cfg.train.warmup_steps"),
-    "train.weight_decay": (SETUP, "cfg.train.weight_decay"),
-    "train.grad_clip": (WORKER, "self.cfg.train.grad_clip"),
-    "train.eval_every": (WORKER, "self.cfg.train.eval_every"),
-    "train.eval_batches": (SETUP, "cfg.train.eval_batches"),
-    "train.eval_batch_size": (SETUP, "cfg.train.eval_batch_size"),
-    "train.precision": (MICRO, "cfg.train.precision"),
-    "train.compile": (SETUP, "if cfg.train.compile:"),
-    "train.gradient_checkpointing": (SETUP, "gradient_checkpointing=cfg.train.gradient_checkpointing"),
-    "train.loss_chunk_tokens": (MICRO, "cfg.train.loss_chunk_tokens"),
-    "train.pad_to_multiple": (MICRO, "self.cfg.train.pad_to_multiple"),
-    "train.prefetch": (MICRO, "self.cfg.train.prefetch"),
-    "train.packing": ("train/packed.py", "str(train_cfg.packing).lower()"),
-    "train.checkpoint_every": (WORKER, "self.cfg.train.checkpoint_every"),
-    "train.keep_checkpoints": (WORKER, "self.cfg.train.keep_checkpoints"),
-    "base.enabled": ("artifacts/base_cache.py", "bool(cfg.base.enabled)"),
-    "base.steps": (PLAN, "steps=cfg.base.steps"),
-    "base.lr": (PLAN, "lr=cfg.base.lr"),
-    "base.global_batch_size": (PLAN, "global_batch_size=cfg.base.global_batch_size"),
-    "base.cache_dir": ("artifacts/base_cache.py", "cfg.base.cache_dir or"),
-    "resources.devices_per_task": (PLAN, "devices=vcfg.resources.devices_per_task"),
-    "resources.tasks_per_gpu": {
-        "local": ("backends/local/launcher.py", "cfg.resources.tasks_per_gpu or"),
-        "slurm": (COMMON, "int(cfg.resources.tasks_per_gpu)"),
-        "sbatch": (COMMON, "int(cfg.resources.tasks_per_gpu)"),
-    },
-    "resources.nodes_per_task": (COMMON, "int(cfg.resources.nodes_per_task)"),
-    "resources.fuse_variants": (PLAN, "cfg.resources.fuse_variants"),
-    "train.fused_layout": ("worker/fused.py", "self.cfg.train.fused_layout"),
-    "tracker.tensorboard": (TRACKERS, 'KINDS = ("tensorboard", "mlflow", "wandb")'),
-    "tracker.mlflow": (TRACKERS, 'KINDS = ("tensorboard", "mlflow", "wandb")'),
-    "tracker.wandb": (TRACKERS, 'KINDS = ("tensorboard", "mlflow", "wandb")'),
-    "tracker.dir": (TRACKERS, 'tracker.get("dir")'),
-    "tracker.mlflow_uri": (TRACKERS, 'tracker.get("mlflow_uri")'),
-    "tracker.mlflow_experiment": (TRACKERS, 'tracker.get("mlflow_experiment")'),
-    "tracker.wandb_project": (TRACKERS, 'tracker.get("wandb_project")'),
-    "tracker.wandb_entity": (TRACKERS, 'tracker.get("wandb_entity")'),
-    "tracker.wandb_mode": (TRACKERS, 'tracker.get("wandb_mode")'),
-}
 
-# a value other than the composed one, as an override's value: for each key the walk may have to see refused (the
-# data.* keys, those of config/unread.py's rules, any key not in READS)
-CHANGED = {
-    "auto_seeds.max": "4",
-    "auto_seeds.budget_device_hours": "2.5",
-    "auto_seeds.min_effect": "0.02",
-    "model.name_or_path": "/tmp",
-    "model.n_layer": "3",
-    "model.n_head": "2",
-    "model.n_embd": "64",
-    "model.n_positions": "256",
-    "model.vocab_size": "300",
-    "model.dtype": "bf16",
-    "model.base_dropout": "keep",
-    "model.lora.r": "4",
-    "model.lora.alpha": "8",
-    "model.lora.dropout": "0.1",
-    "model.lora.target_modules": "all-linear",
-    "model.lora.use_rslora": "true",
-    "model.lora.use_dora": "true",
-    "data.path": "/nonexistent/texts",
-    "data.text_field": "body",
-    "data.prompt_field": "prompt",
-    "data.completion_field": "completion",
-    "data.messages_field": "messages",
-    "data.max_len": "16",
-    "data.split_on": "'\\n'",
-    "data.val_fraction": "0.5",
-    "data.max_documents": "3",
-    "data.n_samples": "100",
-    "data.length_dist": "uniform",
-    "data.mean_len": "40",
-    "data.sigma": "0.3",
-    "data.min_len": "20",
-    "router.attention_weight": "0.5",
-    "router.attention_ref_len": "1024",
-    "router.affinity_boundaries": "[64,128]",
-    "router.speed_ema": "0.5",
-    "launcher.cpus_per_device": "2",
-    "launcher.mail_user": "someone@example.org",
-    "train.pad_to_multiple": "8",
-    "train.fused_layout": "row",
-    "router.row_cost": "fixed",
-    "base.enabled": "true",
-    "base.steps": "5",
-    "base.lr": "1e-3",
-    "base.global_batch_size": "8",
-    "base.cache_dir": "/tmp/slurm_router_base_cache",
-}
+def declaration(key: str, launcher: str) -> Setting:
+    """The key's declaration (config/settings.py: beside its schema field, or its launcher's declared() hook)."""
+    found = declared(launcher).get(key)
+    assert found is not None, f"launcher={launcher}: {key} has no declaration in the schema"
+    return found[0]
 
-# each rule of config/unread.py: (overrides that leave its keys unread, overrides that make them read)
-SWITCHES = {
-    "base.steps": ([], ["base.enabled=true"]),
-    "base.enabled": (["model=hf", "model.name_or_path=/tmp"], []),
-    "model.name_or_path": ([], ["model=hf"]),
-    "model.base_dropout": ([], ["model=hf", "model.name_or_path=/tmp"]),
-    "model.n_layer": (["model=hf", "model.name_or_path=/tmp"], []),
-    "model.dtype": (["model.lora.enabled=false"], []),
-    "router.attention_weight": ([], ["router.cost=tokens_attention"]),
-    "router.affinity_boundaries": ([], ["router=affinity"]),
-    "router.speed_ema": ([], ["router.speed_model=ema"]),
-    "train.pad_to_multiple": ([], ["train.packing=false"]),
-    "train.fused_layout": ([], ["resources.fuse_variants=2"]),
-    "router.row_cost": (["train.packing=false"], []),
-    "launcher.cpus_per_device": (["launcher=sbatch", "launcher.cpus_per_task=2"], ["launcher=sbatch"]),
-    "launcher.mail_user": (["launcher=sbatch"], ["launcher=sbatch", "launcher.mail_type=END"]),
-    "auto_seeds.max": ([], ["seeds=auto", "prune=true"]),
-}
+
+def conditions() -> dict[str, Condition]:
+    """key -> the condition it is read under, over every launcher's keys."""
+    return {k: s.read_if for k, (s, _) in declared().items() if s.read_if is not None}
 
 
 @pytest.fixture(scope="module")
@@ -330,38 +144,67 @@ def test_every_key_is_read_or_refused(data, launcher, small_data, tmp_path):
     cfg = compose(base)
     assert refusal(base) is None  # the pair's own config passes
     for key in leaves(cfg):
+        found = declaration(key, launcher)
         if key.startswith("data."):
             read = key[len("data.") :] in data_keys_read(cfg.data)  # tests/test_ignored_settings.py: each is read
         else:
-            rule = RULE_OF.get(key)
-            read = key in READS and (rule is None or rule.reads(cfg))
+            site = found.reader_for(launcher)
+            read = site is not None and (found.read_if is None or found.read_if.reads(cfg))
         if read:
             if not key.startswith("data."):
-                entry = READS[key]
-                module, code = entry[launcher] if isinstance(entry, dict) else entry
+                module, code = found.reader_for(launcher) or ("", "")
                 assert key.rsplit(".", 1)[-1] in code and code in code_of(module), f"{key}: not read in {module}"
             continue
-        assert key in CHANGED, f"data={data} launcher={launcher}: {key} is neither in READS nor in CHANGED"
-        assert str(OmegaConf.select(cfg, key)) != CHANGED[key].strip("'"), key
-        override = f"{key}={CHANGED[key]}"
+        example = found.example
+        assert example, f"data={data} launcher={launcher}: {key} declares no reader and no example to refuse"
+        assert str(OmegaConf.select(cfg, key)) != example.strip("'"), key
+        override = f"{key}={example}"
         line = refusal([override], set_in(cfg, override))
         assert line is not None and line.startswith(key), (
-            f"data={data} launcher={launcher}: {key}={CHANGED[key]} is neither read (READS: where) nor refused: {line}"
+            f"data={data} launcher={launcher}: {key}={example} is neither read (its reader) nor refused: {line}"
         )
         assert "\n" not in line
 
 
-def test_every_conditional_read_has_a_switch_and_a_site():
-    assert {rule.keys[0] for rule in RULES} == set(SWITCHES)
-    assert all(key in READS for key in RULE_OF)
+def test_every_conditional_read_has_a_switch_a_site_and_an_example():
+    for key, condition in conditions().items():
+        found = declaration(key, "sbatch")
+        assert condition.off or condition.on, f"{key}: its condition names no override that switches it"
+        assert found.reader and found.example, f"{key}: read under a condition, it needs a reader and an example"
 
 
-@pytest.mark.parametrize("key", sorted(RULE_OF))
+@pytest.mark.parametrize("key", sorted(conditions()))
 def test_a_conditional_read_is_refused_off_and_accepted_on(key, tmp_path):
-    rule = RULE_OF[key]
-    off, on = SWITCHES[rule.keys[0]]
+    condition, example = conditions()[key], declaration(key, "sbatch").example
     base = ["data=synthetic", "data.n_samples=60", "dry_run=true", f"run_root={tmp_path}"]
-    line = refusal(with_value([*base, *off], key, CHANGED[key]))
+    line = refusal(with_value([*base, *condition.off], key, example))
     assert line is not None and line.startswith(f"{key}=") and "so it would be ignored: " in line, line
-    line = refusal(with_value([*base, *on], key, CHANGED[key]))  # model=hf /tmp: no checkpoint there, said later
+    line = refusal(with_value([*base, *condition.on], key, example))  # model=hf /tmp: no checkpoint there, said later
     assert line is None or "would be ignored" not in line, line
+
+
+def test_every_declared_reader_reads_its_key():
+    """Each reader a declaration names (every launcher's, and keys no walk above composes as read) is code of its
+    module that names the key: a reader left behind when the code moved fails here."""
+    sites = []
+    for key, (found, _) in declared().items():
+        readers = found.reader.values() if isinstance(found.reader, dict) else [found.reader] if found.reader else []
+        sites += [(key, *r.partition(": ")[::2]) for r in readers]
+    assert len(sites) >= 100
+    for key, module, code in sites:
+        assert key.rsplit(".", 1)[-1] in code and code in code_of(module), f"{key}: {code!r} is not in {module}"
+
+
+def test_model_kind_and_data_kind_are_their_registries():
+    """model.kind and data.kind take what config/model_families/ and config/data_sources/ register, each kind
+    answering for itself (the one place the config branches on them)."""
+    from slurm_router.config import data_sources, model_families
+    from slurm_router.config.schema import CHOICES
+
+    assert CHOICES["model.kind"] == tuple(model_families.FAMILIES) == ("gpt2", "hf")
+    assert CHOICES["data.kind"] == tuple(data_sources.SOURCES) == tuple(DATA_ORDER)
+    assert all(model_families.family(k).kind == k for k in model_families.FAMILIES)
+    assert all({"kind", "max_len"} <= set(data_sources.source(k).reads) for k in data_sources.SOURCES)
+
+
+DATA_ORDER = ("stdlib", "text_dir", "jsonl", "parquet", "synthetic")

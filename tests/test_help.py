@@ -46,6 +46,9 @@ def test_help_lists_the_groups_their_options_and_every_key(tmp_path):
     ]
     assert "[sbatch] render RUN_DIR/submit*.sbatch" in lines["launcher.dry_run"]
     assert lines["data.kind"].split()[1:3] == ["str", "stdlib"]
+    # the columns never run into each other (issue 50, 12: `int, list or auto1`, `int 1-4096 or nullnull`)
+    assert lines["seeds"].split()[1:6] == ["int,", "list", "or", "auto", "1"], lines["seeds"]
+    assert all("nullnull" not in line and "auto1" not in line for line in lines.values())
 
 
 def test_help_shows_the_users_own_options_with_config_dir(tmp_path):

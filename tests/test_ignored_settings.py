@@ -128,7 +128,7 @@ def test_chat_or_prompt_rows_refuse_split_on(tmp_path):
 
 def test_the_data_line_names_only_what_was_read():
     cfg = compose(["data.max_documents=3"])
-    assert build_corpus(cfg.data, tokenizer(cfg)).description == "stdlib:the standard library"
+    assert build_corpus(cfg.data, tokenizer(cfg)).description == "the standard library"
 
 
 @pytest.mark.parametrize(

@@ -364,10 +364,14 @@ def test_the_preview_shows_the_groups_and_the_first_lines_count_them(tmp_path):
         "0 alone" in line
         for line in first
     ), first
-    assert "stage 1 variants: 2 task(s) x 1 device(s); one Slurm array of 2 task(s)" in out
-    assert "    fused: r8-s0 + r32-s0 (one task, one base in memory)" in out
-    assert "    fused: r8-s1 + r32-s1 (one task, one base in memory)" in out
-    assert re.search(r"^  r8-s0, seed 0: .*one variant's: this task trains 2\)$", out, re.M), out
+    assert (
+        "stage 1 variants: 2 task(s) x 1 device(s) (4 variant task(s) run as 2: 4 fused into 2 by "
+        "resources.fuse_variants=2, each fused task holding one base in memory); one Slurm array of 2 task(s)"
+    ) in out, out
+    # one line for the group, its members named (issue 50, 9)
+    assert re.search(
+        r"^  r8 \+ r32 fused, seeds 0, 1 \(tasks r8-s0, r8-s1\): .*one variant's: each task trains 2\)$", out, re.M
+    ), out
     run_dir = run_dir_of(proc)
     script = next(run_dir.glob("submit*.sbatch")).read_text()
     assert re.search(r"^#SBATCH --array=0-1\b", script, re.M), script
@@ -420,7 +424,7 @@ def test_auto_spreads_the_tasks_over_the_slots_the_machine_runs_at_once(tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"resources.fuse_variants=auto: K={k} for 4 variant task(s) over {slots} CPU task slot(s)" in proc.stdout
     for group in groups:
-        assert f"    fused: {group} (one task, one base in memory)" in proc.stdout, proc.stdout
+        assert f"  {group} fused, " in proc.stdout, proc.stdout  # one line per fused task, its members named
 
 
 def test_auto_fuses_no_more_variants_than_the_memory_model_fits(monkeypatch):

@@ -76,14 +76,16 @@ def test_dry_run_local_prints_the_plan_and_writes_only_the_preview(tmp_path):
     assert re.search(r"launcher=local; devices are cpu: .*, [\d.]+ GiB", out), out
     assert "stage 1 base: 1 task(s) x 2 device(s)" in out
     assert "stage 2 variants, after stage base: 2 task(s) x 2 device(s)" in out  # no scheduler's word for it
-    for name in ("r8", "r32"):
-        assert re.search(
-            rf"^  {name}, seed 0: 4 steps, global batch 16, lr [\d.e-]+; predicted peak per device [\d.]+ GiB "
-            r"of [\d.]+ GiB \(\d+%\)",
-            out,
-            re.M,
-        ), out
-    assert "worst case: 6 device(s) over 3 task(s); launcher=local has no time limit" in out
+    # one line per task group, every member named; the memory note once (issue 50, 9)
+    assert re.search(
+        r"^  r8, r32, seed 0 \(2 tasks\): 4 steps, global batch 16, lr [\d.e-]+; peak per device [\d.]+ GiB "
+        r"of [\d.]+ GiB \(\d+%\)$",
+        out,
+        re.M,
+    ), out
+    assert out.count("one micro-batch at data.max_len") == 1, out
+    assert re.search(r"worst case: 3 task\(s\) needing 6 device\(s\) in all, at most \d+ at once \(", out), out
+    assert "launcher=local has no time limit" in out and "data the standard library: " in out
     # only the plan and the preview: no events, checkpoints, adapters, logs or report; no cache trained
     files = _files(run_dir)
     assert files == {"config.yaml", "manifest.json", "manifest.lock", "preview.txt"} | {
@@ -93,6 +95,15 @@ def test_dry_run_local_prints_the_plan_and_writes_only_the_preview(tmp_path):
     assert (run_dir / "preview.txt").read_text().startswith("dry_run=true: a preview")
     assert json.loads((run_dir / "manifest.json").read_text())["state"] == "previewed"
     _status_says_never_submitted(run_dir)
+    # it says where the preview is kept and how to clean previews up (issue 50, 12); cleaning deletes only previews
+    assert f"the preview is kept in {run_dir}" in out and "--clean-previews deletes them" in out
+    ran = run_dir.parent / "ran"
+    (ran / "tasks" / "t").mkdir(parents=True)
+    (ran / "manifest.json").write_text((run_dir / "manifest.json").read_text())
+    (ran / "tasks" / "t" / "events-rank0.jsonl").write_text("{}\n")  # something ran in it: never deleted
+    clean = run_cli("--run-root", str(run_dir.parents[1]), "--clean-previews", module="slurm_router.status", timeout=60)
+    assert clean.returncode == 0 and f"deleted the preview {run_dir}" in clean.stdout, clean.stdout + clean.stderr
+    assert not run_dir.exists() and ran.is_dir()
 
 
 def _array_sizes(preview: str) -> list[int]:

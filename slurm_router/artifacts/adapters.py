@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any, cast
 
+from slurm_router.config.model_families import from_checkpoint
 from slurm_router.fileio import WriteError, sidecar_path, sign_file, verify_file
 from slurm_router.rundir.layout import BASE_WEIGHTS, HELD_OUT, RunLayout, TaskPaths
 
@@ -158,7 +159,7 @@ def base_model_path(spec, cfg, tokenizer) -> str:
     model=hf's checkpoint, or the seed-built base saved in the run dir."""
     if spec.base_weights:
         return os.path.abspath(spec.base_weights)
-    if cfg.model.kind == "hf":
+    if from_checkpoint(cfg.model):
         return os.path.abspath(os.path.expanduser(cfg.model.name_or_path))
     return os.path.abspath(save_init_base(spec.run_dir, cfg, tokenizer))
 

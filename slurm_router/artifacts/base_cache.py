@@ -32,6 +32,7 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurm_router.config import model_families
 from slurm_router.config.checks import check_writable_dir, nearest_existing
 from slurm_router.errors import UserError
 from slurm_router.fileio import WriteError, atomic_write_text, sidecar_path, sign_file, verify_file
@@ -51,7 +52,7 @@ class BaseCacheError(UserError):
 
 def needs_base_stage(cfg: DictConfig) -> bool:
     # A local checkpoint (model=hf) has already learned: its own loss at step 0 is the base's.
-    return bool(cfg.base.enabled) and cfg.model.kind == "gpt2"
+    return bool(cfg.base.enabled) and model_families.of(cfg).trains_base_stage
 
 
 def cache_root(cfg: DictConfig) -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from slurm_router.config.model_families import from_checkpoint
 from slurm_router.config.unread import refuse_unread
 from slurm_router.config.variants import training_seeds, validate
 from slurm_router.errors import UserError
@@ -147,7 +148,7 @@ def check_models(cfg, variants: dict) -> None:
     """model=hf checkpoints, before anything is written (workers read them later): config and whole weights,
     then a causal LM whose layers include each variant's model.lora.target_modules (built on the meta device)."""
     named = [("", cfg), *((f"variants.{n}: " if cfg.variants else "", c) for n, c in variants.items())]
-    named = [(where, c) for where, c in named if c.model.kind == "hf"]
+    named = [(where, c) for where, c in named if from_checkpoint(c.model)]
     if not named:
         return
     from slurm_router.train.logits import check_chunked_loss

@@ -128,7 +128,11 @@ def print_runs(run_root: str, limit: int = 20, as_json: bool = False, previews: 
     if as_json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return
-    left_out = f"{hidden} dry_run=true preview(s) not listed (--previews lists them)" if hidden else ""
+    left_out = (
+        f"{hidden} dry_run=true preview(s) not listed (--previews lists them, --clean-previews deletes them)"
+        if hidden
+        else ""
+    )
     if not rows:
         print(f"no runs under {run_root}" + (f"; {left_out}" if left_out else ""))
         return
@@ -148,3 +152,24 @@ def print_runs(run_root: str, limit: int = 20, as_json: bool = False, previews: 
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
     if left_out:
         print(left_out)
+
+
+def clean_previews(run_root: str) -> int:
+    """Delete the dry_run=true previews under run_root: run dirs whose manifest says previewed and that hold no
+    events, checkpoint or result (nothing ever ran in them). Prints what it deleted; returns how many."""
+    import shutil
+
+    gone = 0
+    for run_dir in find_runs(run_root):
+        try:
+            data = Manifest.load(run_dir).data
+        except UserError:
+            continue
+        ran = any(run_dir.glob("tasks/*/events-rank*.jsonl")) or any(run_dir.glob("tasks/*/result.json"))
+        if data.get("state") != "previewed" or ran:
+            continue
+        shutil.rmtree(run_dir)
+        print(f"deleted the preview {run_dir}")
+        gone += 1
+    print(f"{gone} dry_run=true preview(s) deleted under {run_root}" if gone else f"no previews under {run_root}")
+    return gone

@@ -315,6 +315,11 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument(
         "--previews", action="store_true", help="without RUN_DIR: list dry_run=true previews too (left out by default)"
     )
+    parser.add_argument(
+        "--clean-previews",
+        action="store_true",
+        help="without RUN_DIR: delete the dry_run=true previews under --run-root",
+    )
     parser.add_argument("--wait", action="store_true", help="poll until every task ended; exit 0 only if all COMPLETED")
     parser.add_argument(
         "--follow",
@@ -333,8 +338,11 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.run_dir is None:
-            from slurm_router.cli.run_list import print_runs
+            from slurm_router.cli.run_list import clean_previews, print_runs
 
+            if args.clean_previews:
+                clean_previews(args.run_root)
+                return 0
             print_runs(args.run_root, args.limit, as_json=args.json, previews=args.previews)
             return 0
         manifest = Manifest.load(args.run_dir).data

@@ -14,13 +14,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from slurm_router.config.lora_targets import check_target_modules, gpt2_lora_layers, target_module_names
+from slurm_router.config import data_sources, model_families
+from slurm_router.config.lora_targets import check_target_modules, target_module_names
 from slurm_router.config.schema import (
-    BYTE_VOCAB_SIZE,
     CHOICES,
     FUSE_AUTO,
     LAUNCHER_SCHEMAS,
-    RANGES,
+    declared,
     launcher_schema,
     valid_keys,
 )
@@ -168,8 +168,14 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 
 def check_values(cfg: DictConfig, where: str = "") -> None:
-    """Choices and ranges; raises UserError naming the key (prefixed with `where`, e.g. 'variants.r8.')."""
-    for key, allowed in CHOICES.items():
+    """Choices and ranges as each key declares them (config/settings.py; launcher.*: the chosen launcher's), then
+    the model family's and the launcher's own checks; raises UserError naming the key (prefixed with `where`,
+    e.g. 'variants.r8.')."""
+    kind = cfg.launcher.kind if cfg.launcher.kind in CHOICES["launcher.kind"] else None
+    keys = declared(kind)
+    for key, allowed in [("launcher.kind", CHOICES["launcher.kind"]), *((k, s.choices) for k, (s, _) in keys.items())]:
+        if not allowed:
+            continue
         value = _get(cfg, key)
         if value in ("True", "False") and value.lower() in allowed:  # a str key given true/false on the command line
             continue
@@ -178,7 +184,10 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
             raise UserError(f"{where}{problem}")
     if problem := fuse_width_problem(_get(cfg, "resources.fuse_variants")):
         raise UserError(f"{where}{problem}")
-    for key, limits in RANGES.items():
+    for key, (setting, _) in keys.items():
+        if setting.bounds is None:
+            continue
+        limits = setting.bounds
         if key == "router.memory_headroom":  # above 1 only in tests: real out-of-memory errors on a GPU
             limits = (limits[0], testing_aids().memory_headroom_max, limits[2])
         value = _get(cfg, key)
@@ -189,57 +198,27 @@ def check_values(cfg: DictConfig, where: str = "") -> None:
         RouterSettings.from_config(cfg.router)
     except ValueError as e:
         raise UserError(f"{where}{e}") from None
+    family = model_families.of(cfg)
     names = target_module_names(cfg.model.lora.target_modules, where) if cfg.model.lora.enabled else None
-    if names and cfg.model.kind == "gpt2":  # model=hf: checked on its architecture (cli.checks.check_models)
-        check_target_modules(names, gpt2_lora_layers(cfg.model.n_layer), "GPT2LMHeadModel", where)
+    if names and family.lora_layers is not None:  # None: checked on its architecture (cli.checks.check_models)
+        check_target_modules(names, *family.lora_layers(cfg), where)
     if cfg.model.n_embd % cfg.model.n_head:
         raise UserError(f"{where}model.n_embd={cfg.model.n_embd} must be a multiple of model.n_head={cfg.model.n_head}")
-    if cfg.model.kind == "gpt2" and cfg.model.vocab_size < BYTE_VOCAB_SIZE:
-        raise UserError(
-            f"{where}model.vocab_size={cfg.model.vocab_size} is smaller than the byte-level tokenizer's "
-            f"{BYTE_VOCAB_SIZE} tokens (model=gpt2 builds with it): set model.vocab_size>={BYTE_VOCAB_SIZE}"
-        )
-    if cfg.data.max_len > cfg.model.n_positions and cfg.model.kind == "gpt2":
-        raise UserError(
-            f"{where}data.max_len={cfg.data.max_len} exceeds model.n_positions={cfg.model.n_positions}: "
-            "lower data.max_len or raise model.n_positions"
-        )
-    if cfg.model.kind == "hf" and not cfg.model.name_or_path:
-        raise UserError(f"{where}model.name_or_path is required with model=hf: give a local checkpoint directory")
-    if cfg.model.kind == "hf" and not Path(os.path.expanduser(cfg.model.name_or_path)).is_dir():
-        raise UserError(
-            f"{where}model.name_or_path={cfg.model.name_or_path!r} is not a directory: "
-            "give a local transformers checkpoint (nothing is downloaded)"
-        )
+    family.check(cfg, where)
     if list(cfg.router.affinity_boundaries) != sorted(set(cfg.router.affinity_boundaries)):
         raise UserError(f"{where}router.affinity_boundaries must be strictly increasing token lengths")
     check_data_keys(cfg.data, where)
-    check_job_values(cfg.launcher, where)
-
-
-# What each data source reads (train/data.py, train/records.py): a data.* key outside it would be ignored.
-_DATA_TEXT = ("kind", "max_len", "val_fraction", "max_documents")
-_DATA_FIELDS = ("path", "text_field", "prompt_field", "completion_field", "messages_field")
-DATA_READS: dict[str, tuple[str, ...]] = {
-    "stdlib": (*_DATA_TEXT, "split_on"),
-    "text_dir": (*_DATA_TEXT, "split_on", "path"),
-    "jsonl": (*_DATA_TEXT, "split_on", *_DATA_FIELDS),
-    "parquet": (*_DATA_TEXT, "split_on", *_DATA_FIELDS),
-    "synthetic": ("kind", "max_len", "val_fraction", "n_samples", "length_dist", "mean_len", "sigma", "min_len"),
-}
+    if kind is not None:
+        launcher_schema(kind).check(cfg.launcher, where)
 
 
 def data_keys_read(data: DictConfig) -> set[str]:
     """The data.* keys the chosen source reads with these values (data.kind, a record format, a length
     distribution): every other key is ignored by it (check_data_keys refuses them when set)."""
-    read = set(DATA_READS.get(data.kind, ()))
-    if data.kind in ("jsonl", "parquet") and (data.get("prompt_field") or data.get("messages_field")):
-        read -= {"split_on"}  # a prompt/completion or chat row is one sample (records.py refuses text_field)
-    if data.kind == "synthetic" and data.get("length_dist") == "fixed":
-        read -= {"sigma", "min_len"}
-    if data.kind == "synthetic" and data.get("length_dist") == "uniform":
-        read -= {"sigma"}
-    return read
+    if data.kind not in data_sources.SOURCES:
+        return set()
+    found = data_sources.source(data.kind)
+    return set(found.reads) - set(found.unread(data))
 
 
 def check_data_keys(data: DictConfig, where: str = "") -> None:
@@ -247,19 +226,17 @@ def check_data_keys(data: DictConfig, where: str = "") -> None:
     sources that read it and the fix. Without this, data.path=/x without data=text_dir trained on stdlib."""
     from slurm_router.config.schema import DataConfig
 
-    if data.kind not in DATA_READS:
+    if data.kind not in data_sources.SOURCES:
         return  # an unknown kind: check_values' choice check names it first
     read, defaults = data_keys_read(data), DataConfig()
+    unread = data_sources.source(data.kind).unread(data)
     for key in map(str, data):
         if key in read or data[key] == getattr(defaults, key, data[key]):
             continue
         shown = f"data.{key}={data[key]!r}"
-        if key == "split_on" and data.kind in ("jsonl", "parquet"):
-            fix = "a prompt/completion or chat row is one sample: drop data.split_on"
-        elif key in ("sigma", "min_len") and data.kind == "synthetic":
-            fix = f"data.length_dist={data.length_dist} does not use it: drop it, or set data.length_dist=lognormal"
-        else:
-            sources = [k for k, keys in DATA_READS.items() if key in keys]
+        fix = unread.get(key)
+        if fix is None:
+            sources = [k for k in data_sources.SOURCES if key in data_sources.source(k).reads]
             fix = f"it is read by {', '.join(f'data={k}' for k in sources)}: add one of those, or drop data.{key}"
         raise UserError(f"{where}{shown} is not read by data={data.kind}, so it would be ignored: {fix}")
 
@@ -286,85 +263,6 @@ def refuse_hydra_overrides(overrides: list[str]) -> None:
         else:
             fix = "Hydra's own settings are not read here (it only composes the config): drop it; the run directory is set by run_root="
         raise UserError(f"{o}: {fix}")
-
-
-# Slurm's --mail-type names (sbatch(1), 22.05 on); a list is comma-separated
-MAIL_TYPES = (
-    "NONE",
-    "BEGIN",
-    "END",
-    "FAIL",
-    "REQUEUE",
-    "ALL",
-    "INVALID_DEPEND",
-    "STAGE_OUT",
-    "TIME_LIMIT",
-    "TIME_LIMIT_90",
-    "TIME_LIMIT_80",
-    "TIME_LIMIT_50",
-    "ARRAY_TASKS",
-)
-CONTAINER_RUNTIMES = ("apptainer", "pyxis")
-
-
-def mail_types(value: Any, where: str = "") -> list[str]:
-    """launcher.mail_type as Slurm's names: 'END,FAIL', [END, FAIL] or None ([]). UserError for an unknown one."""
-    if value is None:
-        return []
-    is_list = isinstance(value, (list, tuple)) or OmegaConf.is_list(value)
-    names = [str(v).strip().upper() for v in value] if is_list else str(value).upper().split(",")
-    bad = next((n for n in names if n.strip() not in MAIL_TYPES), None)
-    if bad is not None:
-        raise UserError(
-            f"{where}launcher.mail_type={value!r}: {bad.strip()!r} is not a Slurm mail type: use "
-            f"{', '.join(MAIL_TYPES)} (several: launcher.mail_type='END,FAIL')"
-        )
-    return [n.strip() for n in names]
-
-
-def check_job_values(launcher: DictConfig, where: str = "") -> None:
-    """The Slurm launchers' job options (setup, python, container, mail): what is wrong, found before any file is
-    written. The apptainer image must exist here (the run dir holds its absolute path)."""
-    if "mail_type" in launcher:
-        mail_types(launcher.mail_type, where)
-    if launcher.get("mail_user") is not None and not str(launcher.mail_user).strip():
-        raise UserError(f"{where}launcher.mail_user is empty: give an address, or leave it unset")
-    if launcher.get("python") is not None and not str(launcher.python).strip():
-        raise UserError(f"{where}launcher.python is empty: give an interpreter, or leave it unset (the submitter's)")
-    container = launcher.get("container")
-    if container is None:
-        return
-    if container.runtime not in CONTAINER_RUNTIMES:
-        raise UserError(
-            f"{where}launcher.container.runtime={container.runtime!r} is not valid: choose one of "
-            f"{', '.join(CONTAINER_RUNTIMES)}"
-        )
-    if container.get("image") is None:  # no container: its other settings would be ignored
-        from slurm_router.config.schema import launcher_setting
-
-        defaults = launcher_setting(None, "container")  # its launcher schema's (backends/slurm/config.py)
-        for key in ("mounts", "runtime", "runtime_cmd"):
-            value = OmegaConf.to_container(container[key]) if OmegaConf.is_list(container[key]) else container[key]
-            if value != getattr(defaults, key):
-                raise UserError(
-                    f"{where}launcher.container.{key}={value!r} is not read without launcher.container.image "
-                    "(no container): set the image, or drop it"
-                )
-        return
-    image = container.image
-    if image is not None and not str(image).strip():
-        raise UserError(f"{where}launcher.container.image is empty: give an image, or leave it unset (no container)")
-    if (
-        image
-        and container.runtime == "apptainer"
-        and "://" not in image
-        and not Path(os.path.expanduser(image)).is_file()
-    ):
-        raise UserError(
-            f"{where}launcher.container.image={image!r}: no such image file "
-            f"({Path(os.path.expanduser(image)).absolute()}): give the path of a .sif image, or a URI "
-            "such as docker://... that apptainer pulls"
-        )
 
 
 def fuse_width_problem(width: Any) -> str | None:

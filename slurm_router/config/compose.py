@@ -180,8 +180,12 @@ def _free_form_overrides(overrides: list[str]) -> list[str]:
         and any(o.key_or_group == k or o.key_or_group.startswith(k + ".") for k in free_keys)
     ]
     variant_edits = [o for o in free if o.key_or_group.split(".")[0] == "variants"]
-    if variant_edits:
-        have = [str(k) for k in _hydra_compose([o.input_line for o in parsed if o not in variant_edits]).variants or {}]
+    lines = [f"++{o.input_line}" if o in free else o.input_line for o in parsed]
+    if variant_edits:  # the variants the experiment has: composed with the same free-form rule as the command
+        have = [
+            str(k)
+            for k in _hydra_compose([ln for o, ln in zip(parsed, lines) if o not in variant_edits]).variants or {}
+        ]
         for o in variant_edits:
             new = [n for n in _variant_names(o) if n not in have]
             if new:
@@ -191,7 +195,7 @@ def _free_form_overrides(overrides: list[str]) -> list[str]:
                     f"{o.input_line}: the experiment has no variant {new[0]!r} ({listed}): fix the "
                     f"name, or add a new variant on purpose with {add}{o.input_line}"
                 )
-    return [f"++{o.input_line}" if o in free else o.input_line for o in parsed]
+    return lines
 
 
 def _variant_names(override) -> list[str]:

@@ -21,10 +21,11 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Sequence
 
 from slurm_router.config.lm_eval_task import is_task_file
+from slurm_router.config.settings import setting
 from slurm_router.errors import UserError
 
 LOSS = "loss"  # the held-out loss: always measured, the default primary metric
@@ -37,8 +38,10 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 class EvalConfig:
     """`eval`: the metrics every evaluation computes beside held-out loss, and the one decisions rest on."""
 
-    primary: str = LOSS  # loss | a name in metrics
-    metrics: Dict[str, str] = field(default_factory=dict)  # name -> pkg.module:function (docs/metrics.md)
+    primary: str = setting(LOSS, reader="config/metrics.py: str(ev.primary)")  # loss | a name in metrics
+    metrics: Dict[str, str] = setting(
+        factory=dict, reader="config/metrics.py: (ev.metrics or {})"
+    )  # name -> pkg.module:function (docs/metrics.md)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Every config key and group, from one source (issue 41, 6): the schema's dataclasses (config/schema.py: each key's
-type, its CHOICES and RANGES, and the comment beside or above it) and the composed defaults (conf/, as a run gets
+type, its declaration's choices or bounds (config/settings.py), and the comment beside or above it) and the composed defaults (conf/, as a run gets
 them). `--help` prints them as text (keys_text, groups_text); `--help-reference` prints docs/reference.md
 (reference_markdown), which tests/test_help.py holds equal to the generator's output."""
 
@@ -42,7 +42,7 @@ def _comments(module: str) -> dict[str, dict[str, tuple[str, str]]]:
         for item in node.body:
             if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
                 continue
-            line = lines[item.lineno - 1]
+            line = lines[(item.end_lineno or item.lineno) - 1]  # a declaration over lines: the comment ends it
             text = line.split("  # ", 1)[1].strip() if "  # " in line else ""
             above: list[str] = []
             i = item.lineno - 2
@@ -62,17 +62,12 @@ def _note(cls: type, name: str) -> tuple[str, str]:
     return "", ""
 
 
-ANY_TYPES = {  # the schema's Any keys: what they take
-    "seeds": "int, list or auto",
-    "resources.fuse_variants": "int or auto",
-    "model.lora.target_modules": "str or list",
-    "launcher.mail_type": "str or list",
-}
-
-
 def _type_name(hint: Any, key: str) -> str:
-    if key in schema.CHOICES:
-        return "|".join(schema.CHOICES[key])
+    found = schema.declared().get(key)
+    declared = found[0] if found else None
+    choices = schema.choices(key)
+    if choices:
+        return "|".join(choices)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union and type(None) in args:
         inner = [a for a in args if a is not type(None)]
@@ -82,9 +77,9 @@ def _type_name(hint: Any, key: str) -> str:
     if origin in (dict, typing.Dict):
         return "mapping"
     if hint is Any:
-        return ANY_TYPES.get(key, "any")
+        return (declared.takes if declared else "") or "any"
     name = getattr(hint, "__name__", str(hint))
-    limits = schema.RANGES.get(key)
+    limits = declared.bounds if declared else None
     if limits and name in ("int", "float"):
         low, high, inclusive = limits
         if high is not None:
@@ -208,6 +203,7 @@ def keys_text(width: int = 60) -> str:
     rows = [*config_keys(), *launcher_keys()]
     wide = max(len(k.key) for k in rows) + 2
     lines = ["keys (KEY=VALUE; the type, the default, what it does; launcher.* says which launchers have it):"]
+    cells: list[tuple[str, str, str, str]] = []
     for k in rows:
         kind, what = k.type, k.line
         if "|" in kind:  # a choice: its values lead the line unless the comment lists them
@@ -216,7 +212,12 @@ def keys_text(width: int = 60) -> str:
         if k.launchers and len(k.launchers) < len(schema.LAUNCHER_SCHEMAS):
             what = f"[{', '.join(k.launchers)}] {what}"
         default = k.default if len(k.default) <= 12 else k.default[:9] + "..."
-        lines.append(f"  {k.key:{wide}s}{kind:17s}{default:14s}{short(what, width)}".rstrip())
+        cells.append((k.key, kind, default, short(what, width)))
+    # each column as wide as its widest cell and two spaces: `int, list or auto` never runs into its default
+    kinds, defaults = (max(len(c[i]) for c in cells) + 2 for i in (1, 2))
+    lines += [
+        f"  {key:{wide}s}{kind:{kinds}s}{default:{defaults}s}{what}".rstrip() for key, kind, default, what in cells
+    ]
     return "\n".join(lines)
 
 

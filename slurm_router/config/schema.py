@@ -5,6 +5,7 @@ Values live in conf/*.yaml; this file only says what is allowed. The checks: che
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import typing
 from dataclasses import dataclass, field
@@ -14,81 +15,73 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from slurm_router.config import conditions as when
+from slurm_router.config.conditions import FUSE_AUTO, fusing
 from slurm_router.config.metrics import EvalConfig
+from slurm_router.config.model_families.gpt2 import BYTE_VOCAB_SIZE
+from slurm_router.config.sections import AutoSeedsConfig as AutoSeedsConfig
+from slurm_router.config.sections import BaseStageConfig as BaseStageConfig
+from slurm_router.config.sections import DataConfig as DataConfig
+from slurm_router.config.sections import LoraConfig as LoraConfig
+from slurm_router.config.sections import ModelConfig as ModelConfig
+from slurm_router.config.sections import ResourcesConfig as ResourcesConfig
+from slurm_router.config.sections import TrackerConfig as TrackerConfig
+from slurm_router.config.sections import TrainConfig as TrainConfig
+from slurm_router.config.settings import Setting, declaration, setting, walk
 from slurm_router.router.types import RouterSettings
 
-# The byte-level tokenizer (train/tokenizer.py) model=gpt2 reads text with: 256 bytes + end-of-text.
-BYTE_VOCAB_SIZE = 257
-FUSE_AUTO = "auto"  # resources.fuse_variants=auto
-
-
-def fusing(cfg) -> bool:
-    """resources.fuse_variants asks for fused tasks: auto, or K >= 2 (checked: an int or auto)."""
-    width = cfg.resources.get("fuse_variants", 1)
-    return width == FUSE_AUTO or int(width) >= 2
-
-
-@dataclass
-class LoraConfig:
-    enabled: bool = True  # False: no LoRA, the whole model trains
-    r: int = 8  # LoRA rank
-    alpha: float = 16.0  # LoRA scaling numerator: the update is scaled by alpha/r
-    dropout: float = 0.0  # dropout on the LoRA path's input
-    # auto: peft's own per-architecture defaults (all-linear where peft has none) | all-linear | [names]
-    target_modules: Any = "auto"
-    use_rslora: bool = False  # rank-stabilised scaling alpha/sqrt(r) (peft)
-    use_dora: bool = False  # weight-decomposed LoRA (peft)
-
-
-@dataclass
-class ModelConfig:
-    kind: str = "gpt2"  # gpt2: built from this config | hf: a local checkpoint
-    name_or_path: Optional[str] = None  # kind=hf: a local directory (never downloaded)
-    n_layer: int = 2  # kind=gpt2: transformer blocks
-    n_head: int = 4  # kind=gpt2: attention heads (n_embd is a multiple of it)
-    n_embd: int = 128  # kind=gpt2: hidden width
-    n_positions: int = 512  # kind=gpt2: the longest sequence (at least data.max_len)
-    vocab_size: int = BYTE_VOCAB_SIZE  # model=gpt2's embedding rows: at least the byte-level tokenizer's
-    dtype: str = "auto"  # frozen weights: auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    base_dropout: str = "zero"  # kind=hf: zero (the checkpoint's dropout set to 0) | keep (train/base_dropout.py)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-
-
-@dataclass
-class DataConfig:
-    kind: str = "stdlib"  # stdlib | text_dir | jsonl | parquet | synthetic
-    path: Optional[str] = None  # text_dir: a folder; jsonl: a file; parquet: a file or a folder
-    text_field: str = "text"  # jsonl/parquet: the field holding the text (loss on every token)
-    prompt_field: Optional[str] = None  # jsonl/parquet: with completion_field, loss on the completion only
-    completion_field: Optional[str] = None  # jsonl/parquet: with prompt_field, the text the loss is on
-    messages_field: Optional[str] = None  # jsonl/parquet: chat turns, loss on the assistant turns only
-    max_len: int = 256  # tokens per sample; longer documents are cut into pieces
-    split_on: str = "\n\n"  # a document is cut into samples at this separator first
-    val_fraction: float = 0.05  # held out by a stable hash: rows, or files (else the last pieces of each file)
-    max_documents: Optional[int] = None  # read at most this many documents (null: all)
-    # data=synthetic: token sequences with a controllable length distribution (benchmarks)
-    n_samples: int = 4096
-    length_dist: str = "lognormal"  # lognormal | uniform | fixed
-    mean_len: int = 96  # data=synthetic: the mean sequence length in tokens
-    sigma: float = 0.8  # data=synthetic, lognormal: the spread of the lengths
-    min_len: int = 8  # data=synthetic: the shortest sequence
+__all__ = ["BYTE_VOCAB_SIZE", "FUSE_AUTO", "fusing"]  # their homes: model_families/gpt2.py, conditions.py
 
 
 @dataclass
 class RouterConfig:
     """The router's knobs; their defaults (and meanings) live once, in router.types.RouterSettings."""
 
-    policy: str = RouterSettings.policy  # round_robin | least_loaded | affinity | balanced
-    cost: str = RouterSettings.cost  # tokens | tokens_attention
-    attention_weight: float = RouterSettings.attention_weight  # cost=tokens_attention: the quadratic term's weight
-    attention_ref_len: int = RouterSettings.attention_ref_len  # cost=tokens_attention: its length scale
-    microbatch_overhead_tokens: int = RouterSettings.microbatch_overhead_tokens  # a micro-batch's fixed cost
-    memory_headroom: float = RouterSettings.memory_headroom  # a device's memory budget: this x its total memory
-    max_tokens_per_microbatch: Optional[int] = RouterSettings.max_tokens_per_microbatch  # cap (null: memory)
-    affinity_boundaries: List[int] = field(default_factory=list)  # policy=affinity: sample-length bucket edges
-    speed_model: str = RouterSettings.speed_model  # robust | ema | none (router/speed_model.py)
-    speed_ema: float = RouterSettings.speed_ema  # speed_model=ema: the weight of the newest step
-    row_cost: str = RouterSettings.row_cost  # packed rows: fitted (from step times, router/cost_model.py) | fixed
+    policy: str = setting(
+        RouterSettings.policy, reader="router/router.py: POLICIES[self.settings.policy]"
+    )  # round_robin | least_loaded | affinity | balanced
+    cost: str = setting(
+        RouterSettings.cost, reader='router/packing.py: settings.cost == "tokens_attention"'
+    )  # tokens | tokens_attention
+    attention_weight: float = setting(
+        RouterSettings.attention_weight,
+        reader="router/packing.py: settings.attention_weight / settings.attention_ref_len",
+        read_if=when.ATTENTION_COST,
+        example="0.5",
+    )  # cost=tokens_attention: the quadratic term's weight
+    attention_ref_len: int = setting(
+        RouterSettings.attention_ref_len,
+        reader="router/packing.py: settings.attention_weight / settings.attention_ref_len",
+        read_if=when.ATTENTION_COST,
+        example="1024",
+    )  # cost=tokens_attention: its length scale
+    microbatch_overhead_tokens: int = setting(
+        RouterSettings.microbatch_overhead_tokens, reader="router/packing.py: settings.microbatch_overhead_tokens"
+    )  # a micro-batch's fixed cost
+    memory_headroom: float = setting(
+        RouterSettings.memory_headroom, bounds=(0, 1, False), reader="router/router.py: self.settings.memory_headroom"
+    )  # a device's memory budget: this x its total memory
+    max_tokens_per_microbatch: Optional[int] = setting(
+        RouterSettings.max_tokens_per_microbatch, reader="router/packing.py: settings.max_tokens_per_microbatch"
+    )  # cap (null: memory)
+    affinity_boundaries: List[int] = setting(
+        factory=list,
+        reader="router/policies.py: settings.affinity_boundaries",
+        read_if=when.AFFINITY,
+        example="[64,128]",
+    )  # policy=affinity: sample-length bucket edges
+    speed_model: str = setting(
+        RouterSettings.speed_model, reader="router/router.py: make_speed_model(self.settings.speed_model"
+    )  # robust | ema | none (router/speed_model.py)
+    speed_ema: float = setting(
+        RouterSettings.speed_ema, reader="router/router.py: self.settings.speed_ema", read_if=when.EMA, example="0.5"
+    )  # speed_model=ema: the weight of the newest step
+    row_cost: str = setting(
+        RouterSettings.row_cost,
+        reader='router/router.py: self.settings.row_cost == "fitted"',
+        read_if=when.PACKED,
+        example="fixed",
+    )  # packed rows: fitted (from step times, router/cost_model.py) | fixed
 
 
 @dataclass
@@ -96,13 +89,28 @@ class LauncherConfig:
     """What every launcher has. One schema per launcher (LAUNCHER_SCHEMAS), registered in the `launcher` group: a
     key that the chosen launcher does not have is an error naming the launchers that have it (launcher_key_error)."""
 
-    kind: str = MISSING  # each schema's own default; its backend in slurm_router.scheduler.registry
+    kind: str = setting(
+        MISSING, reader="cli/checks.py: launcher_class(cfg.launcher.kind)"
+    )  # each schema's own default; its backend in slurm_router.scheduler.registry
+
+    @classmethod
+    def declared(cls) -> dict[str, Setting]:
+        """The hook by which a launcher declares its keys (by their names under launcher): a backend whose schema
+        lives elsewhere declares them here (Slurm's: backends/slurm/settings.py) instead of on each field.
+        Every launcher's kind is read where the command picks its launcher."""
+        return {"kind": declaration_of(LauncherConfig, "kind")}
+
+    @classmethod
+    def check(cls, launcher: DictConfig, where: str = "") -> None:
+        """The launcher's own checks beyond its keys' choices and bounds (UserError, `where` leading the line)."""
 
 
 @dataclass
 class LocalLauncherConfig(LauncherConfig):
     kind: str = "local"
-    cpu_slots: Optional[int] = None  # without GPUs: CPU worker slots (default: the core count)
+    cpu_slots: Optional[int] = setting(
+        None, bounds=(1, 4096, True), reader='backends/local/launcher.py: cfg.launcher.get("cpu_slots")'
+    )  # without GPUs: CPU worker slots (default: the core count)
 
 
 # OmegaConf 2.3 cannot hold typing.Literal fields, so `kind` is a str whose allowed values are these schemas'
@@ -110,6 +118,10 @@ class LocalLauncherConfig(LauncherConfig):
 # launchers' schemas when it loads (scheduler/registry.py add_launcher_schema; Slurm's: backends/slurm/config.py);
 # the command loads every backend before it composes a config.
 LAUNCHER_SCHEMAS: list[type[LauncherConfig]] = [LocalLauncherConfig]
+
+
+def declaration_of(schema: type, name: str) -> Setting:
+    return declaration(next(f for f in dataclasses.fields(schema) if f.name == name))
 
 
 def launcher_schema(kind: str) -> type[LauncherConfig]:
@@ -133,173 +145,102 @@ def launcher_setting(launcher: dict | DictConfig | None, key: str) -> Any:
 
 
 @dataclass
-class TrainConfig:
-    steps: int = 60  # optimiser steps per variant
-    global_batch_size: int = 16  # samples per step, over all of a task's devices
-    lr: float = 2e-3  # peak learning rate (AdamW), after warmup_steps
-    warmup_steps: int = 5  # linear warmup from 0 to lr
-    weight_decay: float = 0.0  # AdamW's weight decay
-    grad_clip: float = 1.0  # clip the gradient norm to this (0: off)
-    eval_every: int = 0  # 0: evaluate at the start and the end only
-    eval_batches: int = 8  # held-out batches per evaluation
-    eval_batch_size: int = 16  # samples per held-out batch
-    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    # Speed switches (see slurm_router/train/loss.py and README "GPU throughput")
-    compile: bool = False  # torch.compile the transformer backbone
-    gradient_checkpointing: bool = False  # recompute layer activations in backward (long sequences)
-    loss_chunk_tokens: int = 0  # >0: chunked cross-entropy, never the full fp32 logits (4096 on GPU)
-    pad_to_multiple: int = 1  # pad micro-batch width to a multiple (fewer shapes for compile)
-    prefetch: bool = True  # build the next micro-batch's tensors while this one computes
-    # Packed micro-batches: a device's samples end to end in one row, no padding (slurm_router/train/packed.py).
-    # auto: on unless train.compile (a row's length changes every step); a model whose attention cannot take
-    # packed rows trains padded, with one line saying why.
-    packing: str = "auto"  # auto | true | false
-    # resources.fuse_variants >= 2 (slurm_router/worker/fused.py): a micro-batch's variants in one packed row (one
-    # forward and backward: bigger kernels, a GPU's choice) or one row per variant through the shared model (the
-    # activations of one variant at a time: faster on CPU, benchmarks/results/fused-cpu.md). auto: per_variant on
-    # CPU, row on a GPU.
-    fused_layout: str = "auto"  # auto | row | per_variant
-    checkpoint_every: int = 0  # save a checkpoint every N steps (0: only on a stop signal)
-    keep_checkpoints: int = 3  # the newest K checkpoints are kept (a damaged newest falls back)
-
-
-@dataclass
-class BaseStageConfig:
-    enabled: bool = False  # train a base model first (no LoRA), cached by its config hash
-    steps: int = 200  # the base stage's optimiser steps
-    lr: float = 3e-3  # the base stage's peak learning rate
-    global_batch_size: int = 16  # the base stage's samples per step
-    cache_dir: Optional[str] = None  # default: ~/.cache/slurm_router/base
-
-
-@dataclass
-class ResourcesConfig:
-    devices_per_task: int = 1  # devices (GPUs, or CPU workers) per task; the router splits each batch over them
-    # Co-located variants: tasks sharing one GPU (small LoRA jobs leave most of a big GPU idle).
-    # 1 = a GPU per task; N = up to N tasks per GPU; 0 = as many as their predicted memory fits.
-    tasks_per_gpu: int = 1
-    # Nodes a task's devices spread over, devices_per_task/N on each (Slurm launchers with launcher.srun_workers:
-    # one srun task per device, --nodes=N --ntasks-per-node=D/N); 1: every device of a task on one node.
-    nodes_per_task: int = 1
-    # Fused variants: up to K compatible LoRA tasks of the variants stage train in one task over one shared base
-    # (launch/fuse.py groups them, worker/fused.py trains them); 1 = every task alone; auto (launcher=local) = the
-    # tasks spread over the slots the machine runs at once, as far as the memory model fits a fused task
-    # (backends/local/launcher.py auto_fuse_variants). Set once, at the top level.
-    fuse_variants: Any = 1  # K (1-64) | auto
-
-
-@dataclass
-class TrackerConfig:
-    """Experiment trackers that rank 0 of each task logs to, from the rows it writes to the events file
-    (slurm_router/tracking/trackers.py): tracker=tensorboard | mlflow | wandb, several as tracker=[tensorboard,mlflow]
-    (conf/tracker/). Packages: pip install -e '.[tracking]'."""
-
-    tensorboard: bool = False  # log to TensorBoard (tracker=tensorboard sets it)
-    mlflow: bool = False  # log to MLflow (tracker=mlflow sets it)
-    wandb: bool = False  # log to Weights & Biases (tracker=wandb sets it)
-    dir: Optional[str] = None  # default RUN_DIR/trackers: tensorboard/, mlruns/, wandb/ in it
-    mlflow_uri: Optional[str] = None  # default $MLFLOW_TRACKING_URI, else a file store in <dir>/mlruns
-    mlflow_experiment: Optional[str] = None  # default: the experiment's name
-    wandb_project: Optional[str] = None  # default $WANDB_PROJECT, else the experiment's name
-    wandb_entity: Optional[str] = None  # the W&B team or user (default: yours)
-    wandb_mode: Optional[str] = None  # offline | online; default $WANDB_MODE, else offline (no internet there)
-
-
-@dataclass
-class AutoSeedsConfig:  # seeds=auto: how far the contest may add replicates (docs/decisions.md, "seeds=auto")
-    max: int = 6  # replicates per variant at most (2 to start with, one more per undecided round)
-    budget_device_hours: Optional[float] = None  # stop adding replicates once the run has spent this much
-    min_effect: Optional[float] = None  # stop adding them once every variant is within this of the best (metric units)
-
-
-@dataclass
 class Config:
-    experiment: str = "default"  # the run's name: runs are written under run_root/<experiment>/<time>/
-    seed: int = 0  # the base model's init and the held-out eval batches
+    experiment: str = setting(
+        "default",
+        reader="launch/plan.py: experiment=cfg.experiment",
+        sweep="one experiment per run (it names the run directory): sweep keys within it, or run each experiment on its own",
+    )  # the run's name: runs are written under run_root/<experiment>/<time>/
+    seed: int = setting(
+        0,
+        bounds=(0, None, True),
+        reader="launch/plan.py: seed=cfg.seed",
+        sweep="seed is the base model's init and the held-out eval batches, shared by every variant so that their losses compare: for replicates set seeds=3 (training seeds: LoRA init and data order)",
+    )  # the base model's init and the held-out eval batches
     # training seeds (LoRA init, data order), one task per variant and seed: N (seed, seed+1, ..., seed+N-1) or a
     # list [0, 5, 9]; 1 = one task per variant, named as the variant (training_seeds); auto (with prune=true): 2
     # seeds each, then one more at a time while the contest is undecided, up to auto_seeds.max (worker/auto_seeds.py)
-    seeds: Any = 1
-    auto_seeds: AutoSeedsConfig = field(default_factory=AutoSeedsConfig)
+    seeds: Any = setting(
+        1,
+        takes="int, list or auto",
+        reader="config/variants.py: value = cfg.seeds",
+        sweep="seeds=N already runs every variant once per training seed: set it once, e.g. seeds=3",
+        variant="every variant runs with the same training seeds",
+    )
+    auto_seeds: AutoSeedsConfig = setting(
+        factory=AutoSeedsConfig,
+        sweep="seeds=auto's cap and budget hold for the run's contest: set them once, e.g. auto_seeds.max=6",
+    )
     # stop a clear loser at an in-training evaluation (train.eval_every), by the verdict's statistics: prune.py
-    prune: bool = False
+    prune: bool = setting(
+        False,
+        reader='worker/decisions.py: self.cfg.get("prune")',
+        sweep="prune compares the variants with each other while they train: set it once, prune=true",
+        variant="it compares the variants with each other",
+    )
     # print the plan (stages, tasks, devices, predicted memory, array sizes, worst-case device-hours; the Slurm
     # scripts and submit commands) and write only the preview: nothing trains or is submitted (launch/preview.py)
-    dry_run: bool = False
-    run_root: str = "runs"  # where runs are written
+    dry_run: bool = setting(False, reader="cli/run.py: if cfg.dry_run")
+    run_root: str = setting(
+        "runs", reader="rundir/manifest.py: Path(cfg.run_root)", sweep="a run has one run directory"
+    )  # where runs are written
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
-    launcher: Any = MISSING  # one of LAUNCHER_SCHEMAS, picked by the launcher group (conf/launcher/)
+    launcher: Any = setting(
+        MISSING, sweep="a run has one launcher: run each launcher on its own"
+    )  # one of LAUNCHER_SCHEMAS, picked by the launcher group (conf/launcher/)
     train: TrainConfig = field(default_factory=TrainConfig)
-    base: BaseStageConfig = field(default_factory=BaseStageConfig)
+    base: BaseStageConfig = setting(
+        factory=BaseStageConfig,
+        sweep="the base stage is trained once for the run and shared by every variant: run each base on its own",
+    )
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
-    variants: Dict[str, Any] = field(default_factory=dict)  # name -> overrides, e.g. {model: {lora: {r: 8}}}
-    tracker: TrackerConfig = field(default_factory=TrackerConfig)  # picked by the tracker group (conf/tracker/)
+    variants: Dict[str, Any] = setting(
+        factory=dict,
+        reader="config/variants.py: cfg.variants.items()",
+        sweep="a variant's own keys are not swept: sweep the key itself (e.g. train.lr=1e-3,3e-3), and the grid multiplies the experiment's variants",
+    )  # name -> overrides, e.g. {model: {lora: {r: 8}}}
+    tracker: TrackerConfig = setting(
+        factory=TrackerConfig,
+        sweep="a run's trackers log every variant: name several at once, e.g. tracker=[tensorboard,mlflow]",
+    )  # picked by the tracker group (conf/tracker/)
     eval: EvalConfig = field(default_factory=EvalConfig)  # task metrics and the primary one (config/metrics.py)
 
 
-CHOICES = {
-    "model.kind": ("gpt2", "hf"),
-    "data.kind": ("stdlib", "text_dir", "jsonl", "parquet", "synthetic"),
-    "model.dtype": ("auto", "fp32", "bf16"),
-    "model.base_dropout": ("zero", "keep"),
-    "data.length_dist": ("lognormal", "uniform", "fixed"),
-    "launcher.kind": tuple(s.kind for s in LAUNCHER_SCHEMAS),
-    "train.precision": ("auto", "fp32", "bf16"),
-    "train.packing": ("auto", "true", "false"),
-    "train.fused_layout": ("auto", "row", "per_variant"),
-}
-# key -> (low, high, low_inclusive); None = unbounded
-RANGES: dict[str, tuple[float, float | None, bool]] = {
-    "seed": (0, None, True),
-    "model.n_layer": (1, 1024, True),
-    "model.n_head": (1, 1024, True),
-    "model.n_embd": (1, 65536, True),
-    "model.n_positions": (2, 1 << 20, True),
-    "model.vocab_size": (2, 1 << 22, True),
-    "model.lora.r": (1, 4096, True),
-    "model.lora.alpha": (0, None, False),
-    "model.lora.dropout": (0, 1, True),
-    "data.max_len": (2, 1 << 20, True),
-    "data.val_fraction": (0, 1, False),
-    "data.max_documents": (1, None, True),
-    "data.n_samples": (1, 1 << 26, True),
-    "data.mean_len": (1, 1 << 20, True),
-    "data.sigma": (0, 10, True),
-    "data.min_len": (2, 1 << 20, True),
-    # above 1 only in tests (config/testing_aids.py); the other router.* keys: RouterSettings checks them
-    "router.memory_headroom": (0, 1, False),
-    "launcher.cpu_slots": (1, 4096, True),
-    "launcher.timeout_min": (1, None, True),
-    "launcher.mem_gb": (0, None, False),
-    "launcher.cpus_per_task": (1, 4096, True),
-    "launcher.cpus_per_device": (1, 1024, True),
-    "launcher.array_parallelism": (1, None, True),
-    "launcher.max_requeues": (0, 1000, True),
-    "launcher.signal_delay_s": (0, 3600, True),
-    "launcher.max_failures": (0, 1000, True),
-    "train.steps": (1, 10_000_000, True),
-    "train.global_batch_size": (1, 1 << 20, True),
-    "train.lr": (0, 10, False),
-    "train.warmup_steps": (0, None, True),
-    "train.weight_decay": (0, 10, True),
-    "train.grad_clip": (0, None, True),
-    "train.eval_every": (0, None, True),
-    "train.eval_batches": (1, 100_000, True),
-    "train.eval_batch_size": (1, 1 << 20, True),
-    "train.checkpoint_every": (0, None, True),
-    "train.keep_checkpoints": (1, 1000, True),
-    "train.loss_chunk_tokens": (0, None, True),
-    "train.pad_to_multiple": (1, 4096, True),
-    "base.steps": (1, 10_000_000, True),
-    "base.lr": (0, 10, False),
-    "base.global_batch_size": (1, 1 << 20, True),
-    "resources.devices_per_task": (1, 4096, True),
-    "resources.tasks_per_gpu": (0, 64, True),
-    "resources.nodes_per_task": (1, 4096, True),
-    "resources.fuse_variants": (1, 64, True),
-}
+def declared(kind: str | None = None) -> dict[str, tuple[Setting, Any]]:
+    """Every key's declaration and type hint, in the schema's order: Config's, with launcher.* those of
+    launcher=kind's schema (None: of every launcher, each key once)."""
+    return _declared(kind, tuple(LAUNCHER_SCHEMAS))
+
+
+@functools.cache
+def _declared(kind: str | None, schemas: tuple[type, ...]) -> dict[str, tuple[Setting, Any]]:
+    out: dict[str, tuple[Setting, Any]] = {}
+    for key, found, hint in walk(Config):
+        if key != "launcher":
+            out[key] = (found, hint)
+            continue
+        out[key] = (found, hint)
+        for schema in LAUNCHER_SCHEMAS if kind is None else [launcher_schema(kind)]:
+            for k, s, h in walk(schema, "launcher."):
+                out.setdefault(k, (s, h))
+    return out
+
+
+def choices(key: str) -> tuple[str, ...]:
+    """The values a key takes, where it is a choice (launcher.kind: its schemas' kinds, as backends add them)."""
+    if key == "launcher.kind":
+        return tuple(s.kind for s in LAUNCHER_SCHEMAS)
+    found = declared().get(key)
+    return found[0].choices if found else ()
+
+
+# key -> its choices; launcher.kind: the schemas' kinds (scheduler/registry.py add_launcher_schema adds to it)
+CHOICES: dict[str, tuple[str, ...]] = {k: s.choices for k, (s, _) in declared().items() if s.choices}
+CHOICES["launcher.kind"] = choices("launcher.kind")
+# key -> (low, high, low_inclusive); None = unbounded. A launcher's keys: launcher_schema(kind).declared()
+RANGES: dict[str, tuple[float, float | None, bool]] = {k: s.bounds for k, (s, _) in declared().items() if s.bounds}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 

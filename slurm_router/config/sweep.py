@@ -37,24 +37,14 @@ from slurm_router.config.checks import explain
 from slurm_router.config.schema import conf_dir
 from slurm_router.errors import UserError
 
-# swept keys (or their first component) that are one per run, and why
-ONE_PER_RUN = {
-    "experiment": "one experiment per run (it names the run directory): sweep keys within it, or run each "
-    "experiment on its own",
-    "launcher": "a run has one launcher: run each launcher on its own",
-    "base": "the base stage is trained once for the run and shared by every variant: run each base on its own",
-    "run_root": "a run has one run directory",
-    "seeds": "seeds=N already runs every variant once per training seed: set it once, e.g. seeds=3",
-    "seed": "seed is the base model's init and the held-out eval batches, shared by every variant so that their "
-    "losses compare: for replicates set seeds=3 (training seeds: LoRA init and data order)",
-    "auto_seeds": "seeds=auto's cap and budget hold for the run's contest: set them once, e.g. auto_seeds.max=6",
-    "prune": "prune compares the variants with each other while they train: set it once, prune=true",
-    "tracker": "a run's trackers log every variant: name several at once, e.g. tracker=[tensorboard,mlflow]",
-    "resources.fuse_variants": "it groups the run's variants with each other, so it is one setting for the whole "
-    "run: set it once (resources.fuse_variants=auto or K), or run each value on its own",
-    "variants": "a variant's own keys are not swept: sweep the key itself (e.g. train.lr=1e-3,3e-3), and the grid "
-    "multiplies the experiment's variants",
-}
+
+def one_per_run() -> dict[str, str]:
+    """Swept keys (or their first component) that are one per run, and why: each declaration's `sweep`."""
+    from slurm_router.config.schema import declared
+
+    return {key: found.sweep for key, (found, _) in declared().items() if found.sweep}
+
+
 MAX_NAME = 64  # config.NAME_RE
 HINT = "write KEY=a,b, KEY=choice(a,b) or KEY=range(start,stop,step)"
 
@@ -177,9 +167,10 @@ def _axis(o, fixed_keys: list[str]) -> Axis:
             else "only KEY=... sweeps are supported"
         )
         raise UserError(f"{line}: {why}: {HINT}")
-    top = next((k for k in (key, key.split(".")[0]) if k in ONE_PER_RUN), None)
+    per_run = one_per_run()
+    top = next((k for k in (key, key.split(".")[0]) if k in per_run), None)
     if top:
-        raise UserError(f"{line}: {key} cannot be swept: {ONE_PER_RUN[top]}")
+        raise UserError(f"{line}: {key} cannot be swept: {per_run[top]}")
     if key in fixed_keys:
         raise UserError(f"{line}: {key} is also set to one value in the same command: give it once")
     group = key in groups()

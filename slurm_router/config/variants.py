@@ -94,27 +94,8 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
             raise UserError(f"variants.{name} must be a mapping of overrides, e.g. {{train: {{lr: 1e-3}}}}")
         if overrides is not None and "variants" in overrides:
             raise UserError(f"variants.{name}: a variant cannot declare variants")
-        if overrides is not None and "seeds" in overrides:
-            raise UserError(
-                f"variants.{name}.seeds: seeds is set once, at the top level (every variant runs with "
-                "the same training seeds): set seeds= outside the variant"
-            )
-        if overrides is not None and "nodes_per_task" in (overrides.get("resources") or {}):
-            raise UserError(
-                f"variants.{name}.resources.nodes_per_task: it is set once, at the top level (a stage is "
-                "one array job, each of its tasks on the same number of nodes): set "
-                "resources.nodes_per_task= outside the variant"
-            )
-        if overrides is not None and "fuse_variants" in (overrides.get("resources") or {}):
-            raise UserError(
-                f"variants.{name}.resources.fuse_variants: it is set once, at the top level (it groups the "
-                "variants with each other): set resources.fuse_variants= outside the variant"
-            )
-        if overrides is not None and "prune" in overrides:
-            raise UserError(
-                f"variants.{name}.prune: prune is set once, at the top level (it compares the variants "
-                "with each other): set prune= outside the variant"
-            )
+        if overrides is not None:
+            _refuse_top_level(name, overrides)
         try:
             # unsafe_merge takes over its inputs: a fresh copy, and the overrides as plain containers
             out[name] = cast(
@@ -124,6 +105,23 @@ def variant_configs(cfg: DictConfig) -> dict[str, DictConfig]:
         except OmegaConfBaseException as e:
             raise explain(e, where=f"variants.{name}: ") from None
     return out
+
+
+def _refuse_top_level(name: str, overrides: DictConfig) -> None:
+    """A key whose declaration says it is set once, at the top level (its `variant`: why), in a variant's own
+    overrides: one line naming it."""
+    from slurm_router.config.schema import declared
+
+    for key, (found, _) in declared().items():
+        if found.variant and OmegaConf.select(overrides, key, default=_ABSENT) is not _ABSENT:
+            subject = f"{key} is" if "." not in key else "it is"
+            raise UserError(
+                f"variants.{name}.{key}: {subject} set once, at the top level ({found.variant}): set {key}= outside "
+                "the variant"
+            )
+
+
+_ABSENT = object()
 
 
 def validate(cfg: DictConfig) -> dict[str, DictConfig]:

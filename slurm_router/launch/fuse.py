@@ -169,10 +169,3 @@ def fuse_tasks(order: list[TaskSpec], k: int) -> Fusion:
         if t.name in why and not t.members and t.fused_into is None and line not in notes:
             notes.append(line)
     return Fusion(runs, fused, notes)
-
-
-def fused_line(leader: TaskSpec) -> str | None:
-    """'fused: r8-s0 + r32-s0 (one task, one base in memory)' for a leader; None for a task alone."""
-    if not leader.members:
-        return None
-    return f"fused: {' + '.join(leader.group)} (one task, one base in memory)"

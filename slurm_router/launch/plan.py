@@ -22,6 +22,7 @@ from typing import Callable, cast
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.artifacts import base_cache
+from slurm_router.config.model_families import from_checkpoint
 from slurm_router.config.schema import FUSE_AUTO
 from slurm_router.config.variants import training_seeds
 from slurm_router.errors import UserError
@@ -119,7 +120,7 @@ def make_plan(
     for line in dict.fromkeys(base_dropout.plan_line(v.model) for v in variants.values()):
         if line:  # a checkpoint that ships dropout: what the base does with it, once per distinct setting
             print(line, flush=True)
-    if base_weights is None and any(v.model.kind == "gpt2" and v.model.lora.enabled for v in variants.values()):
+    if base_weights is None and any(not from_checkpoint(v.model) and v.model.lora.enabled for v in variants.values()):
         print(RANDOM_BASE, flush=True)  # the bare command, and a sweep without +experiment
     if cfg.get("prune"):  # the Slurm array's index order too: replicates side by side, a throttled array included
         tasks = queue_order(tasks)

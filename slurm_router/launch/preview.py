@@ -15,7 +15,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.config.testing_aids import CPU_MEMORY_CAP_ENV, EVERY, testing_aids
-from slurm_router.launch.fuse import flat, fused_line
+from slurm_router.launch.fuse import flat
 from slurm_router.rundir.layout import PREVIEW_FILE
 from slurm_router.rundir.spec import Stage, TaskSpec
 
@@ -102,7 +102,12 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
     per_array_task = backend.colocated_tasks(cfg)
     kind, total, source = _device_memory(cfg)
     limit_h = backend.time_limit_h(cfg)
-    lines = [f"launcher={cfg.launcher.kind}; devices are {kind}: {source}" + (f", {_gib(total)}" if total else "")]
+    lines = [
+        f"launcher={cfg.launcher.kind}; devices are {kind}: {source}" + (f", {_gib(total)}" if total else ""),
+        "predicted peaks: one micro-batch at data.max_len per device (the router splits a step that does not fit"
+        + ("; a CPU worker's RSS adds the interpreter and torch" if kind == "cpu" else "")
+        + ")",
+    ]
     worst, n_tasks, n_device_tasks = 0.0, 0, 0
     for i, stage in enumerate(stages):
         word = f" ({backend.dependency_word})" if backend.dependency_word else ""  # Slurm's: afterok
@@ -115,11 +120,21 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
         array = f"; one {backend.name.capitalize()} array of {arrays} task(s)" + (
             f" ({per_array_task} tasks co-located each)" if per_array_task > 1 else ""
         )
+        fused_as = (
+            f" ({len(stage.tasks) + len(stage.fused)} variant task(s) run as {len(stage.tasks)}: "
+            f"{sum(len(t.group) for t in stage.tasks if t.members)} fused into "
+            f"{sum(1 for t in stage.tasks if t.members)} by resources.fuse_variants={cfg.resources.fuse_variants}, "
+            "each fused task holding one base in memory)"
+            if stage.fused
+            else ""
+        )
         lines.append(
             f"stage {i + 1} {stage.name}{after}: {len(stage.tasks)} task(s) x {devices} device(s)"
+            + fused_as
             + (array if queued else "")
         )
         members = {t.name: t for t in stage.fused}
+        groups: dict[tuple, list[TaskSpec]] = {}  # one line per task group: the same variants, settings and peak
         for t in stage.tasks:
             try:
                 shape = {k: t.config[k] for k in ("model", "data", "train", "seed")}  # what the peak depends on
@@ -130,24 +145,16 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             against = (
                 f" of {_gib(total)} ({peak / total:.0%}{'; does NOT fit' if peak > total else ''})" if total else ""
             )
-            seed = f", seed {t.seed}" if t.seed is not None else ""
-            lines.append(
-                f"  {t.name}{seed}: {_per_variant(t, [members[m] for m in t.members])}; "
-                f"predicted peak per device {_gib(peak)}{against} (one micro-batch at data.max_len; the router "
-                "splits a step that does not fit"
-                + ("; a CPU worker's RSS adds the interpreter and torch" if kind == "cpu" else "")
-                + (f"; one variant's: this task trains {len(t.group)}" if t.members else "")
-                + ")"
+            fused = tuple(t.group) if t.members else ()
+            key = (
+                fused and tuple(members[m].variant for m in t.members),
+                _per_variant(t, [members[m] for m in t.members]),
+                f"{_gib(peak)}{against}",
             )
-            if line := fused_line(t):
-                lines.append(f"    {line}")
-        if stage.fused:
-            k, typed = max(len(t.group) for t in stage.tasks), cfg.resources.fuse_variants
-            lines.append(
-                f"  resources.fuse_variants={typed}{f' (K={k})' if str(typed) != str(k) else ''}: "
-                f"{len(stage.tasks) + len(stage.fused)} "
-                f"variant task(s) run as {len(stage.tasks)} task(s); each fused task holds one base in memory"
-            )
+            groups.setdefault(key, []).append(t)
+        for (_, settings, peak_text), group in groups.items():
+            per = f" (one variant's: each task trains {len(group[0].group)})" if group[0].members else ""
+            lines.append(f"  {_group_label(group, members)}: {settings}; peak per device {peak_text}{per}")
         n_tasks += len(stage.tasks)
         n_device_tasks += len(stage.tasks) * devices
         if limit_h:
@@ -158,11 +165,60 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             f"(launcher.timeout_min) = {worst:.2f} device-hours, plus the report job (1 CPU)"
         )
     else:
+        at_once = _local_devices(cfg, kind)
         lines.append(
-            f"worst case: {n_device_tasks} device(s) over {n_tasks} task(s); launcher=local has no time limit, so "
-            "no bound on device-hours (a task runs until its steps are done)"
+            f"worst case: {n_tasks} task(s) needing {n_device_tasks} device(s) in all"
+            + (f", at most {min(at_once[0], n_device_tasks)} at once ({at_once[1]})" if at_once else "")
+            + "; launcher=local has no time limit, so no bound on device-hours (a task runs until its steps are done)"
         )
     return lines
+
+
+def _seeds(seeds: list[int]) -> str:
+    """'seed 0', 'seeds 0, 1', 'seeds 2-5'."""
+    seeds = sorted(seeds)
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}-{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))
+
+
+def _group_label(group: list[TaskSpec], members: dict[str, TaskSpec]) -> str:
+    """A task group's line head: 'r8 + r32 fused, seeds 0, 1 (tasks r8-s0, r8-s1)', 'r8, r32, seeds 2-5 (8 tasks)',
+    'base, seed 0'. A fused task is named after its first member; the line names every member."""
+
+    def seed(t: TaskSpec) -> int:
+        return int(t.seed) if t.seed is not None else 0
+
+    if group[0].members:
+        variants = " + ".join([group[0].variant, *(members[m].variant for m in group[0].members)])
+        names = ", ".join(t.name for t in group)
+        return f"{variants} fused, {_seeds([seed(t) for t in group])} (task{'s' if len(group) > 1 else ''} {names})"
+    by_variant: dict[str, list[int]] = {}
+    for t in group:
+        by_variant.setdefault(t.variant or t.name, []).append(seed(t))
+    if len({tuple(v) for v in by_variant.values()}) == 1:  # every variant the same seeds
+        head = f"{', '.join(by_variant)}, {_seeds(next(iter(by_variant.values())))}"
+    else:
+        head = "; ".join(f"{v} {_seeds(s)}" for v, s in by_variant.items())
+    return head + (f" ({len(group)} tasks)" if len(group) > 1 and len(by_variant) > 1 else "")
+
+
+def _local_devices(cfg: DictConfig, kind: str) -> tuple[int, str] | None:
+    """(devices a local run uses at once, where the count comes from), None when unknown."""
+    import os
+
+    if kind == "cpu":
+        slots = cfg.launcher.get("cpu_slots") or os.cpu_count() or 1
+        return int(slots), "launcher.cpu_slots" if cfg.launcher.get("cpu_slots") else f"{slots} cores"
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+    except Exception:
+        return None
+    return (n, f"this machine's {n} GPU(s)") if n else None
 
 
 def _per_variant(task: TaskSpec, members: list[TaskSpec]) -> str:
@@ -195,6 +251,10 @@ def write_preview(cfg: DictConfig, variants: dict, stages: list[Stage], run_id: 
 
     lines += backend_of(cfg.launcher.kind).preview(cfg, manifest, stages)  # the scheduler's scripts, if any
     lines.append(f"to run it: the same command without dry_run=true (status {run_dir}: never submitted)")
+    lines.append(
+        f"the preview is kept in {run_dir}; the run list leaves previews out, and "
+        f"python -m slurm_router.status --run-root {run_dir.parents[1]} --clean-previews deletes them"
+    )
     text = "\n".join(lines)
     (run_dir / PREVIEW_FILE).write_text(text + "\n")
     manifest.set(state=PREVIEWED, preview=str(run_dir / PREVIEW_FILE))

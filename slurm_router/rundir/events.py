@@ -91,6 +91,9 @@ class StartRow(Row):
     cuda_visible_devices: str | None = _req()
     resume_from: str | None = _req("checkpoint path")
     device_name: str = _req("the GPU model, for MFU")
+    threads: int = _opt("a CPU worker's torch threads, for MFU against this machine's measured matmul peak")
+    n_layer: int = _opt("transformer blocks, for attention's FLOPs in MFU")
+    d_model: int = _opt("hidden width, for attention's FLOPs in MFU")
 
 
 @dataclass(kw_only=True)

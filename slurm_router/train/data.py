@@ -312,7 +312,7 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
             (Split.build([t for t, _, _ in s], [m for _, m, _ in s], [k for _, _, k in s]) for s in (train, val)),
         ),
         n_docs,
-        f"{data_cfg.kind}:{where}{label}",
+        f"{where}{label}" if data_cfg.kind == "stdlib" else f"{data_cfg.kind} {where}{label}",  # the plan's words
         max_len,
         n_truncated,
         n_dropped,

@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 
 from slurm_router.config.lora_targets import check_target_modules, target_module_names
+from slurm_router.config.model_families import from_checkpoint
 from slurm_router.errors import UserError
 from slurm_router.train import base_dropout
 from slurm_router.train.tokenizer import ByteTokenizer
@@ -70,7 +71,7 @@ def build_model(
     torch.manual_seed(seed)
     folder = base_weights or None
     model: Any
-    if folder or model_cfg.kind == "hf":
+    if folder or from_checkpoint(model_cfg):
         model = AutoModelForCausalLM.from_pretrained(
             folder or os.path.expanduser(model_cfg.name_or_path), local_files_only=True, dtype=dtype
         )
@@ -89,7 +90,7 @@ def build_model(
             eos_token_id=ByteTokenizer.eot_id,
         )
         model = GPT2LMHeadModel(config)
-    if not folder and model_cfg.kind != "hf":
+    if not folder and not from_checkpoint(model_cfg):
         model.to(dtype)  # built in fp32 (the seeded init), kept in dtype; from_pretrained loaded it in dtype
     elif getattr(model_cfg, "base_dropout", "zero") != base_dropout.KEEP:  # a task.json from before the key: zero
         base_dropout.turn_off(model)  # before peft: LoRA's own dropout is the variant's
@@ -188,7 +189,7 @@ def check_checkpoint(model_cfg, max_len: int) -> None:
     """model=hf: the local checkpoint has a config and whole weights, found before the run dir is written (it is
     read only at training time, in every worker), and its learned positions hold data.max_len tokens. Cheap:
     headers only. Raises UserError naming the file."""
-    if model_cfg.kind != "hf":
+    if not from_checkpoint(model_cfg):
         return
     where, setting = Path(os.path.expanduser(model_cfg.name_or_path)), f"model.name_or_path={model_cfg.name_or_path!r}"
     save = f"save the model there with model.save_pretrained('{model_cfg.name_or_path}')"

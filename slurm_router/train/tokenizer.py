@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slurm_router.config.model_families import from_checkpoint
 from slurm_router.config.schema import BYTE_VOCAB_SIZE
 from slurm_router.errors import UserError
 from slurm_router.train.chat import chat_tokens
@@ -114,6 +115,6 @@ def _config_value(config: Path, key: str):
 
 
 def make_tokenizer(model_cfg):
-    if model_cfg.kind == "hf":
+    if from_checkpoint(model_cfg):
         return HFTokenizer(os.path.expanduser(model_cfg.name_or_path), f"model.name_or_path={model_cfg.name_or_path!r}")
     return ByteTokenizer()

@@ -36,7 +36,7 @@ def afterok(job_id: str) -> dict[str, str]:
 def mail_options(launcher) -> dict[str, str]:
     """launcher.mail_type and mail_user as sbatch options, {'mail-type': 'END,FAIL', 'mail-user': ...}, the unset
     ones left out (checked by config.check_job_values; a run made before they existed has neither)."""
-    from slurm_router.config.checks import mail_types
+    from slurm_router.backends.slurm.settings import mail_types
     from slurm_router.config.schema import launcher_setting
 
     types, user = ",".join(mail_types(launcher_setting(launcher, "mail_type"))), launcher_setting(launcher, "mail_user")

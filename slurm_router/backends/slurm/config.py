@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from slurm_router.config.schema import LauncherConfig
+from slurm_router.backends.slurm.settings import SlurmSettings
 
 
 @dataclass
@@ -22,7 +22,7 @@ class ContainerConfig:
 
 
 @dataclass
-class SlurmLauncherConfig(LauncherConfig):
+class SlurmLauncherConfig(SlurmSettings):  # its keys' declarations: backends/slurm/settings.py
     """Shared by both Slurm launchers (submitit and sbatch)."""
 
     partition: Optional[str] = None  # Slurm's --partition

@@ -34,8 +34,8 @@ from slurm_router.backends.slurm.common import afterok, user_gpu_request
 from slurm_router.backends.slurm.config import SlurmLauncherConfig
 from slurm_router.backends.slurm.container import ContainerSpec
 from slurm_router.backends.slurm.job import outside_exports
+from slurm_router.backends.slurm.settings import MAIL_TYPES
 from slurm_router.backends.slurm.setup_lines import guarded
-from slurm_router.config.checks import MAIL_TYPES
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 from slurm_router.supervise.requeue import REQUEUE_REQUEST_ENV
