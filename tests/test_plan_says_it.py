@@ -41,7 +41,7 @@ def test_a_path_with_a_tilde_and_the_characters_users_type_is_read(tmp_path):
         env={"HOME": str(home)},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "data text_dir:~/my_texts: " in proc.stdout.splitlines()[0]
+    assert "data text_dir ~/my_texts: " in proc.stdout.splitlines()[0]
     assert yaml.safe_load((run_dir_of(proc) / "config.yaml").read_text())["data"]["path"] == "~/my_texts"
     odd = _texts(tmp_path / "my texts #1 & café=new")
     proc = run_cli("data=text_dir", f"data.path={odd}", *FAST, f"run_root={tmp_path / 'runs'}", cwd=tmp_path)
