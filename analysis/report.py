@@ -100,13 +100,15 @@ def missing(task: Task, s: dict, facts: dict) -> list[str]:
     n, want = s["steps"], task.expected_steps
     if state == "CACHED" or task.diverged or task.pruned or task.not_needed:  # listed with the verdict, not missing
         return []
-    never = (facts.get("reason") or "").partition("DependencyNeverSatisfied: ")[2]
-    if never and not task.has_events:  # cancelled by Slurm: the stage it waited on failed (backends/slurm/parse.py)
+    from slurm_router.scheduler.task_view import FAILED_STATES, never_runs_why
+
+    never = never_runs_why(facts.get("reason"))
+    if never and not task.has_events:  # cancelled by its scheduler: the stage it waited on failed
         return [f"{task.name}: never ran: {never}"]
     log = f"; see {task.meta['log_path']}" if task.meta.get("log_path") else ""
     if facts.get("setup_failed") and state in ("FAILED", "PENDING"):  # PENDING: the manifest's, without sacct
         return [f"{task.name}: setup failed: {facts['setup_failed']}, before the task started{log}"]
-    if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED", "INTERRUPTED"):
+    if state in FAILED_STATES or state in ("PREEMPTED", "INTERRUPTED"):  # FAILED_STATES: each backend's too
         exit_code = f", exit {facts['exit_code']}" if facts.get("exit_code") not in (None, 0, "0:0") else ""
         return [f"{task.name}: {state.lower()}{exit_code} after {n}{f' of {want}' if want else ''} steps{log}"]
     if not task.has_events:

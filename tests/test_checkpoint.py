@@ -269,7 +269,7 @@ def test_after_stop_is_the_one_policy_for_every_requeuer(tmp_path, monkeypatch):
         slurm_job, "run_slurm", lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0)
     )
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "colocated") is TaskOutcome.REQUEUE and not calls
-    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "submitit") is TaskOutcome.REQUEUE and not calls
+    assert requeue.after_stop(spec, signal.SIGUSR2, 4, "runner") is TaskOutcome.REQUEUE and not calls
     assert requeue.after_stop(spec, signal.SIGUSR2, 4, "self") is TaskOutcome.STOPPED
     assert calls == [["scontrol", "requeue", "123"]]
     monkeypatch.setattr(requeue, "time_left_s", lambda: 10.0)  # the time limit, over budget

@@ -22,8 +22,8 @@ import pytest
 from conftest import run_cli, run_dir_of, slowdown, wait_until
 from fake_runtime import calls, install_fake_apptainer, slurm_calls
 
+from slurm_router.backends.slurm.container import ContainerSpec
 from slurm_router.backends.slurm.sbatch_render import SbatchSpec, render_sbatch
-from slurm_router.launch.container import ContainerSpec
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN = "/scratch/runs/lora_ab/2024-01-01_12-00-00"
@@ -93,9 +93,9 @@ def test_golden_pyxis_sbatch_srun_workers():
 def test_golden_submitit_parameters(runtime, tmp_path):
     """What launcher=slurm hands submitit: the executor's parameters, the interpreter submitit runs on, and (apptainer)
     the words the ColocatedRunner of one starts the task with inside the image."""
+    from slurm_router.backends.slurm.container import container_spec
     from slurm_router.backends.slurm.submitit_launcher import submitit_params, submitit_python, task_runner_python
     from slurm_router.config.compose import compose
-    from slurm_router.launch.container import container_spec
 
     image = "/images/pytorch.sif" if runtime == "apptainer" else "nvcr.io#nvidia/pytorch:24.01-py3"
     cfg = compose(

@@ -75,7 +75,7 @@ def test_dry_run_local_prints_the_plan_and_writes_only_the_preview(tmp_path):
     assert "dry_run=true: a preview of run" in out and "nothing was trained or submitted" in out
     assert re.search(r"launcher=local; devices are cpu: .*, [\d.]+ GiB", out), out
     assert "stage 1 base: 1 task(s) x 2 device(s)" in out
-    assert "stage 2 variants, after stage base (afterok): 2 task(s) x 2 device(s)" in out
+    assert "stage 2 variants, after stage base: 2 task(s) x 2 device(s)" in out  # no scheduler's word for it
     # one line per task group, every member named; the memory note once (issue 50, 9)
     assert re.search(
         r"^  r8, r32, seed 0 \(2 tasks\): 4 steps, global batch 16, lr [\d.e-]+; peak per device [\d.]+ GiB "

@@ -1,13 +1,13 @@
 """One launcher interface and the one loop that drives it (docs/design/orchestration.md, "Orchestration").
 
-    Launcher (local | submitit | sbatch)   check(cfg); submit_stage(stage, after) -> StageJobs; report_job(after)
-    submit_stages(launcher, stages)        the order, the cached base, the afterok chain, the manifest, the report
+    Launcher (one per launcher= kind)     check(cfg); submit_stage(stage, after) -> StageJobs; report_job(after)
+    submit_stages(launcher, stages)        the order, the cached base, the dependency chain, the manifest, the report
 
 In the spirit of Hydra's BaseSubmititLauncher and submitit's Executor: what differs between backends is small
 and lives in a Launcher; everything a run does the same way on each of them lives in submit_stages, which a
 fresh run and resume= (with only the unfinished tasks) both call. The local launcher is synchronous: its
-submit_stage runs the stage's queue to the end and returns the tasks' final states; the Slurm launchers
-return as soon as the stage's array job is queued, and the next stage waits on it with afterok.
+submit_stage runs the stage's queue to the end and returns the tasks' final states; a queue's launchers
+return as soon as the stage's array job is queued, and the next stage waits on it (its scheduler's dependency).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from slurm_router.scheduler.task_view import TaskView
 
 @dataclass(frozen=True)
 class TaskJob:
-    """Where Slurm runs one task: its job id (JOB_INDEX for an array task; co-located tasks share one) and logs."""
+    """Where a queue runs one task: its job id (JOB_INDEX for an array task; co-located tasks share one) and logs."""
 
     job_id: str
     log_path: str
@@ -46,10 +46,10 @@ class TaskJob:
 class StageJobs:
     """What submit_stage did with one stage."""
 
-    job_id: str | None = None  # the stage's job (afterok target); None: nothing queued
-    tasks: dict[str, TaskJob] = field(default_factory=dict)  # Slurm: task name -> its job
+    job_id: str | None = None  # the stage's job (the next stage's dependency); None: nothing queued
+    tasks: dict[str, TaskJob] = field(default_factory=dict)  # a queue: task name -> its job
     states: dict[str, TaskState] = field(default_factory=dict)  # synchronous: task name -> final state
-    job_name: str | None = None  # Slurm's name of the job: status matches its rows by id, name and submit time
+    job_name: str | None = None  # the scheduler's name of the job: status matches its rows by id, name and submit time
 
 
 @dataclass
@@ -92,14 +92,14 @@ class Launcher(ABC):
         """resume= with this launcher: what must hold before the run's unfinished tasks start again."""
 
     def prepare(self) -> None:
-        """Once per submission, before the first stage (the Slurm launchers' code snapshot: launch/snapshot.py)."""
+        """Once per submission, before the first stage (a queue's code snapshot: launch/snapshot.py)."""
 
     def refuse_live_tasks(self) -> None:
         """resume= of a run this launcher ran: refuse (UserError) while any of its tasks still runs."""
 
     @abstractmethod
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
-        """Run or queue one stage's tasks; `after` is the previous stage's job id (Slurm: afterok)."""
+        """Run or queue one stage's tasks; `after` is the previous stage's job id (the one it waits on)."""
 
     @abstractmethod
     def report_job(self, after: str | None) -> str | None:
@@ -115,7 +115,7 @@ class Launcher(ABC):
     def task_states(cls, manifest: dict) -> list[TaskView]:
         """Each task of a run this launcher ran, in scheduler/task_view.py's words (task_view.describe adds the
         logs and progress): the local launcher's from the manifest it keeps; a launcher that returns before its
-        tasks end asks its scheduler (the Slurm launchers: squeue and sacct)."""
+        tasks end asks its scheduler."""
 
     @classmethod
     @abstractmethod
@@ -136,7 +136,7 @@ def launch(launcher: Launcher, stages: list[Stage]) -> int:
     except UserError:
         launcher.manifest.set(state="failed")
         raise
-    except SchedulerUnavailable as e:  # what was not submitted is submitted by resume=, once Slurm answers
+    except SchedulerUnavailable as e:  # what was not submitted is submitted by resume=, once the scheduler answers
         launcher.manifest.set(state="interrupted")
         root = launcher.layout.root
         print(f"run_dir: {root}")
@@ -148,7 +148,7 @@ def launch(launcher: Launcher, stages: list[Stage]) -> int:
 def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
     """The one loop: stages in order; a cached base is not run (its cache meta becomes its result; a cache found
     damaged or gone by then is trained again, as the stage it is); each stage
-    waits on the one before (afterok); a stage after a failed one is skipped; the manifest records every task's
+    waits on the one before (its dependency); a stage after a failed one is skipped; the manifest records every task's
     job or state; the report job comes last. resume= passes stages holding only the unfinished tasks."""
     manifest, run, after = launcher.manifest, RunJobs(), None
     launcher.prepare()
@@ -161,7 +161,7 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
                 run.states[t.name] = TaskState.SKIPPED
                 manifest.set_task(t.name, state=TaskState.SKIPPED.value)
             continue
-        asked = time.time()  # no earlier than Slurm's submit time of the stage's job
+        asked = time.time()  # no earlier than the scheduler's submit time of the stage's job
         jobs = launcher.submit_stage(stage, after=after)
         _record(manifest, stage, jobs, asked)
         run.states.update(jobs.states)
@@ -234,7 +234,7 @@ def _blocked(stage: Stage, stages: list[Stage], states: dict[str, TaskState]) ->
 
 
 def _record(manifest, stage: Stage, jobs: StageJobs, asked: float | None = None) -> None:
-    """The manifest's record of one stage: each task's job (Slurm) or final state (synchronous launchers)."""
+    """The manifest's record of one stage: each task's job (a queue) or final state (synchronous launchers)."""
     for name, state in jobs.states.items():
         manifest.data["tasks"][name]["state"] = state.value
     if jobs.job_id:
@@ -255,7 +255,9 @@ def _record(manifest, stage: Stage, jobs: StageJobs, asked: float | None = None)
             )
         array = any(job.array_index is not None for job in jobs.tasks.values())
         record = {"stage": stage.name, "job_id": jobs.job_id, "array": array, "tasks": rows}
-        if jobs.job_name:  # a job id Slurm hands out again later (ids wrap, accounting reset) is told apart by these
+        if (
+            jobs.job_name
+        ):  # a job id a scheduler hands out again later (ids wrap, accounting reset) is told apart by these
             record.update(name=jobs.job_name, submitted_at=asked)
         manifest.data["jobs"].append(record)
     manifest.save()

@@ -110,7 +110,8 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
     ]
     worst, n_tasks, n_device_tasks = 0.0, 0, 0
     for i, stage in enumerate(stages):
-        after = f", after stage {', '.join(stage.depends_on)} (afterok)" if stage.depends_on else ""
+        word = f" ({backend.dependency_word})" if backend.dependency_word else ""  # Slurm's: afterok
+        after = f", after stage {', '.join(stage.depends_on)}{word}" if stage.depends_on else ""
         if stage.cached:
             lines.append(f"stage {stage.name}: cached (an earlier run trained it): not run")
             continue

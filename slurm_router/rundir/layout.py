@@ -42,7 +42,6 @@ TRACKERS_DIR = "trackers"  # RUN_DIR/trackers/: tensorboard/, mlruns/, wandb/ (t
 TRACKER_FILE = "tracker.json"  # RUN_DIR/tasks/<task>/tracker.json: each tracker's run, for later attempts
 SECRETS = "secrets.json"  # mode 0600, owner only: the real values of the settings shown as *** (config/secrets.py)
 PREVIEW_FILE = "preview.txt"  # dry_run=true: the plan, as printed (launch/preview.py)
-SUBMIT_ALL = "submit-all.sh"  # dry_run=true with a Slurm launcher: the submit commands in order, runnable
 EVALS_FILE = "evals.jsonl"  # prune=true: rank 0's in-training evaluations, read by the other tasks (prune.py)
 DECISIONS_FILE = "decisions.jsonl"  # prune=true: RUN_DIR/decisions.jsonl, the run's looks (verdict/contest.py)
 DECISIONS_LOCK = "decisions.lock"  # held (flock) while a task reads the evaluations and takes a look
@@ -226,9 +225,3 @@ class RunLayout:
     def log(self, name: str) -> Path:
         """A task's output under the local launcher (Slurm jobs log where Slurm puts them)."""
         return self.logs / f"{name}.log"
-
-    def sbatch_script(self, stage: str, last: bool, resume: int = 0) -> Path:
-        """launcher=sbatch: submit.sbatch for the last stage, submit-<stage>.sbatch before it; -resume<N> for
-        the N-th resume's partial arrays."""
-        suffix = f"-resume{resume}" if resume else ""
-        return self.root / (f"submit{suffix}.sbatch" if last else f"submit-{stage}{suffix}.sbatch")

@@ -69,7 +69,7 @@ class TaskState(str, enum.Enum):
 
     PENDING = "pending"  # planned, not started or submitted yet
     CACHED = "cached"  # a base stage an earlier run trained: nothing to run
-    SUBMITTED = "submitted"  # in Slurm's queue (status asks Slurm for the live state)
+    SUBMITTED = "submitted"  # in its scheduler's queue (status asks Slurm for the live state)
     RUNNING = "running"  # started by the local queue
     COMPLETED = "completed"
     FAILED = "failed"
@@ -82,12 +82,13 @@ class TaskState(str, enum.Enum):
         return self in (TaskState.COMPLETED, TaskState.CACHED)
 
     @property
-    def slurm_word(self) -> str:
-        """The word `status` shows for it, in Slurm's vocabulary (CACHED and INTERRUPTED are ours)."""
-        return _SLURM_WORDS[self]
+    def status_word(self) -> str:
+        """The word `status` shows for it, in the words every backend's states are said in
+        (scheduler/task_view.py; CACHED and INTERRUPTED are the run's)."""
+        return _STATUS_WORDS[self]
 
 
-_SLURM_WORDS = {
+_STATUS_WORDS = {
     TaskState.PENDING: "PENDING",
     TaskState.CACHED: "CACHED",
     TaskState.SUBMITTED: "PENDING",

@@ -23,6 +23,8 @@ class JobEnvironment:
 
     name = "local"
     restart_detail = "requeued by its scheduler"  # the requeue row of a restart the scheduler made by itself
+    scheduler = "its scheduler"  # how a line names the scheduler ("Slurm requeued it")
+    node_failure = "node failure"  # the cause attempts.json records for a run that ended with its node (node_failures)
 
     def job_id(self) -> str | None:
         """The scheduler's id of this job (logged in events and attempts), None outside a scheduler's job."""
@@ -100,6 +102,11 @@ class Backend:
     name = "local"
     launchers: dict[str, str] = {}
     queued = False  # its launchers return before the tasks end (a queue's arrays, each job with a time limit)
+    # Its own words for a task that ended without a result, beyond FAILED, TIMEOUT and CANCELLED (task_view.py)
+    failed_states: frozenset[str] = frozenset()
+    # squeue-like reasons it gives a PENDING job it will never start (a dependency that can never be satisfied)
+    never_runs_reasons: tuple[str, ...] = ()
+    dependency_word = ""  # its word for a stage waiting on the one before to succeed (the dry run says it)
 
     def launcher_class(self, kind: str) -> Any:
         module, _, cls = self.launchers[kind].partition(":")

@@ -1,9 +1,10 @@
 """The scheduler's view of a run's tasks, whatever ran them: the words status, --wait, resume= and the report use
-(Slurm's own, which the local launcher's states map onto: LOCAL_STATES), one TaskView per task, and what is added
+(shared by every backend, plus the ended states each declares: Backend.failed_states; the local launcher's
+manifest states map onto them: LOCAL_STATES), one TaskView per task, and what is added
 to a launcher's raw states (log tails of a failed task, a setup line's failure, progress from the task's files).
 
 Each launcher says where its states come from (Launcher.task_states, launch/base.py): the local launcher from
-the manifest it keeps, the Slurm launchers from squeue and sacct (backends/slurm/queries.py). `describe` and
+the manifest it keeps, a queue's from its scheduler (the Slurm backend's: squeue and sacct). `describe` and
 `poll` are the same for every launcher.
 """
 
@@ -19,29 +20,43 @@ from slurm_router.rundir.lifecycle import TaskState
 from slurm_router.rundir.manifest import Manifest
 from slurm_router.rundir.progress import TaskProgress, read_progress, setup_failure
 
-# CACHED is ours, not Slurm's: a task whose result an earlier run already produced (nothing submitted).
+# The words every backend's states are said in (a backend maps its scheduler's onto them, or declares its own
+# ended ones: Backend.failed_states). CACHED is the run's: a task whose result an earlier run already produced
+# (nothing submitted).
 SUCCESS_STATES = frozenset({"COMPLETED", "CACHED"})
-FAILED_STATES = frozenset(
-    {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "BOOT_FAIL", "DEADLINE", "REVOKED"}
-)
-# Put back in the queue by Slurm: the task waits to run again from its checkpoint (the launchers submit with
-# --requeue), so it has not ended. PREEMPTED is final only where the site cancels preempted jobs: a task still
-# PREEMPTED after UNKNOWN_GRACE_S counts as ended (poll). A held one (REQUEUE_HOLD, SPECIAL_EXIT) waits for
-# `scontrol release`.
-REQUEUE_STATES = frozenset({"PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT"})
-HELD_STATES = frozenset({"REQUEUE_HOLD", "SPECIAL_EXIT"})
-# INTERRUPTED is ours too: a task stopped (Ctrl-C, kill, its launcher gone) that resume= continues; the run list
-# says the same word of its run (one word per state)
+# INTERRUPTED is the run's too: a task stopped (Ctrl-C, kill, its launcher gone) that resume= continues; the run
+# list says the same word of its run (one word per state)
 STOPPED_STATES = frozenset({"INTERRUPTED"})
-TERMINAL_STATES = SUCCESS_STATES | FAILED_STATES | STOPPED_STATES
-# squeue's reason for a job whose dependency can never be satisfied (an afterok on a job that failed)
-NEVER_SATISFIED = "DependencyNeverSatisfied"
-# The manifest's task states (slurm_router.rundir.lifecycle.TaskState), in Slurm's words, for runs Slurm did not run.
-LOCAL_STATES = {s.value: s.slurm_word for s in TaskState}
+SHARED_FAILED = frozenset({"FAILED", "TIMEOUT", "CANCELLED"})
+
+
+class BackendWords:
+    """A set of state words: the shared ones plus what every registered backend declares under `attr` (read through
+    the registry when asked, so a backend loaded later, a test's stub, counts too)."""
+
+    def __init__(self, shared: frozenset[str], attr: str):
+        self.shared, self.attr = shared, attr
+
+    def words(self) -> frozenset[str]:
+        from slurm_router.scheduler.registry import backends
+
+        return self.shared.union(*(getattr(b, self.attr) for b in backends().values()))
+
+    def __contains__(self, word: object) -> bool:
+        return word in self.shared or word in self.words()
+
+    def __iter__(self):
+        return iter(sorted(self.words()))
+
+
+FAILED_STATES = BackendWords(SHARED_FAILED, "failed_states")
+TERMINAL_STATES = BackendWords(SUCCESS_STATES | SHARED_FAILED | STOPPED_STATES, "failed_states")
+# The manifest's task states (slurm_router.rundir.lifecycle.TaskState) in these words, for runs no scheduler ran.
+LOCAL_STATES = {s.value: s.status_word for s in TaskState}
 
 
 @dataclass
-class SlurmRow:
+class SchedulerRow:
     state: str
     elapsed_s: int | None = None
     requeues: int = 0
@@ -52,14 +67,14 @@ class SlurmRow:
 
 
 @dataclass(kw_only=True)
-class TaskView(SlurmRow):
-    """The scheduler's view of one task of a run: what Slurm (or the local launcher) says of it, plus where it sits
+class TaskView(SchedulerRow):
+    """The scheduler's view of one task of a run: what its scheduler (or the local launcher) says of it, plus where it sits
     in the run. Not the manifest's lifecycle state (rundir/lifecycle.py TaskState) nor how its process ended
     (TaskOutcome)."""
 
     stage: str
     variant: str
-    job_id: str  # the task's Slurm id: 123_4 for array task 4, 123 for a plain job
+    job_id: str  # the task's job id (a Slurm array task's: 123_4; a plain job's: 123)
     log_path: str | None = None
     err_path: str | None = None
     out_tail: list[str] = field(default_factory=list)
@@ -75,12 +90,27 @@ class TaskView(SlurmRow):
     @property
     def blocked(self) -> bool:
         """It never ran, and never will, because a stage it waits on failed (blame_failed_stages says which)."""
-        return (self.reason or "").startswith(NEVER_SATISFIED)
+        return (self.reason or "").startswith(_never_reasons())
 
 
-def never_runs(row: SlurmRow) -> bool:
-    """PENDING on a dependency that can never be satisfied: Slurm will never start it (only scancel ends it)."""
-    return row.state == "PENDING" and (row.reason or "").startswith(NEVER_SATISFIED)
+def _never_reasons() -> tuple[str, ...]:
+    from slurm_router.scheduler.registry import backends
+
+    return tuple(r for b in backends().values() for r in b.never_runs_reasons)
+
+
+def never_runs_why(reason: str | None) -> str:
+    """What follows a never-runs reason ("<reason>: stage base failed (r8)" -> "stage base failed (r8)"), else ''."""
+    for word in _never_reasons():
+        if (reason or "").startswith(f"{word}: "):
+            return (reason or "")[len(word) + 2 :]
+    return ""
+
+
+def never_runs(row: SchedulerRow) -> bool:
+    """PENDING for a reason its scheduler gives a job it will never start (Backend.never_runs_reasons: a dependency
+    that can never be satisfied); only a cancel ends it."""
+    return row.state == "PENDING" and (row.reason or "").startswith(_never_reasons())
 
 
 def normalize_state(raw: str) -> str:
@@ -98,7 +128,7 @@ def format_duration(seconds: float | None) -> str:
 
 
 def local_word(state) -> str:
-    """A manifest state in Slurm's words (TaskState.slurm_word); anything else as Slurm would spell it."""
+    """A manifest state in status's words (TaskState.status_word); anything else upper-cased (normalize_state)."""
     return LOCAL_STATES.get(str(state).lower(), normalize_state(str(state or "")))
 
 

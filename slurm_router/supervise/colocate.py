@@ -1,28 +1,25 @@
-"""Co-located tasks: K side by side in one Slurm allocation (resources.tasks_per_gpu=K with launcher=slurm|sbatch).
+"""Co-located tasks: K side by side in one allocation of a queue's backend (resources.tasks_per_gpu=K).
 
 Small LoRA tasks leave most of a big GPU idle, so one array task runs K task specs at once on the GPU(s)
-Slurm gave it: each is an ordinary `python -m slurm_router.supervise.job TASK_FILE` child sharing CUDA_VISIBLE_DEVICES
+its scheduler gave it: each is an ordinary `python -m slurm_router.supervise.job TASK_FILE` child sharing CUDA_VISIBLE_DEVICES
 and an equal share of the allocation's cores (slurm_router.worker.cpu). A TaskSupervisor forwards every stop signal
-to every child (Slurm signals the whole step too); each child checkpoints and asks requeue.after_stop on its
-own. A child whose verdict is a requeue exits EXIT_REQUEUE instead of asking Slurm itself, so the allocation
-is requeued once: by this runner with `scontrol requeue` (launcher=sbatch) or by submitit through
-ColocatedRunner.checkpoint() (launcher=slurm). A requeued group restarts every child; finished ones return at once
+to every child (the scheduler may signal the whole step too); each child checkpoints and asks requeue.after_stop on
+its own. A child whose verdict is a requeue exits EXIT_REQUEUE instead of asking its scheduler itself, so the
+allocation is requeued once: by run_colocated through the job environment's `requeue`, or by a backend's own runner
+that calls start_colocated (the Slurm backend's callable runner). A requeued group restarts every child; finished ones return at once
 (their result is on disk), the others resume from their newest checkpoint.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 
-from submitit.helpers import Checkpointable
-
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_STOPPED, TaskOutcome
-from slurm_router.supervise.supervisor import Supervised, TaskSupervisor
+from slurm_router.supervise.supervisor import TaskSupervisor
 from slurm_router.worker.cpu import THREADS_ENV, threads_per_worker
 
 COLOCATED_ENV = "SLURM_ROUTER_COLOCATED"  # tells a child job process that this runner requeues, once
@@ -53,12 +50,12 @@ class Colocated:
             "PYTHONUNBUFFERED": "1",
             THREADS_ENV: str(threads_per_worker(_workers_side_by_side(task_files))),
         }
-        python = python or [sys.executable]  # or the words that run it in a container (launch/container.py)
+        python = python or [sys.executable]  # or the words that run it in a container (its backend's)
         self.procs = [subprocess.Popen([*python, "-m", "slurm_router.supervise.job", f], env=env) for f in task_files]
         self.codes: dict[int, int] = {}
 
     def _reap(self) -> None:
-        # os.waitpid, not Popen.wait/poll: a signal handler (submitit's checkpoint) may wait while the main
+        # os.waitpid, not Popen.wait/poll: a signal handler (a runner's checkpoint hook) may wait while the main
         # thread is inside a wait, and Popen's wait lock is not reentrant.
         for p in self.procs:
             if p.pid in self.codes:
@@ -91,16 +88,16 @@ def colocated_outcome(codes: list[int]) -> TaskOutcome:
     return TaskOutcome.combine([TaskOutcome.from_exit_code(c) for c in codes])
 
 
-def _start(supervisor: TaskSupervisor, task_files: list[str], python: list[str] | None = None) -> Colocated:
+def start_colocated(supervisor: TaskSupervisor, task_files: list[str], python: list[str] | None = None) -> Colocated:
     # A signal before the start goes to the children too: each asks requeue.after_stop, none decides here.
     return supervisor.start(lambda: Colocated(task_files, python), stop_early=False)
 
 
 def run_colocated(task_files: list[str], supervisor: TaskSupervisor | None = None) -> int:
-    """launcher=sbatch: run the co-located tasks; requeue the allocation once if a task asked for it. Exit code as
+    """The job process's co-located tasks: run them; requeue the allocation once if a task asked for it. Exit code as
     job.py."""
     supervisor = supervisor or TaskSupervisor().install()
-    codes = _start(supervisor, task_files).wait()
+    codes = start_colocated(supervisor, task_files).wait()
     outcome = colocated_outcome(codes)
     print(f"co-located {len(task_files)} task(s): exit codes {codes}: {outcome.value}", flush=True)
     if outcome is TaskOutcome.REQUEUE:
@@ -112,27 +109,3 @@ def run_colocated(task_files: list[str], supervisor: TaskSupervisor | None = Non
         job_environment().requeue()  # this array task (JOB_TASK), never the whole array
         return EXIT_STOPPED
     return outcome.exit_code
-
-
-class ColocatedRunner(Supervised, Checkpointable):
-    """launcher=slurm: what submitit runs for K co-located tasks; checkpoint() (submitit's USR2 hook) stops the
-    children at their step end, then asks submitit to requeue this allocation if one of them wants it. The supervisor lives on
-    the instance (never pickled). python: the words that start a task's interpreter, e.g. in a container
-    (launch/container.py: launcher=slurm runs a containerised task as a group of one); None: this one."""
-
-    def __init__(self, python: list[str] | None = None):
-        self.python = python
-
-    def __call__(self, task_files: list[str]) -> list[int]:
-        codes = _start(self.supervisor, task_files, getattr(self, "python", None)).wait()
-        if colocated_outcome(codes) is TaskOutcome.FAILED:
-            raise RuntimeError(f"co-located {len(task_files)} task(s) failed: exit codes {codes} (see each task's log)")
-        return codes
-
-    def checkpoint(self, task_files: list[str]):
-        group = self.supervisor.children
-        if group is None:  # USR2 before the group started (no child could ask): nothing ran, run it again
-            return super().checkpoint(task_files)
-        self.supervisor.on_signal(signal.SIGUSR2)
-        codes = group.wait()
-        return super().checkpoint(task_files) if colocated_outcome(codes) is TaskOutcome.REQUEUE else None

@@ -4,8 +4,8 @@
     python -m slurm_router.supervise.job --run-dir RUN_DIR --stage variants      # in an sbatch array task
     python -m slurm_router.supervise.job --run-dir RUN_DIR --stage variants --colocate 4   # 4 tasks share its GPUs
 
-Locally the launcher runs this as a subprocess with CUDA_VISIBLE_DEVICES pinned to the task's GPUs; under
-Slurm submitit calls TaskRunner (run_task) in the array task, where Slurm has already set CUDA_VISIBLE_DEVICES.
+Locally the launcher runs this as a subprocess with CUDA_VISIBLE_DEVICES pinned to the task's GPUs; a backend whose
+runner is a callable (launcher=slurm's, in its backend's package) calls run_task in its job instead.
 With launcher.srun_workers each srun task is one worker (slurm_router.supervise.srun_worker).
 
 Never lose work. A stop signal (USR2: Slurm's time-limit warning or a preemption; TERM; INT) makes every
@@ -49,12 +49,10 @@ import argparse
 import json
 from pathlib import Path
 
-from submitit.helpers import Checkpointable
-
 from slurm_router.rundir.layout import RESULT_FILE, TaskPaths  # noqa: F401  (RESULT_FILE: imported from here)
 from slurm_router.rundir.lifecycle import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STOP_SIGNALS, TaskOutcome, finished
 from slurm_router.scheduler.registry import job_environment
-from slurm_router.supervise.supervisor import Supervised, TaskFailed, TaskStopped, TaskSupervisor
+from slurm_router.supervise.supervisor import TaskFailed, TaskStopped, TaskSupervisor
 
 
 def _newest_checkpoint(spec, quiet: bool = False) -> str | None:
@@ -192,37 +190,6 @@ def run_task(task_file: str, supervisor: TaskSupervisor | None = None) -> dict |
         _end_failed(spec, msg)
         raise TaskFailed(msg)
     return json.loads(paths.result.read_text())
-
-
-class TaskRunner(Supervised, Checkpointable):
-    """What launcher=slurm submits (submitit): run_task, plus checkpoint(), which submitit calls on USR2 (time
-    limit or preemption): the workers stop at their step end and save, then requeue.after_stop decides and
-    submitit requeues this callable if it says so. The supervisor lives on the instance (never pickled)."""
-
-    def __call__(self, task_file: str) -> dict | None:
-        from slurm_router.supervise.retry import TaskRetried
-
-        try:
-            return run_task(task_file, self.supervisor)
-        except TaskRetried as e:  # requeued itself (retry.py): end this attempt as submitit's requeue does
-            print(f"warning: {e}", file=sys.stderr, flush=True)
-            sys.exit(e.exit_code)
-
-    def checkpoint(self, task_file: str):
-        from slurm_router.rundir.spec import TaskSpec
-        from slurm_router.supervise.requeue import after_stop
-
-        spec = TaskSpec.load(task_file)
-        from slurm_router.scheduler.registry import launcher_setting
-
-        delay = int(launcher_setting(spec.config.get("launcher"), "signal_delay_s"))
-        try:  # the step in flight finishes and rank 0 saves; Slurm kills everything at the limit
-            self.supervisor.stop_children(signal.SIGUSR2, timeout=max(5.0, delay - 15.0))
-        except TaskFailed as e:
-            print(f"error: {spec.name}: {e}; requeueing from the last checkpoint", file=sys.stderr, flush=True)
-        if after_stop(spec, signal.SIGUSR2, checkpoint_step(spec), requeue_by="submitit") is TaskOutcome.REQUEUE:
-            return super().checkpoint(task_file)
-        return None  # submitit: not requeued, the job fails
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -1,8 +1,8 @@
 """A task's attempts and requeues, kept in RUN_DIR/tasks/<name>/attempts.json (stable across requeues).
 
 Every start of a task is a new attempt (0, 1, ...): its events carry `attempt`, so the report keeps the last
-attempt's row of a step that ran twice. A stop signal becomes a requeue by this rule, the same for both
-Slurm launchers: USR2 shortly before the time limit is a timeout, requeued at most launcher.max_requeues
+attempt's row of a step that ran twice. A stop signal becomes a requeue by this rule, the same for every
+queue's launcher: USR2 shortly before the time limit is a timeout, requeued at most launcher.max_requeues
 times; USR2 at any other time is a preemption (someone wants the GPUs back), requeued without limit.
 """
 
@@ -146,8 +146,8 @@ def decide(spec, signum: int) -> RequeueDecision:
 
 def requeue_self(spec, decision: RequeueDecision, step: int, now: bool = True) -> None:
     """Log the requeue, then ask the scheduler to put this job back in the queue (it resumes from the checkpoint).
-    now=False: someone else requeues it (submitit itself, the co-location runner, the batch script outside a
-    container)."""
+    now=False: someone else requeues it (the backend's runner, the co-location runner, the batch script outside
+    a container)."""
     env = job_environment()
     job = str(env.job_id())
     data = load_attempts(spec.task_dir)
@@ -168,8 +168,8 @@ def requeue_self(spec, decision: RequeueDecision, step: int, now: bool = True) -
         env.requeue()
 
 
-REQUEUERS = ("self", "submitit", "colocated", "outside")
-# Set by a batch script that runs the task inside a container (launch/container.py): the file the task writes
+REQUEUERS = ("self", "runner", "colocated", "outside")
+# Set by a batch script that runs the task inside a container (backends/slurm/container.py): the file the task writes
 # when it wants its array task requeued; the script, outside the container, then requeues it.
 REQUEUE_REQUEST_ENV = "SLURM_ROUTER_REQUEUE_REQUEST"
 
@@ -185,11 +185,12 @@ def request_requeue_outside(why: str) -> bool:
 
 
 def after_stop(spec, signum: int, step: int | None, requeue_by: str) -> TaskOutcome:
-    """The one after-stop policy, for every stop path (a job process, submitit's checkpoint hook, a co-located
-    task, srun workers): decide, log the verdict in the task's events, requeue or end the attempt, say so.
+    """The one after-stop policy, for every stop path (a job process, a backend runner's checkpoint hook, a
+    co-located task, srun workers): decide, log the verdict in the task's events, requeue or end the attempt, say so.
 
     requeue_by: who puts the allocation back in the queue when the verdict is a requeue: "self" (this
-    process, now: STOPPED), "submitit" (its checkpoint() after this returns: REQUEUE) or "colocated" (the
+    process, now: STOPPED), "runner" (the backend's runner that called this, once it returns: REQUEUE; launcher=slurm's
+    checkpoint hook) or "colocated" (the
     co-location runner, once for all its tasks: REQUEUE) or "outside" (the batch script outside the task's
     container, told by a request file: REQUEUE; chosen here for "self" when REQUEUE_REQUEST_ENV is set). Otherwise STOPPED
     (interrupted: resume= continues) or FAILED (the time limit hit more often than launcher.max_requeues

@@ -44,7 +44,6 @@ from slurm_router.supervise.supervisor import TaskFailed
 # How supervisor.Workers._describe names a worker that died of a signal (the other causes say "raised" or
 # "exit code"): "worker rank 0 (pid 123) killed by SIGKILL"
 SIGNAL_DEATH = re.compile(r"worker rank (\d+) \(pid \d+\) killed by (SIG[A-Z0-9]+)")
-NODE_FAIL = "NODE_FAIL"
 
 
 class TaskRetried(TaskFailed):
@@ -202,8 +201,8 @@ def exclude_nodes(exclude: list[str], kept: list[str], env: JobEnvironment) -> s
 
 
 def count_node_failures(spec, env: JobEnvironment | None = None) -> str | None:
-    """At the start of an attempt the scheduler restarted: count the attempts of this task that ended NODE_FAIL
-    and not yet counted. Returns the one-line error if that makes more than launcher.max_failures (the
+    """At the start of an attempt the scheduler restarted: count the attempts of this task that ended with their
+    node (JobEnvironment.node_failures) and not yet counted. Returns the one-line error if that makes more than launcher.max_failures (the
     task must not run again), else None. With max_failures=0 (the default) nothing is counted: a requeue Slurm
     made by itself (JobRequeue) runs as before."""
     env = env or job_environment()
@@ -217,8 +216,8 @@ def count_node_failures(spec, env: JobEnvironment | None = None) -> str | None:
     for key, node in rows:
         if key in seen:
             continue
-        record = _record(spec, NODE_FAIL, node or None, limit, env, key=key)
+        record = _record(spec, env.node_failure, node or None, limit, env, key=key)
         if not record["retried"]:
             return f"{spec.name}: {record['detail']}; continue it with python -m slurm_router resume={spec.run_dir}"
-        print(f"{spec.name}: {record['detail']} (Slurm requeued it)", flush=True)
+        print(f"{spec.name}: {record['detail']} ({env.scheduler} requeued it)", flush=True)
     return None

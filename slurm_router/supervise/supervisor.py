@@ -377,23 +377,9 @@ class TaskSupervisor:
             self.children = None
 
     def stop_children(self, signum: int, timeout: float) -> None:
-        """A stop asked for by code (submitit's checkpoint hook): forward it and give the children `timeout` s
+        """A stop asked for by code (a backend runner's checkpoint hook): forward it and give the children `timeout` s
         to finish their step and save."""
         self.on_signal(signum)
         children = self.children
         if isinstance(children, Workers) and children.alive():
             children.wait(timeout=timeout)
-
-
-class Supervised:
-    """Mixin for the callables submitit runs (job.TaskRunner, supervise.colocate.ColocatedRunner): a TaskSupervisor on the
-    instance, made on first use and never pickled (submitit pickles the callable again to requeue it)."""
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_supervisor"}
-
-    @property
-    def supervisor(self) -> TaskSupervisor:
-        if "_supervisor" not in self.__dict__:
-            self._supervisor = TaskSupervisor()
-        return self._supervisor

@@ -9,6 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from slurm_router.backends.slurm.config import SbatchLauncherConfig, SubmititLauncherConfig
+from slurm_router.backends.slurm.states import FAILED_STATES, NEVER_SATISFIED
 from slurm_router.scheduler.base import Backend, JobEnvironment, Runner
 from slurm_router.scheduler.registry import add_launcher_schema
 
@@ -23,6 +24,9 @@ class SlurmBackend(Backend):
         "sbatch": "slurm_router.backends.slurm.sbatch_launcher:SbatchLauncher",
     }
     queued = True
+    failed_states = FAILED_STATES
+    never_runs_reasons = (NEVER_SATISFIED,)
+    dependency_word = "afterok"
 
     def job_environment(self) -> JobEnvironment | None:
         if not os.environ.get("SLURM_JOB_ID"):

@@ -164,7 +164,7 @@ class SlurmLauncher(Launcher):
 
     @classmethod
     def check(cls, cfg) -> None:
-        from slurm_router.launch.container import resolve_container
+        from slurm_router.backends.slurm.container import resolve_container
 
         if not cfg.get("dry_run"):  # dry_run=true only renders and prints: no Slurm needed here
             check_slurm()

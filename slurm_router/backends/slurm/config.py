@@ -11,7 +11,7 @@ from slurm_router.backends.slurm.settings import SlurmSettings
 
 @dataclass
 class ContainerConfig:
-    """launcher.container: each task runs inside this image (slurm_router/launch/container.py); the job's own
+    """launcher.container: each task runs inside this image (slurm_router/backends/slurm/container.py); the job's own
     shell (sbatch) or submitit's process stays outside, and requeues from there. image=None: no container."""
 
     image: Optional[str] = None  # apptainer: a .sif file (or docker://..., library://...); pyxis: a name
@@ -45,7 +45,7 @@ class SlurmLauncherConfig(SlurmSettings):  # its keys' declarations: backends/sl
     # a task that failed for a reason not its own (a worker killed by a signal, NODE_FAIL) runs again from its
     # checkpoint, away from that node, up to this many times (slurm_router.supervise.retry)
     max_failures: int = 0
-    # How the job runs (launch/container.py, launch/snapshot.py). setup: shell lines the job runs before the
+    # How the job runs (backends/slurm/container.py, launch/snapshot.py). setup: shell lines the job runs before the
     # task (module load, source a venv, export), as written: shell by design, trusted like your own sbatch
     # script, in the directory the run was submitted from; every other value here is quoted for the shell.
     setup: List[str] = field(default_factory=list)

@@ -24,7 +24,7 @@ NODE_FAIL = "NODE_FAIL"
 USABLE_STATES = frozenset(
     {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "resv", "reserved", "plnd", "planned"}
 )
-# The job's end time (epoch seconds), exported by the batch script outside a container (launch/container.py):
+# The job's end time (epoch seconds), exported by the batch script outside a container (backends/slurm/container.py):
 # inside one there is seldom a squeue to ask.
 JOB_END_ENV = "SLURM_ROUTER_JOB_END_TIME"
 JOB_TIMEOUT_S = 30.0  # one command from inside a job (then retried): a stop must not wait on a hung controller long
@@ -111,6 +111,8 @@ def tasks_per_node(text: str) -> list[int]:
 class SlurmJobEnvironment(JobEnvironment):
     name = "slurm"
     restart_detail = "requeued by Slurm (preemption, node failure or scontrol requeue)"
+    scheduler = "Slurm"
+    node_failure = "NODE_FAIL"  # sacct's state of a job whose node failed
 
     def __init__(self, runner: Callable[[list[str]], str] = job_command):
         self.runner = runner
@@ -212,7 +214,7 @@ class SlurmJobEnvironment(JobEnvironment):
             return []
 
 
-# ---------------------------------------------------------------- a container's job (launch/container.py)
+# ---------------------------------------------------------------- a container's job (backends/slurm/container.py)
 
 
 def outside_exports(srun_workers: bool) -> list[str]:

@@ -22,14 +22,12 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from slurm_router.backends.slurm.states import HELD_STATES, NEVER_SATISFIED, REQUEUE_STATES
 from slurm_router.rundir.progress import TaskProgress
 from slurm_router.scheduler.task_view import (
     FAILED_STATES,
-    HELD_STATES,
-    NEVER_SATISFIED,
-    REQUEUE_STATES,
     TERMINAL_STATES,
-    SlurmRow,
+    SchedulerRow,
     TaskView,
     local_status,
     never_runs,
@@ -135,10 +133,10 @@ def not_ours(key: str, name: str, submit: str, expect: Expect | None) -> str | N
     return None
 
 
-def parse_squeue(text: str, expect: Expect | None = None) -> dict[str, SlurmRow]:
+def parse_squeue(text: str, expect: Expect | None = None) -> dict[str, SchedulerRow]:
     """Rows of `squeue -h -t all -O JobArrayID:|,...` over SQUEUE_FIELDS (a row without the last columns, as an
     older query wrote it, has no exit code and is matched by id alone)."""
-    rows: dict[str, SlurmRow] = {}
+    rows: dict[str, SchedulerRow] = {}
     for line in text.splitlines():
         cols = line.split("|")
         if len(cols) < 6:  # JobArrayID..Reason; exit_code, Name and SubmitTime came later
@@ -148,7 +146,7 @@ def parse_squeue(text: str, expect: Expect | None = None) -> dict[str, SlurmRow]
         name, submit = (cols[7], cols[8]) if len(cols) > 8 else ("", "")
         other = not_ours(job.strip(), name, submit, expect)
         for key in _task_keys(job.strip()):
-            rows[key] = SlurmRow(
+            rows[key] = SchedulerRow(
                 foreign=other,
                 state=state,
                 exit_code=squeue_exit_code(cols[6] if len(cols) > 6 else "", state),
@@ -160,14 +158,14 @@ def parse_squeue(text: str, expect: Expect | None = None) -> dict[str, SlurmRow]
     return rows
 
 
-def parse_sacct(text: str, expect: Expect | None = None) -> dict[str, SlurmRow]:
+def parse_sacct(text: str, expect: Expect | None = None) -> dict[str, SchedulerRow]:
     """Rows of `sacct -X -D -n --parsable2 --format=JobID,JobIDRaw,State,ExitCode,Elapsed,NodeList,Start,End,
     JobName,Submit`; a row of another job that had the same id (not_ours) is kept only where the run's own is none.
 
     With -D every attempt of a requeued task is a row (older ones REQUEUED, PREEMPTED or NODE_FAIL: each row
     before the last was requeued); the last row is current.
     """
-    rows: dict[str, SlurmRow] = {}
+    rows: dict[str, SchedulerRow] = {}
     requeues: dict[str, int] = {}
     for line in text.splitlines():
         cols = line.split("|")
@@ -186,7 +184,7 @@ def parse_sacct(text: str, expect: Expect | None = None) -> dict[str, SlurmRow]:
             # a row before another of the same task was requeued, whatever it says (PREEMPTED, NODE_FAIL)
             if state == "REQUEUED" or (key in rows and rows[key].state != "REQUEUED"):
                 requeues[key] = requeues.get(key, 0) + 1
-            rows[key] = SlurmRow(
+            rows[key] = SchedulerRow(
                 foreign=other,
                 state=state,
                 elapsed_s=parse_duration(elapsed),
@@ -208,7 +206,7 @@ def task_job_id(job: dict, task: dict) -> str:
     return str(job["job_id"])
 
 
-def merge_status(manifest: dict, squeue: dict[str, SlurmRow], sacct: dict[str, SlurmRow]) -> list[TaskView]:
+def merge_status(manifest: dict, squeue: dict[str, SchedulerRow], sacct: dict[str, SchedulerRow]) -> list[TaskView]:
     """One TaskView per submitted task (squeue decides the state when it has the task; sacct adds history),
     plus the manifest's cached tasks, which were never submitted. A task submitted again (resume=) is the
     job that submitted it last."""

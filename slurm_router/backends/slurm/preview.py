@@ -8,8 +8,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from slurm_router.rundir.layout import SUBMIT_ALL as SUBMIT_SCRIPT
 from slurm_router.rundir.spec import Stage
+
+SUBMIT_SCRIPT = "submit-all.sh"  # dry_run=true: the submit commands in order, runnable
 
 
 def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
@@ -19,7 +20,7 @@ def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
     from slurm_router.backends.slurm.common import KILL_ON_INVALID_DEP, REPORT_TIMEOUT_MIN, stage_devices
     from slurm_router.backends.slurm.common import colocated_tasks as colocated_of
     from slurm_router.backends.slurm.sbatch_launcher import report_script, sbatch_spec
-    from slurm_router.backends.slurm.sbatch_render import safe_job_name, write_sbatch
+    from slurm_router.backends.slurm.sbatch_render import safe_job_name, script_path, write_sbatch
 
     layout, run_dir = manifest.layout, str(manifest.layout.root)
     per_array_task = colocated_of(cfg)
@@ -30,7 +31,7 @@ def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
         n_arrays = -(-len(manifest.stage_tasks(stage.name)) // per_array_task)
         spec = sbatch_spec(cfg, run_dir, stage.name, n_arrays, stage_devices(stage), None)
         last = stage.name == manifest.data["stages"][-1]["name"]
-        script = write_sbatch(spec, layout.sbatch_script(stage.name, last, 0))
+        script = write_sbatch(spec, script_path(layout, stage.name, last, 0))
         var = f"JOB_{stage.name.upper().replace('-', '_')}"
         dep: list[str] = [f"--dependency=afterok:${prev}", f"--{KILL_ON_INVALID_DEP}=yes"] if prev else []
         commands.append(f"{var}=$(sbatch --parsable {' '.join(dep + [shlex.quote(str(script))])})")

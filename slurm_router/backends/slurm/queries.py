@@ -42,7 +42,7 @@ from slurm_router.scheduler.task_view import (
     TAIL_LINES,
     TERMINAL_STATES,
     UNKNOWN_GRACE_S,
-    SlurmRow,
+    SchedulerRow,
     TaskView,
     attach_progress,
     describe,
@@ -65,7 +65,7 @@ __all__ = [
     "SUCCESS_STATES",
     "TERMINAL_STATES",
     "TAIL_LINES",
-    "SlurmRow",
+    "SchedulerRow",
     "TaskView",
     "expand_array_indices",
     "format_duration",
@@ -110,7 +110,7 @@ def in_slurm(manifest: dict) -> bool:
 
 def query_slurm(
     ids: str, runner: Runner = run_command, wanted: list[str] | None = None, expect: Expect | None = None
-) -> tuple[dict[str, SlurmRow], dict[str, SlurmRow]]:
+) -> tuple[dict[str, SchedulerRow], dict[str, SchedulerRow]]:
     """squeue's and sacct's rows for these job ids (comma-separated), keyed by task id (123_4): one call of each
     for all of them, whatever their number. sacct is not asked when squeue holds every task of `wanted` and none
     of them has ended (its history adds nothing then, and it is the controller's costlier query)."""

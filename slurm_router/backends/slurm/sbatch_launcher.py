@@ -24,10 +24,12 @@ from slurm_router.backends.slurm.common import (
     stage_devices,
 )
 from slurm_router.backends.slurm.config import SbatchLauncherConfig
+from slurm_router.backends.slurm.container import container_spec, resolve_container, task_python
 from slurm_router.backends.slurm.sbatch_render import (
     SbatchSpec,
     safe_job_name,
     sbatch_directives,
+    script_path,
     submit_sbatch,
     submit_wrapped,
     write_sbatch,
@@ -36,7 +38,6 @@ from slurm_router.backends.slurm.setup_lines import guarded
 from slurm_router.config.schema import launcher_setting
 from slurm_router.errors import SchedulerUnavailable, UserError
 from slurm_router.launch.base import StageJobs, TaskJob
-from slurm_router.launch.container import container_spec, resolve_container, task_python
 from slurm_router.rundir.spec import Stage
 
 
@@ -129,7 +130,7 @@ class SbatchLauncher(SlurmLauncher):
         )
         last = stage.name == self.manifest.data["stages"][-1]["name"]
         try:
-            script = write_sbatch(spec, self.layout.sbatch_script(stage.name, last, resumed))
+            script = write_sbatch(spec, script_path(self.layout, stage.name, last, resumed))
         except ValueError as e:
             raise UserError(f"launcher: {e}") from None
         if self.cfg.launcher.dry_run:

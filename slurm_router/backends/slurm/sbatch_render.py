@@ -13,7 +13,7 @@ Two parsers read the result, and every config-derived value must survive both wi
   backticks and newlines in a path, variant or env value reach the program as literal argv.
 Output paths are also Slurm filename patterns: a literal `%` in RUN_DIR is written as `%%`.
 The one exception is launcher.setup: its lines are the user's own shell, run as written (module load, source a
-venv), trusted like a hand-written sbatch script. A container (launch/container.py) keeps the batch shell
+venv), trusted like a hand-written sbatch script. A container (backends/slurm/container.py) keeps the batch shell
 outside it: the task is its child, and the shell requeues when the task asks (REQUEUE_REQUEST_ENV).
 """
 
@@ -32,10 +32,10 @@ from typing import Any, cast
 from slurm_router.backends.slurm.commands import sbatch
 from slurm_router.backends.slurm.common import afterok, user_gpu_request
 from slurm_router.backends.slurm.config import SlurmLauncherConfig
+from slurm_router.backends.slurm.container import ContainerSpec
 from slurm_router.backends.slurm.job import outside_exports
 from slurm_router.backends.slurm.settings import MAIL_TYPES
 from slurm_router.backends.slurm.setup_lines import guarded
-from slurm_router.launch.container import ContainerSpec
 from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import EXIT_REQUEUE, EXIT_STOPPED
 from slurm_router.supervise.requeue import REQUEUE_REQUEST_ENV
@@ -322,6 +322,13 @@ def render_sbatch(spec: SbatchSpec, template_dir: str | Path | None = None) -> s
 
 
 # ---- thin I/O helpers for the sbatch launcher (everything above is pure) ------------------------
+
+
+def script_path(layout: RunLayout, stage: str, last: bool, resume: int = 0) -> Path:
+    """launcher=sbatch's script in the run dir: submit.sbatch for the last stage, submit-<stage>.sbatch before it;
+    -resume<N> for the N-th resume's partial arrays."""
+    suffix = f"-resume{resume}" if resume else ""
+    return layout.root / (f"submit{suffix}.sbatch" if last else f"submit-{stage}{suffix}.sbatch")
 
 
 def write_sbatch(spec: SbatchSpec, path: str | Path | None = None, template_dir: str | Path | None = None) -> Path:

@@ -16,7 +16,7 @@ from slurm_router.config.settings import Condition, Setting
 from slurm_router.errors import UserError
 
 SLURM, SBATCH = "backends/slurm/submitit_launcher.py", "backends/slurm/sbatch_launcher.py"
-COMMON, CONTAINER = "backends/slurm/common.py", "launch/container.py"
+COMMON, CONTAINER = "backends/slurm/common.py", "backends/slurm/container.py"
 TIME_LIMIT = "backends/slurm/time_limit.py"
 
 # Slurm's --mail-type names (sbatch(1), 22.05 on); a list is comma-separated

@@ -1,5 +1,5 @@
-"""launcher=slurm: each stage is one submitit map_array (one sbatch call); the callables are job.TaskRunner,
-or supervise.colocate.ColocatedRunner for K co-located tasks, and analysis.report.write_report_job for the report (backends/slurm/common.py).
+"""launcher=slurm: each stage is one submitit map_array (one sbatch call); the callables are runners.TaskRunner,
+or runners.ColocatedRunner for K co-located tasks, and analysis.report.write_report_job for the report (backends/slurm/common.py).
 
 How the job's command is formed, as Hydra's submitit launcher does it: launcher.setup is submitit's `setup`
 (shell lines before srun, as written), then the snapshot first on PYTHONPATH, with PYTHONSAFEPATH=1 so that
@@ -32,12 +32,12 @@ from slurm_router.backends.slurm.common import (
     user_gpu_request,
 )
 from slurm_router.backends.slurm.config import SubmititLauncherConfig
+from slurm_router.backends.slurm.container import ContainerSpec, container_spec, task_python
 from slurm_router.backends.slurm.job import outside_exports
 from slurm_router.backends.slurm.setup_lines import guarded
 from slurm_router.config.schema import launcher_setting
 from slurm_router.errors import SchedulerUnavailable
 from slurm_router.launch.base import StageJobs, TaskJob
-from slurm_router.launch.container import ContainerSpec, container_spec, task_python
 from slurm_router.rundir.spec import Stage
 
 # slurm_router counts time-outs itself (launcher.max_requeues, slurm_router.supervise.requeue: the same rule for both
@@ -177,8 +177,7 @@ class SubmititLauncher(SlurmLauncher):
         return ex
 
     def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
-        from slurm_router.supervise.colocate import ColocatedRunner
-        from slurm_router.supervise.job import TaskRunner
+        from slurm_router.backends.slurm.runners import ColocatedRunner, TaskRunner
 
         run_dir = str(self.layout.root)
         ex = self._executor(

@@ -12,7 +12,7 @@ Whatever runs outside the container does it:
   (76) when its verdict (requeue.after_stop) is a requeue; the shell then runs `scontrol requeue` for its own
   array task and exits 75.
 - launcher=slurm, apptainer: submitit's own process runs outside, on the submitting interpreter, and starts
-  the task as a child `apptainer exec ... python3 -m slurm_router.supervise.job TASK_FILE` (supervise.colocate.ColocatedRunner with
+  the task as a child `apptainer exec ... python3 -m slurm_router.supervise.job TASK_FILE` (backends/slurm/runners.py ColocatedRunner with
   one task); the child asks for the requeue with exit 76 and submitit requeues, as for co-located tasks.
 - launcher=slurm, pyxis: pyxis wraps srun steps, and submitit's process is the step, so it runs inside the
   image: the image needs submitit, and `scontrol` for requeues (else use launcher=sbatch).
