@@ -125,7 +125,7 @@ def test_previews_are_left_out_of_the_run_list_unless_asked_for(tmp_path):
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.strip().splitlines()
     assert [line.split()[-1] for line in lines[1:-1]] == [str(real)], listed.stdout
-    assert lines[-1] == "2 dry_run=true preview(s) not listed (--previews lists them)"
+    assert lines[-1] == "2 dry_run=true preview(s) not listed (--previews lists them, --clean-previews deletes them)"
     rows = json.loads(run_cli("status", "--run-root", str(tmp_path), "--json", cwd=tmp_path).stdout)
     assert [r["run_dir"] for r in rows] == [str(real)]
     every = run_cli("status", "--run-root", str(tmp_path), "--previews", cwd=tmp_path).stdout.strip().splitlines()

@@ -198,8 +198,7 @@ class RequeueRow(Row):
 
 @dataclass(kw_only=True)
 class WaitRow(Row):
-    """the job held its devices waiting before its workers started (a seeds=auto reserve under Slurm, until its
-    round's call was made): device time that trained nothing"""
+    """the job held its devices, training nothing, until its seeds=auto round's call was made (Slurm)"""
 
     KIND: ClassVar[str] = "wait"
     waited_s: float = _req()
