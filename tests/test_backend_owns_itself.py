@@ -25,9 +25,9 @@ import re
 import subprocess
 from pathlib import Path
 
+from test_backend_boundary import code_strings, modules
+
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE = REPO / "slurm_router"
-SLURM_BACKEND = PACKAGE / "backends" / "slurm"
 STATES = (
     "COMPLETING CONFIGURING NODE_FAIL BOOT_FAIL OUT_OF_MEMORY DEADLINE REVOKED REQUEUED REQUEUE_FED REQUEUE_HOLD "
     "SPECIAL_EXIT SUSPENDED RESIZING SIGNALING STAGE_OUT DependencyNeverSatisfied"
@@ -42,35 +42,18 @@ SLURM_WORD = re.compile(
 # supervise/retry.py), and config/checks.py held Slurm's mail types and container runtimes. Now none.
 
 
-def modules() -> list[Path]:
-    found = {p.resolve() for p in PACKAGE.rglob("*.py")} | {p.resolve() for p in (REPO / "analysis").glob("*.py")}
-    return sorted(p for p in found if SLURM_BACKEND not in p.parents)
-
-
-def _text(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        return "".join(_text(v) or "{}" for v in node.values)
-    return None
-
-
 def violations(source: str) -> list[str]:
     """Each piece of Slurm's vocabulary the rule above finds in this module's code: 'line N: what'."""
     tree = ast.parse(source)
-    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and _text(n.value) is not None}
-    parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "submitit" for a in node.names):
             found.append(f"line {node.lineno}: import submitit")
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "submitit":
             found.append(f"line {node.lineno}: from {node.module} import")
-        text = _text(node)
-        if text is None or id(node) in prose or id(node) in parts:
-            continue
+    for node, text in code_strings(tree):  # the strings test_backend_boundary.py reads
         for m in (*SLURM_STATE.finditer(text), *SLURM_WORD.finditer(text)):
-            found.append(f"line {node.lineno}: {m.group(0)!r} in {text[:60]!r}")
+            found.append(f"line {getattr(node, 'lineno', 0)}: {m.group(0)!r} in {text[:60]!r}")
     return found
 
 

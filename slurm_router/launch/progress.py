@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurm_router.analysis.forecast import duration
 from slurm_router.rundir.lifecycle import TaskState
 from slurm_router.rundir.progress import TaskProgress, decided_state, read_progress, task_ended_as
 from slurm_router.rundir.spec import TaskSpec
@@ -20,15 +21,8 @@ PLAIN_EVERY_S = 30.0  # plain lines: a task whose steps moved gets a line at lea
 
 
 def eta_text(seconds: float | None) -> str:
-    """'ETA 42s', 'ETA 3m05s', 'ETA 1h02m'; '' when not known."""
-    if seconds is None:
-        return ""
-    s = int(round(seconds))
-    if s < 60:
-        return f"ETA {s}s"
-    if s < 3600:
-        return f"ETA {s // 60}m{s % 60:02d}s"
-    return f"ETA {s // 3600}h{s % 3600 // 60:02d}m"
+    """'ETA 42s', 'ETA 3m05s', 'ETA 1h02m' (the forecast's duration); '' when not known."""
+    return "" if seconds is None else f"ETA {duration(seconds)}"
 
 
 class Progress:
