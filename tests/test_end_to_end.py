@@ -68,12 +68,18 @@ def _main_task(proc) -> tuple[list[float], list[float], dict]:
 @pytest.mark.integration
 def test_compile_trains_the_same_run(tmp_path):
     """train.compile=true (the throughput switch): the worker really compiles (TorchInductor writes its graphs to
-    the cache folder it is given), the task completes and learns, and its losses are the eager run's."""
+    the cache folder it is given), the task completes and learns, and its losses are the eager run's. Every
+    sample is one 32-token shape (documents cut into whole pieces, padded to 32), so the backbone compiles once for
+    training and once for evaluation: each new shape is another compile, 15-20 s on CPU."""
     args = [
         "base.enabled=false",
         "train.steps=4",
         "train.eval_batches=1",
         "data.max_documents=40",
+        "data.max_len=32",
+        "data.split_on=@@@@",
+        "train.packing=false",
+        "train.pad_to_multiple=32",
         "launcher.cpu_slots=1",
         f"run_root={tmp_path / 'runs'}",
     ]
