@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
 from conftest import event_rows, run_cli, run_dir_of
@@ -22,9 +23,9 @@ def results(run_dir) -> dict[str, dict]:
 
 
 def check_loser_run(run_dir, waited: bool | None = False) -> None:
-    """waited: under Slurm a reserve's array task that starts before its call holds its allocation until then,
-    and says so (a wait row, the cost's waiting part, left out of the fixed design); locally it is started once
-    called, so never waits (False). None: either (whether an array task starts early depends on the free slots)."""
+    """waited: a reserve that starts before its call holds its devices until then, and says so (a wait row, the
+    cost's waiting part, left out of the fixed design). Locally it is started once called, and under Slurm queued
+    after the round before (launch/base.py reserve_rounds), so it never waits (False); None: either."""
     got = results(run_dir)
     reserves = sorted(t for t in got if int(t.rsplit("-s", 1)[1]) >= 2)
     assert reserves and all(got[t]["exit_state"] == "not_needed" for t in reserves), got
@@ -193,15 +194,36 @@ def test_min_effect_settles_variants_that_train_alike_on_two_seeds(tmp_path):
     shutil.which("sbatch") is None, reason="no sbatch on PATH: run scripts/slurm_test_cluster.sh (root + apt) first"
 )
 def test_under_slurm_the_reserves_of_a_decided_contest_end_not_needed(tmp_path):
-    """launcher=slurm, the whole array at once: the reserves' array tasks start beside the first round, wait for
-    it, then end at once (not_needed, exit 0); the run completes and the report is the local run's."""
+    """launcher=sbatch: the reserves are queued as their own array job, after the first round's has ended
+    (afterany), so they start once their call can be made: they end at once (not_needed, exit 0) and never hold
+    an allocation waiting for it; the run completes and the report is the local run's."""
     proc = run_cli(
-        *AUTO, "auto_seeds.max=3", "launcher=slurm", "launcher.wait=true", "launcher.timeout_min=10",
+        *AUTO, "auto_seeds.max=3", "launcher=sbatch", "launcher.wait=true", "launcher.timeout_min=10",
         f"run_root={tmp_path}", cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dir = run_dir_of(proc)
-    check_loser_run(run_dir, waited=None)
+    check_loser_run(run_dir, waited=False)
+    check_rounds_queued_apart(run_dir)
+
+
+def check_rounds_queued_apart(run_dir) -> None:
+    """The variants stage as Slurm ran it: the first round one array job, the reserves (seed 2) another, which
+    Slurm started only after every first-round task had ended (sacct's times)."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    jobs = [j for j in manifest["jobs"] if j["stage"] == "variants"]
+    rounds = [sorted(t["variant"] for t in j["tasks"]) for j in jobs]
+    assert len(rounds) == 2 and all(t[-3:] in ("-s0", "-s1") for t in rounds[0]), rounds
+    assert rounds[1] == ["r32-s2", "r8-s2"], rounds
+    ids = [j["job_id"] for j in jobs]
+    sacct = subprocess.run(
+        ["sacct", "-X", "-n", "--parsable2", "-j", ",".join(ids), "--format=JobID,Start,End"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = [line.split("|") for line in sacct.stdout.split() if line.count("|") == 2]
+    first = [r for r in rows if r[0].split("_")[0] == ids[0]]
+    later = [r for r in rows if r[0].split("_")[0] == ids[1]]
+    assert first and later and max(r[2] for r in first) <= min(r[1] for r in later), sacct.stdout
 
 
 @pytest.mark.slurm
@@ -220,6 +242,7 @@ def test_under_slurm_a_fused_first_round_decides_and_the_reserve_array_tasks_end
     run_dir = run_dir_of(proc)
     specs = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "tasks").glob("*/task.json")}
     assert {t: s["fused_into"] for t, s in specs.items() if s["fused_into"]} == {"r32-s0": "r8-s0", "r32-s1": "r8-s1"}
-    check_loser_run(run_dir, waited=None)
+    check_loser_run(run_dir, waited=False)
+    check_rounds_queued_apart(run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["state"] == "completed", manifest["state"]

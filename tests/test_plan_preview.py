@@ -144,6 +144,27 @@ def test_dry_run_slurm_launchers_render_scripts_and_the_submit_commands_in_order
     _status_says_never_submitted(run_dir)
 
 
+def test_dry_run_sbatch_queues_seeds_auto_reserves_round_by_round(tmp_path):
+    """seeds=auto under Slurm: the first round is one array, each round of reserves its own array, queued after
+    the round before has ended (afterany) and the base (afterok), so a reserve never waits for its call inside an
+    allocation; the report comes after the last round."""
+    proc, run_dir = _preview(
+        tmp_path, "launcher=sbatch", "seeds=auto", "prune=true", "auto_seeds.max=4", "train.eval_every=1"
+    )
+    assert (
+        "one Slurm array of 4 task(s), then seeds=auto's reserves, one array per round (2 + 2 task(s))" in proc.stdout
+    )
+    submit = (run_dir / "submit-all.sh").read_text()
+    commands = [line for line in submit.splitlines() if "sbatch" in line and not line.startswith("#")]
+    assert commands[2] == (
+        "JOB_VARIANTS_ROUND2=$(sbatch --parsable --dependency=afterok:$JOB_BASE,afterany:$JOB_VARIANTS "
+        f"--kill-on-invalid-dep=yes {run_dir / 'submit-round2.sbatch'})"
+    )
+    assert "afterany:$JOB_VARIANTS_ROUND2 " in commands[3] and "afterany:$JOB_VARIANTS_ROUND3 " in commands[4]
+    assert re.search(r"^#SBATCH --array=0,1,2,3\b", (run_dir / "submit.sbatch").read_text(), re.M)
+    assert re.search(r"^#SBATCH --array=6,7\b", (run_dir / "submit-round3.sbatch").read_text(), re.M)
+
+
 def _scontrol(job_id: str) -> list[dict[str, str]]:
     """scontrol show job's records (one per array task), as key=value dicts."""
     out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout

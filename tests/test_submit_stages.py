@@ -27,7 +27,7 @@ class FakeSlurm(Launcher):
         super().__init__(cfg, manifest)
         self.calls: list[tuple] = []
 
-    def submit_stage(self, stage, after):
+    def submit_stage(self, stage, after, after_round=None):
         job_id = str(100 + len(self.calls))
         self.calls.append(("stage", stage.name, [t.name for t in stage.tasks], after))
         return StageJobs(
@@ -63,7 +63,7 @@ class FakeLocal(FakeSlurm):
         super().__init__(cfg, manifest)
         self.outcome = outcome or {}
 
-    def submit_stage(self, stage, after):
+    def submit_stage(self, stage, after, after_round=None):
         self.calls.append(("stage", stage.name, [t.name for t in stage.tasks], after))
         return StageJobs(states={t.name: self.outcome.get(t.name, TaskState.COMPLETED) for t in stage.tasks})
 
@@ -248,3 +248,46 @@ def test_wait_waits_for_the_report_job_and_writes_report_only_if_it_failed(tmp_p
         assert not written and "table {'from': 'the report job'}" in out
     else:
         assert written and "report job 999 ended FAILED" in err and "table {'from': 'here'}" in out
+
+
+class FakeChaining(FakeSlurm):
+    """A queue that can hold a job until another has ended (Slurm's afterany): logs each part's after_round."""
+
+    chains_rounds = True
+
+    def submit_stage(self, stage, after, after_round=None):
+        jobs = super().submit_stage(stage, after)
+        self.calls[-1] = (*self.calls[-1], after_round)
+        return jobs
+
+
+def test_seeds_auto_reserves_are_queued_round_by_round_each_after_the_round_before(tmp_path):
+    """A reserve (a variant's third seed on) is queued as its own job after the round before has ended, so its
+    call can be made as it starts: it never holds devices while it waits. Not on a launcher that cannot chain."""
+    run_dir = tmp_path / "run"
+    tasks = []
+    for seed in range(4):
+        for variant in ("a", "b"):
+            t = _task(run_dir, f"{variant}-s{seed}", "variants", len(tasks))
+            t.variant, t.seed, t.config = variant, seed, {"seeds": "auto", "seed": 0}
+            tasks.append(t)
+    stages = [Stage("base", [_task(run_dir, "base", "base", 0)]), Stage("variants", tasks, depends_on=["base"])]
+    cfg = OmegaConf.create({"experiment": "e", "launcher": {"kind": "slurm"}})
+    manifest = create_run_dir(cfg, "r", run_dir, stages, "slurm")
+    launcher = FakeChaining(cfg, manifest)
+    run = submit_stages(launcher, stages)
+    assert launcher.calls == [
+        ("stage", "base", ["base"], None, None),
+        ("stage", "variants", ["a-s0", "b-s0", "a-s1", "b-s1"], "100", None),
+        ("stage", "variants", ["a-s2", "b-s2"], "100", "101"),
+        ("stage", "variants", ["a-s3", "b-s3"], "100", "102"),
+        ("report", "103"),  # after the last round, which ends after every round before it
+    ]
+    assert run.job_ids == ["100", "101", "102", "103"]
+    data = Manifest.load(manifest.layout.root).data
+    assert [(j["stage"], j["job_id"]) for j in data["jobs"]][1:] == [("variants", i) for i in ("101", "102", "103")]
+    assert data["tasks"]["b-s3"]["job_id"] == "103_7" and data["tasks"]["a-s0"]["job_id"] == "101_0"
+
+    plain = FakeSlurm(cfg, create_run_dir(cfg, "r", tmp_path / "run2", stages, "slurm"))
+    submit_stages(plain, stages)
+    assert [c[2] for c in plain.calls if c[0] == "stage"][1] == [t.name for t in tasks]  # one array, as before

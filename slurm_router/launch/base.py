@@ -27,6 +27,7 @@ from slurm_router.rundir.layout import RunLayout
 from slurm_router.rundir.lifecycle import TaskState, raise_if_stop_dropped
 from slurm_router.rundir.spec import Stage, TaskSpec
 from slurm_router.scheduler.task_view import TaskView
+from slurm_router.worker.auto_seeds import reserve_index
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,13 @@ class Launcher(ABC):
     synchronous: ClassVar[bool] = False  # submit_stage returns only once the stage's tasks have ended
     new_snapshot: bool  # set by resume= before submitting (backends/slurm/common.py reads it)
 
+    @property
+    def chains_rounds(self) -> bool:
+        """A queue that can hold a job until another has ended, whatever its state: seeds=auto's reserves are then
+        queued round by round (reserve_rounds), each part's submit_stage given after_round, so a reserve starts
+        only once its call can be made and never holds devices while it waits for it."""
+        return False
+
     def __init__(self, cfg, manifest):
         self.cfg, self.manifest = cfg, manifest
         self.layout: RunLayout = manifest.layout
@@ -98,8 +106,9 @@ class Launcher(ABC):
         """resume= of a run this launcher ran: refuse (UserError) while any of its tasks still runs."""
 
     @abstractmethod
-    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
-        """Run or queue one stage's tasks; `after` is the previous stage's job id (the one it waits on)."""
+    def submit_stage(self, stage: Stage, after: str | None, after_round: str | None = None) -> StageJobs:
+        """Run or queue one stage's tasks; `after` is the previous stage's job id (the one it waits on, to succeed);
+        `after_round` (chains_rounds only): the job of the round before, which must have ended, in any state."""
 
     @abstractmethod
     def report_job(self, after: str | None) -> str | None:
@@ -161,13 +170,16 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
                 run.states[t.name] = TaskState.SKIPPED
                 manifest.set_task(t.name, state=TaskState.SKIPPED.value)
             continue
-        asked = time.time()  # no earlier than the scheduler's submit time of the stage's job
-        jobs = launcher.submit_stage(stage, after=after)
-        _record(manifest, stage, jobs, asked)
-        run.states.update(jobs.states)
-        if jobs.job_id:
-            run.job_ids.append(jobs.job_id)
-            after = jobs.job_id
+        last_round = None
+        for part in reserve_rounds(stage) if launcher.chains_rounds else [stage]:
+            asked = time.time()  # no earlier than the scheduler's submit time of the part's job
+            jobs = launcher.submit_stage(part, after=after, after_round=last_round)
+            _record(manifest, part, jobs, asked)
+            run.states.update(jobs.states)
+            if jobs.job_id:
+                run.job_ids.append(jobs.job_id)
+                last_round = jobs.job_id
+        after = last_round or after
     if launcher.synchronous:
         manifest.set(state="completed" if run.ok else "failed")
     elif run.job_ids:
@@ -179,6 +191,22 @@ def submit_stages(launcher: Launcher, stages: list[Stage]) -> RunJobs:
     if run.report_job_id:
         manifest.set(report_job_id=run.report_job_id)
     return run
+
+
+def reserve_rounds(stage: Stage) -> list[Stage]:
+    """The stage as a queue submits it: one part, or, with seeds=auto reserves (worker/auto_seeds.py), the first
+    round (every task that is not a reserve) and then one part per reserve replicate, in order. A part after the
+    first waits for the one before to end, so its reserves' call (verdict/contest.py reserve_call: every earlier
+    replicate ended undecided) can be made as they start: they spend no device time waiting for it."""
+    by_round: dict[int, list[TaskSpec]] = {}
+    for t in stage.tasks:
+        by_round.setdefault(reserve_index(t) or 0, []).append(t)
+    if len(by_round) < 2:
+        return [stage]
+    return [
+        Stage(stage.name, by_round[r], stage.cached, stage.depends_on, stage.fused if r == 0 else [], round=r)
+        for r in sorted(by_round)
+    ]
 
 
 def cached_base(task: TaskSpec) -> Path | None:

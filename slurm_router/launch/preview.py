@@ -15,6 +15,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from slurm_router.config.testing_aids import CPU_MEMORY_CAP_ENV, EVERY, testing_aids
+from slurm_router.launch.base import reserve_rounds
 from slurm_router.launch.fuse import flat
 from slurm_router.rundir.layout import PREVIEW_FILE
 from slurm_router.rundir.spec import Stage, TaskSpec
@@ -116,10 +117,16 @@ def plan_lines(cfg: DictConfig, stages: list[Stage]) -> list[str]:
             lines.append(f"stage {stage.name}: cached (an earlier run trained it): not run")
             continue
         devices = max(int(t.devices) for t in stage.tasks)
-        arrays = -(-len(stage.tasks) // per_array_task)
+        rounds = reserve_rounds(stage) if per_array_task == 1 else [stage]  # as a queue submits it (chains_rounds)
+        arrays = -(-len(rounds[0].tasks) // per_array_task)
         array = f"; one {backend.name.capitalize()} array of {arrays} task(s)" + (
             f" ({per_array_task} tasks co-located each)" if per_array_task > 1 else ""
         )
+        if len(rounds) > 1:
+            array += (
+                f", then seeds=auto's reserves, one array per round ({' + '.join(str(len(r.tasks)) for r in rounds[1:])}"
+                " task(s)), each queued after the round before has ended"
+            )
         fused_as = (
             f" ({len(stage.tasks) + len(stage.fused)} variant task(s) run as {len(stage.tasks)}: "
             f"{sum(len(t.group) for t in stage.tasks if t.members)} fused into "

@@ -75,6 +75,9 @@ class Stage:
     # resources.fuse_variants: the tasks trained inside a leader of `tasks` (fused_into set), never run themselves;
     # each keeps its own tasks/<name>/ (create_run_dir writes them all)
     fused: list[TaskSpec] = field(default_factory=list)
+    # seeds=auto on a queue: 0 for the stage's first round; N for the part that holds the reserves of replicate N,
+    # queued as its own job after the round before has ended (launch/base.py reserve_rounds)
+    round: int = 0
 
 
 def task_name(variant: str, seed: int, n_seeds: int) -> str:

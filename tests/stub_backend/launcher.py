@@ -44,7 +44,7 @@ class StubLauncher(Launcher):
         (queue / f"pid-{job_id}").write_text(str(proc.pid))
         return job_id
 
-    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
+    def submit_stage(self, stage: Stage, after: str | None, after_round: str | None = None) -> StageJobs:
         self.layout.logs.mkdir(parents=True, exist_ok=True)
         tasks = [
             {

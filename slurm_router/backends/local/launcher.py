@@ -171,7 +171,7 @@ class LocalLauncher(Launcher):
     def auto_fuse_variants(cls, cfg, n_tasks: int) -> tuple[int, str]:
         return auto_fuse_variants(cfg, n_tasks)
 
-    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
+    def submit_stage(self, stage: Stage, after: str | None, after_round: str | None = None) -> StageJobs:
         if self._pool is None:  # GPUs are probed once per run, when the first stage starts
             self._pool = device_pool(self.cfg)
         pool, on_gpu = self._pool

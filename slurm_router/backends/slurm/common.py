@@ -27,10 +27,13 @@ REPORT_TIMEOUT_MIN = 30  # the report job reads events and sacct: minutes at mos
 KILL_ON_INVALID_DEP = "kill-on-invalid-dep"  # sbatch's option: cancel a job whose dependency cannot be met
 
 
-def afterok(job_id: str) -> dict[str, str]:
-    """The sbatch options of a stage that waits on job_id (--key=value): it runs only if job_id completed,
-    and Slurm cancels it if job_id failed (never a dependant PENDING forever: docs/ARCHITECTURE.md)."""
-    return {"dependency": f"afterok:{job_id}", KILL_ON_INVALID_DEP: "yes"}
+def afterok(job_id: str | None, after_round: str | None = None) -> dict[str, str]:
+    """The sbatch options of a job that waits (--key=value): on job_id, the stage before, to complete (Slurm
+    cancels it if job_id failed: never a dependant PENDING forever, docs/ARCHITECTURE.md); and on after_round,
+    seeds=auto's round before, to end in any state (launch/base.py reserve_rounds)."""
+    words = [f"afterok:{job_id}"] * bool(job_id) + [f"afterany:{after_round}"] * bool(after_round)
+    kill = {KILL_ON_INVALID_DEP: "yes"} if job_id else {}
+    return {"dependency": ",".join(words), **kill} if words else {}
 
 
 def mail_options(launcher) -> dict[str, str]:
@@ -148,6 +151,14 @@ class SlurmLauncher(Launcher):
 
     pythonpath: str | None = None  # launcher.snapshot's RUN_DIR/code once prepare() ran (launch/snapshot.py)
     new_snapshot: bool = False  # resume=RUN_DIR new_snapshot=true: the current code, as a new snapshot
+
+    @property
+    def chains_rounds(self) -> bool:
+        """seeds=auto's reserves queued round by round, each round's array after the one before (afterany); only
+        with one task per array task: launcher=sbatch's array index is a fixed slot of the stage's script, which
+        co-located tasks (resources.tasks_per_gpu) of two rounds could share (their reserves then wait inside
+        the job, worker/auto_seeds.py)."""
+        return colocated_tasks(self.cfg) == 1
 
     @classmethod
     def task_states(cls, manifest: dict) -> list[TaskView]:

@@ -16,26 +16,35 @@ SUBMIT_SCRIPT = "submit-all.sh"  # dry_run=true: the submit commands in order, r
 def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
     """Render each stage's array script (as launcher=sbatch submits it) and the report job, and write
     RUN_DIR/submit-all.sh: the exact submit commands in order, each stage after the one before (afterok,
-    cancelled if that fails) and the report after the last (afterany). Returns the commands."""
+    cancelled if that fails), seeds=auto's reserve rounds each after the round before (afterany), and the report
+    after the last (afterany). Returns the commands."""
     from slurm_router.backends.slurm.common import KILL_ON_INVALID_DEP, REPORT_TIMEOUT_MIN, stage_devices
     from slurm_router.backends.slurm.common import colocated_tasks as colocated_of
     from slurm_router.backends.slurm.sbatch_launcher import report_script, sbatch_spec
     from slurm_router.backends.slurm.sbatch_render import safe_job_name, script_path, write_sbatch
+    from slurm_router.launch.base import reserve_rounds
 
     layout, run_dir = manifest.layout, str(manifest.layout.root)
     per_array_task = colocated_of(cfg)
     todo = [s for s in stages if not s.cached]
     commands = ["set -euo pipefail"]
     prev = None
-    for stage in todo:
-        n_arrays = -(-len(manifest.stage_tasks(stage.name)) // per_array_task)
-        spec = sbatch_spec(cfg, run_dir, stage.name, n_arrays, stage_devices(stage), None)
-        last = stage.name == manifest.data["stages"][-1]["name"]
-        script = write_sbatch(spec, script_path(layout, stage.name, last, 0))
-        var = f"JOB_{stage.name.upper().replace('-', '_')}"
-        dep: list[str] = [f"--dependency=afterok:${prev}", f"--{KILL_ON_INVALID_DEP}=yes"] if prev else []
-        commands.append(f"{var}=$(sbatch --parsable {' '.join(dep + [shlex.quote(str(script))])})")
-        prev = var
+    for whole in todo:
+        n_arrays = -(-len(manifest.stage_tasks(whole.name)) // per_array_task)
+        parts = reserve_rounds(whole) if per_array_task == 1 else [whole]  # SbatchLauncher.chains_rounds
+        stage_before, prev_round = prev, None
+        for stage in parts:
+            indices = tuple(t.index for t in stage.tasks) if len(parts) > 1 else None
+            spec = sbatch_spec(cfg, run_dir, stage.name, n_arrays, stage_devices(stage), None, indices)
+            last = stage.name == manifest.data["stages"][-1]["name"]
+            script = write_sbatch(spec, script_path(layout, stage.name, last, 0, stage.round))
+            var = f"JOB_{stage.name.upper().replace('-', '_')}" + (f"_ROUND{stage.round}" if stage.round else "")
+            words = [f"afterok:${stage_before}"] * bool(stage_before) + [f"afterany:${prev_round}"] * bool(prev_round)
+            dep = [f"--dependency={','.join(words)}"] * bool(words) + [f"--{KILL_ON_INVALID_DEP}=yes"] * bool(
+                stage_before
+            )
+            commands.append(f"{var}=$(sbatch --parsable {' '.join(dep + [shlex.quote(str(script))])})")
+            prev = prev_round = var
     logs = str(layout.logs).replace("%", "%%")
     report = shlex.join(
         [

@@ -50,6 +50,7 @@ def sbatch_spec(
     after: str | None,
     indices: tuple[int, ...] | None = None,
     pythonpath: str | None = None,
+    after_round: str | None = None,
 ) -> SbatchSpec:
     lc, per_array_task = cfg.launcher, colocated_tasks(cfg)
     gpus, mail = 1 if lc.srun_workers else devices, mail_options(lc)
@@ -71,6 +72,7 @@ def sbatch_spec(
         signal_delay_s=lc.signal_delay_s,
         requeue=True,
         dependency_job_id=after,
+        after_round_job_id=after_round,
         ntasks=devices if lc.srun_workers else 1,
         nodes=srun_layout(cfg, devices)[0] if lc.srun_workers else 1,
         extra_sbatch=tuple((str(k), str(v)) for k, v in (lc.additional_parameters or {}).items()),
@@ -114,7 +116,7 @@ class SbatchLauncher(SlurmLauncher):
         except ValueError as e:
             raise UserError(f"launcher: {e}") from None
 
-    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
+    def submit_stage(self, stage: Stage, after: str | None, after_round: str | None = None) -> StageJobs:
         per_array_task, resumed = colocated_tasks(self.cfg), self.manifest.data.get("resumed", 0)
         n_arrays = -(-len(self.manifest.stage_tasks(stage.name)) // per_array_task)
         indices = tuple(sorted({t.index // per_array_task for t in stage.tasks}))
@@ -127,10 +129,11 @@ class SbatchLauncher(SlurmLauncher):
             after,
             indices if len(indices) < n_arrays else None,
             self.pythonpath,
+            after_round,
         )
         last = stage.name == self.manifest.data["stages"][-1]["name"]
         try:
-            script = write_sbatch(spec, script_path(self.layout, stage.name, last, resumed))
+            script = write_sbatch(spec, script_path(self.layout, stage.name, last, resumed, stage.round))
         except ValueError as e:
             raise UserError(f"launcher: {e}") from None
         if self.cfg.launcher.dry_run:

@@ -71,6 +71,7 @@ class SbatchSpec:
     signal_delay_s: int = SlurmLauncherConfig.signal_delay_s  # USR2 this long before the time limit
     requeue: bool = True
     dependency_job_id: str | None = None  # afterok on this job (all its array tasks); cancelled if it fails
+    after_round_job_id: str | None = None  # seeds=auto: afterany on the round before (launch/base.py reserve_rounds)
     ntasks: int = 1  # >1: srun starts one task per GPU set (D devices -> D tasks)
     nodes: int = 1  # with ntasks > 1: spread over this many nodes, ntasks/nodes on each
     extra_sbatch: tuple[tuple[str, str], ...] = ()  # passed through as --key=value
@@ -148,8 +149,10 @@ def _validate(spec: SbatchSpec) -> None:
         value = getattr(spec, name)
         if value is not None:
             _check_sbatch_value(name, value)
-    if spec.dependency_job_id is not None and not _JOB_ID.match(str(spec.dependency_job_id)):
-        raise ValueError(f"dependency_job_id={spec.dependency_job_id!r} must be a Slurm job id like 123 or 123_4")
+    for name in ("dependency_job_id", "after_round_job_id"):
+        value = getattr(spec, name)
+        if value is not None and not _JOB_ID.match(str(value)):
+            raise ValueError(f"{name}={value!r} must be a Slurm job id like 123 or 123_4")
     for key, value in spec.extra_sbatch:
         if not _SBATCH_KEY.match(key):
             raise ValueError(f"extra_sbatch key {key!r} must look like an sbatch long option name, e.g. 'nice'")
@@ -217,8 +220,8 @@ def sbatch_directives(spec: SbatchSpec) -> list[str]:
     lines.append(_directive("open-mode", "append"))  # a requeued task appends to its own log
     lines.append(_directive("output", f"{logs}/%A_%a.out"))
     lines.append(_directive("error", f"{logs}/%A_%a.err"))
-    if spec.dependency_job_id is not None:  # afterok, and cancelled by Slurm if that job fails
-        lines += [_directive(key, value) for key, value in afterok(spec.dependency_job_id).items()]
+    # afterok, and cancelled by Slurm if that job fails; afterany on seeds=auto's round before
+    lines += [_directive(key, value) for key, value in afterok(spec.dependency_job_id, spec.after_round_job_id).items()]
     lines += [_directive(key, value) for key, value in spec.extra_sbatch]
     return lines
 
@@ -324,10 +327,10 @@ def render_sbatch(spec: SbatchSpec, template_dir: str | Path | None = None) -> s
 # ---- thin I/O helpers for the sbatch launcher (everything above is pure) ------------------------
 
 
-def script_path(layout: RunLayout, stage: str, last: bool, resume: int = 0) -> Path:
+def script_path(layout: RunLayout, stage: str, last: bool, resume: int = 0, round_: int = 0) -> Path:
     """launcher=sbatch's script in the run dir: submit.sbatch for the last stage, submit-<stage>.sbatch before it;
-    -resume<N> for the N-th resume's partial arrays."""
-    suffix = f"-resume{resume}" if resume else ""
+    -round<N> for seeds=auto's reserves of replicate N; -resume<N> for the N-th resume's partial arrays."""
+    suffix = (f"-round{round_}" if round_ else "") + (f"-resume{resume}" if resume else "")
     return layout.root / (f"submit{suffix}.sbatch" if last else f"submit-{stage}{suffix}.sbatch")
 
 

@@ -118,14 +118,21 @@ def submitit_python(cfg, container: ContainerSpec | None) -> str:
 
 
 def submitit_params(
-    cfg, devices: int, stage: str, after: str | None, run_dir: str = "/run_dir", pythonpath: str | None = None
+    cfg,
+    devices: int,
+    stage: str,
+    after: str | None,
+    run_dir: str = "/run_dir",
+    pythonpath: str | None = None,
+    after_round: str | None = None,
 ) -> dict:
-    """The executor's parameters for one stage; `after`: the job it waits on (afterok, cancelled if that fails)."""
+    """The executor's parameters for one stage; `after`: the job it waits on (afterok, cancelled if that fails);
+    `after_round`: seeds=auto's round before, which must have ended (afterany)."""
     lc = cfg.launcher
     extra = dict(lc.additional_parameters or {})
-    if after:  # the user's own kill-on-invalid-dep, if any, wins (submitit: '_' means '-')
+    if after or after_round:  # the user's own kill-on-invalid-dep, if any, wins (submitit: '_' means '-')
         mine = {k.replace("_", "-") for k in extra}
-        extra.update({k: v for k, v in afterok(after).items() if k == "dependency" or k not in mine})
+        extra.update({k: v for k, v in afterok(after, after_round).items() if k == "dependency" or k not in mine})
     params = dict(
         name=f"{cfg.experiment}-{stage}",
         timeout_min=time_limit.stage_minutes(cfg, stage, run_dir),
@@ -176,14 +183,14 @@ class SubmititLauncher(SlurmLauncher):
         ex.update_parameters(**params)
         return ex
 
-    def submit_stage(self, stage: Stage, after: str | None) -> StageJobs:
+    def submit_stage(self, stage: Stage, after: str | None, after_round: str | None = None) -> StageJobs:
         from slurm_router.backends.slurm.runners import ColocatedRunner, TaskRunner
 
         run_dir = str(self.layout.root)
-        ex = self._executor(
-            submitit_python(self.cfg, container_spec(self.cfg, run_dir, gpus=True)),
-            **submitit_params(self.cfg, stage_devices(stage), stage.name, after, run_dir, self.pythonpath),
+        params = submitit_params(
+            self.cfg, stage_devices(stage), stage.name, after, run_dir, self.pythonpath, after_round
         )
+        ex = self._executor(submitit_python(self.cfg, container_spec(self.cfg, run_dir, gpus=True)), **params)
         per_array_task, wrapped = colocated_tasks(self.cfg), task_runner_python(self.cfg, run_dir)
         files = [str(self.layout.task(t.name).task_file) for t in stage.tasks]
         failure: Exception | None
