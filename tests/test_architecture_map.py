@@ -1,10 +1,12 @@
 """docs/ARCHITECTURE.md is the map, and the map is checked (issue 26, item 6): every module of the package and of the
-report is named on it, every section a code comment cites (on the map, a design page under docs/design/ or any
-other docs page) is a heading of that page, every module path the map and the design pages name exists, and the
-map's import-contract summary is pyproject.toml's. Pure: reads files, imports and runs nothing."""
+report is on docs/modules.md, generated from its docstring by scripts/gen_module_map.py (issue 49), every section a
+code comment cites (on the map, a design page under docs/design/ or any other docs page) is a heading of that page,
+every module path the map and the design pages name exists, and the map's import-contract summary is
+pyproject.toml's. Pure: reads files, imports nothing of the package and runs nothing."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import tomllib
@@ -140,23 +142,34 @@ def test_headings_outside_code_blocks_only():
 
 
 # ---- the map ----------------------------------------------------------------------------------------------------
-def module_lines(text: str) -> list[str]:
-    """The modules listed under 'Every module', one line each: `- `path`: what it is`."""
-    section = text.split("### Every module", 1)[1].split("\n#", 1)[0]
-    return re.findall(r"(?m)^- `([^`]+\.py)`:", section)
+def module_map():
+    """scripts/gen_module_map.py, loaded from its file (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("gen_module_map", REPO / "scripts" / "gen_module_map.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_every_module_is_on_the_map():
-    modules = package_modules() + analysis_modules()
+def test_every_module_is_on_the_generated_page():
+    """docs/modules.md is generated from the docstrings: a module without one, or a page not regenerated after a
+    module came, went or changed its first sentence, fails here with the command to run."""
+    gen = module_map()
+    modules = [rel for rel, _ in gen.modules()]
     assert len(modules) > 50, "the module walk found too few modules: is the package where this test looks?"
-    listed = module_lines(doc_text())
-    missing = [m for m in modules if m not in listed]
-    assert not missing, (
-        "modules docs/ARCHITECTURE.md does not list under 'Every module' (add a line each, "
-        f"- `path relative to slurm_router/`: what it owns): {missing}"
+    assert set(package_modules() + analysis_modules()) <= set(modules), "the generator walks fewer modules"
+    page, missing = gen.render()
+    assert not missing, f"modules without a docstring (its first sentence is its line in docs/modules.md): {missing}"
+    assert (REPO / "docs" / "modules.md").read_text(encoding="utf-8") == page, (
+        f"docs/modules.md is stale: run {gen.COMMAND}"
     )
-    twice = sorted({m for m in listed if listed.count(m) > 1})
-    assert not twice, f"modules listed more than once under 'Every module': {twice}"
+    assert "(modules.md)" in doc_text(), "docs/ARCHITECTURE.md does not point at docs/modules.md"
+
+
+def test_the_module_sentence_is_the_docstrings_first():
+    gen = module_map()
+    assert gen.first_sentence(PACKAGE / "fileio.py").startswith("Atomic file writes")
+    assert gen.SENTENCE_END.search("A, e.g. b. C").start() == 9  # "e.g." ends no sentence
 
 
 def test_every_cited_section_exists():

@@ -91,10 +91,35 @@ def process_group(tmp_path):
     dist.destroy_process_group()
 
 
+def capture(model, optimizer, router, train_losses, next_step, world, device, identity):
+    """One model's checkpoint around worker/state.py's capture_around, in a task alone's layout: its trainable
+    tensors (only what training changes), optimizer and losses."""
+    from slurm_router.worker import state
+
+    def payload() -> dict:
+        weights = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+        return {"model": weights, "optimizer": optimizer.state_dict(), "train_losses": list(train_losses)}
+
+    return state.capture_around(payload, router, next_step, world, device, identity)
+
+
+def restore(ckpt, model, optimizer, router, rank, device, identity):
+    """capture's checkpoint loaded into a replica through restore_around: (next step, losses so far)."""
+    from slurm_router.worker import state
+
+    def load(ckpt: dict) -> None:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in ckpt["model"].items():
+                params[name].copy_(value.to(device))
+        optimizer.load_state_dict(ckpt["optimizer"])
+
+    return state.restore_around(ckpt, load, router, rank, device, identity), list(ckpt["train_losses"])
+
+
 def test_state_round_trip_continues_bitwise(tmp_path, process_group):
     """Weights, AdamW moments, RNG streams and router state: a restored replica takes the same steps."""
     from slurm_router.router import Router, RouterSettings
-    from slurm_router.worker import state
 
     def setup():
         torch.manual_seed(0)
@@ -115,7 +140,7 @@ def test_state_round_trip_continues_bitwise(tmp_path, process_group):
     model, opt, router = setup()
     for i in range(3):
         step(model, opt, router, i)
-    ckpt = state.capture(model, opt, router, [1.0, 2.0, 3.0], 3, 1, torch.device("cpu"), {"task": "t"})
+    ckpt = capture(model, opt, router, [1.0, 2.0, 3.0], 3, 1, torch.device("cpu"), {"task": "t"})
     assert set(ckpt["model"]) == {"0.bias", "2.weight", "2.bias"}, "only trainable tensors are saved"
     save_checkpoint(tmp_path, 3, ckpt, keep=2)
     expected = [step(model, opt, router, i) for i in range(3, 6)]
@@ -123,11 +148,11 @@ def test_state_round_trip_continues_bitwise(tmp_path, process_group):
     model2, opt2, router2 = setup()
     torch.manual_seed(123)  # a different RNG position before the restore
     loaded = load_checkpoint(checkpoint_path(tmp_path, 3), "cpu")
-    next_step, losses = state.restore(loaded, model2, opt2, router2, 0, torch.device("cpu"), {"task": "t"})
+    next_step, losses = restore(loaded, model2, opt2, router2, 0, torch.device("cpu"), {"task": "t"})
     assert (next_step, losses) == (3, [1.0, 2.0, 3.0])
     assert [step(model2, opt2, router2, i) for i in range(3, 6)] == expected
     with pytest.raises(ValueError, match="task='t'"):
-        state.restore(loaded, model2, opt2, router2, 0, torch.device("cpu"), {"task": "other"})
+        restore(loaded, model2, opt2, router2, 0, torch.device("cpu"), {"task": "other"})
 
 
 def _spec(tmp_path, **launcher) -> TaskSpec:

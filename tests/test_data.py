@@ -51,7 +51,7 @@ def test_stdlib_corpus_is_real_deterministic_and_split():
     """Samples are pieces of the standard library's source, byte for byte, each after the start token; train and
     held-out come from different files (200 files: the hash holds out 11, enough to split by file); another
     process builds the same corpus."""
-    from slurm_router.train.data import stdlib_documents
+    from slurm_router.train.sources import stdlib_documents
 
     tok = ByteTokenizer()
     a = build_corpus(_cfg(max_documents=200), tok)
@@ -213,3 +213,12 @@ def test_jsonl_line_that_is_not_an_object_is_named(tmp_path):
         f.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps(value) + "\n")
         with pytest.raises(UserError, match=f"line 2 of {f} is a JSON {what.split()[-1]}, not an object"):
             list(jsonl_documents(str(f), "text"))
+
+
+def test_every_data_source_has_its_reader():
+    """data.kind branches in one place a side: the config's sources (config/data_sources/) and the training
+    readers (train/sources.py) are the same kinds, in the same order."""
+    from slurm_router.config.data_sources import SOURCES
+    from slurm_router.train.sources import READERS
+
+    assert list(READERS) == list(SOURCES), "a data source needs its reader in train/sources.py READERS"

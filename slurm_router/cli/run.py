@@ -63,7 +63,10 @@ def run(overrides: list[str], multirun: bool = False) -> int:
 
         shown_variants = {n: _hide_secrets(v)[0] for n, v in variants.items()}
         return write_preview(shown, shown_variants, stages, run_id, run_dir, predicted)
-    manifest = create_run_dir(shown, run_id, run_dir, stages, cfg.launcher.kind, secrets=secrets)  # and its lock
+    from slurm_router.scheduler.registry import backend_of
+
+    packages = backend_of(cfg.launcher.kind).packages  # the backend's own (submitit), beside the core's versions
+    manifest = create_run_dir(shown, run_id, run_dir, stages, cfg.launcher.kind, secrets=secrets, packages=packages)
     forecast.save(predicted, manifest.layout.root)
     for line in forecast.lines(predicted):  # the run's forecast, before it starts
         print(line, flush=True)

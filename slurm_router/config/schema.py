@@ -30,7 +30,7 @@ from slurm_router.config.sections import TrainConfig as TrainConfig
 from slurm_router.config.settings import Setting, declaration, setting, walk
 from slurm_router.router.types import RouterSettings
 
-__all__ = ["BYTE_VOCAB_SIZE", "FUSE_AUTO", "fusing"]  # their homes: model_families/gpt2.py, conditions.py
+__all__ = ["BYTE_VOCAB_SIZE", "FUSE_AUTO", "fusing"]  # their homes: config/model_families/gpt2.py, config/conditions.py
 
 
 @dataclass

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_router.config import model_families
 from slurm_router.rundir.spec import TaskSpec
 from slurm_router.train import base_dropout
 
@@ -56,7 +57,8 @@ def not_fusable(config: dict) -> str | None:
 def not_packable(model: dict) -> str | None:
     """A model=hf checkpoint that cannot take packed rows (sliding windows, capped attention scores: as the worker's
     train/packed.py why_not_packable finds on its meta-device build), which a fused task must train."""
-    if model.get("kind") != "hf":
+    found = model_families.named(model.get("kind"))
+    if found is None or found.packs_rows:  # a family that takes packed rows for sure (model=gpt2), or none
         return None
     from slurm_router.train.model import meta_model
     from slurm_router.train.packed import why_not_packable

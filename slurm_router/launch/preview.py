@@ -254,11 +254,12 @@ def write_preview(
     scripts); nothing submitted."""
     from slurm_router.launch import forecast
     from slurm_router.rundir.manifest import create_run_dir
+    from slurm_router.scheduler.registry import backend_of
 
-    manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind, lock=False)
+    packages = backend_of(cfg.launcher.kind).packages
+    manifest = create_run_dir(cfg, run_id, run_dir, stages, cfg.launcher.kind, lock=False, packages=packages)
     run_id, run_dir = manifest.data["run_id"], manifest.layout.root  # another run may have taken the name first
     lines = [f"dry_run=true: a preview of run {run_id}; nothing was trained or submitted", *plan_lines(cfg, stages)]
-    from slurm_router.scheduler.registry import backend_of
 
     forecast.save(predicted, run_dir)  # before the scheduler's scripts: launcher.time_limit=auto reads it
     lines += backend_of(cfg.launcher.kind).preview(cfg, manifest, stages)  # the scheduler's scripts, if any

@@ -33,9 +33,10 @@ class NotARunDir(UserError):
     """A path that is not a run directory made by python -m slurm_router (or whose manifest is damaged)."""
 
 
-def _versions() -> dict:
+def _versions(packages: tuple[str, ...] = ()) -> dict:
+    """Python's version and the installed packages': the core's, then the run's backend's (its `packages`)."""
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("slurm_router", "torch", "transformers", "peft", "submitit", "hydra-core", "pandas"):
+    for pkg in ("slurm_router", "torch", "transformers", "peft", "hydra-core", "pandas", *packages):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -188,19 +189,21 @@ def create_run_dir(
     launcher: str,
     lock: bool = True,
     secrets: dict | None = None,
+    packages: tuple[str, ...] = (),
 ) -> Manifest:
     """Write config.yaml, every task.json and the manifest (cfg and the specs show credentials as ***; secrets:
     their real values, into RUN_DIR/secrets.json, mode 0600: config/secrets.py), holding the run's lock
     (rundir/lock.py) from the moment the directory exists: a Ctrl-C that finds the manifest finds this process its writer, and marks the
     run interrupted (lock=False: a dry_run preview, which nothing runs). Called only after every check passed.
     A write that fails (disk full, permission), or a Ctrl-C before the manifest is whole, removes what it made
-    (and lets the lock go) and raises one line."""
+    (and lets the lock go) and raises one line. packages: the run's backend's, whose versions the manifest records
+    beside the core's (`Backend.packages`)."""
     run_dir, run_id = _claim(run_dir, run_id, stages)
     try:
         owner = acquire(run_dir).info if lock else None
         if secrets:
             write_secrets(RunLayout(run_dir).secrets, secrets)
-        return _fill_run_dir(cfg, run_id, run_dir, stages, launcher, owner)
+        return _fill_run_dir(cfg, run_id, run_dir, stages, launcher, owner, packages)
     except BaseException as e:  # a Ctrl-C too: never a half-made run directory
         let_go(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -236,7 +239,13 @@ def _claim(run_dir: Path, run_id: str, stages: list[Stage]) -> tuple[Path, str]:
 
 
 def _fill_run_dir(
-    cfg: DictConfig, run_id: str, run_dir: Path, stages: list[Stage], launcher: str, owner: dict | None
+    cfg: DictConfig,
+    run_id: str,
+    run_dir: Path,
+    stages: list[Stage],
+    launcher: str,
+    owner: dict | None,
+    packages: tuple[str, ...] = (),
 ) -> Manifest:
     layout = RunLayout(run_dir)
     layout.logs.mkdir()
@@ -270,7 +279,7 @@ def _fill_run_dir(
         "command": [redact_text(a) for a in sys.argv],
         "git_commit": _git_commit(),
         "git_dirty": _git_dirty(),
-        "versions": _versions(),
+        "versions": _versions(packages),
         "state": "running",
         "stages": [
             {"name": s.name, "tasks": [t.name for t in s.tasks], "cached": s.cached, "depends_on": s.depends_on}

@@ -107,6 +107,7 @@ class Backend:
     # squeue-like reasons it gives a PENDING job it will never start (a dependency that can never be satisfied)
     never_runs_reasons: tuple[str, ...] = ()
     dependency_word = ""  # its word for a stage waiting on the one before to succeed (the dry run says it)
+    packages: tuple[str, ...] = ()  # its own packages, whose versions a run's manifest records (beside the core's)
 
     def launcher_class(self, kind: str) -> Any:
         module, _, cls = self.launchers[kind].partition(":")

@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slurm_router.config import model_families
+
 KEEP = "keep"
 # rates a causal LM never reads (sequence-summary and classifier heads): neither reported nor worth a line
 UNUSED_PREFIXES = ("summary_", "classifier_")
@@ -55,9 +57,15 @@ def _listed(rates: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in rates.items())
 
 
+def _from_checkpoint(model: Any) -> bool:
+    """A model section whose family loads a checkpoint (model=hf): only a checkpoint ships dropout rates."""
+    found = model_families.named(model.get("kind"))
+    return found is not None and found.from_checkpoint
+
+
 def plan_line(model: Any) -> str | None:
     """The plan's line on the base's dropout (model: a variant's model config), or None when nothing drops out."""
-    rates = shipped(model.get("name_or_path")) if model.get("kind") == "hf" else {}
+    rates = shipped(model.get("name_or_path")) if _from_checkpoint(model) else {}
     if not rates:
         return None
     if str(model.get("base_dropout")) == KEEP:
@@ -74,7 +82,7 @@ def plan_line(model: Any) -> str | None:
 
 def why_not_fused(model: Any) -> str | None:
     """launch/fuse.py: 'model.base_dropout=keep: why' for a model config whose kept dropout forbids fusing."""
-    if str(model.get("base_dropout")) != KEEP or model.get("kind") != "hf":
+    if str(model.get("base_dropout")) != KEEP or not _from_checkpoint(model):
         return None
     rates = shipped(model.get("name_or_path"))
     if not rates:

@@ -11,19 +11,15 @@ first max_len tokens, and is left out if that leaves it no target (docs/design/m
 from __future__ import annotations
 
 import hashlib
-import os
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, cast
 
 import numpy as np
 
 from slurm_router.errors import UserError
 from slurm_router.train.chat import ChatError
-from slurm_router.train.records import Fields, checked_records, jsonl_rows, read_bytes, record_fields, records
-
-MAX_FILE_BYTES = 64 << 20  # a single text file above this is almost surely not a text corpus
+from slurm_router.train.records import Fields, checked_records, jsonl_rows, record_fields
+from slurm_router.train.sources import reader
 
 
 @dataclass
@@ -136,56 +132,6 @@ def split_files(files: list[tuple[str, list]], val_fraction: float) -> tuple[lis
     return train, val
 
 
-def stdlib_documents() -> Iterator[tuple[str, str]]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-    paths = []
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = [d for d in subfolders if d not in skip]  # never walked: site-packages is 30x the stdlib
-        paths += [Path(folder, n) for n in names if n.endswith(".py")]
-    for path in sorted(paths):
-        try:
-            yield str(path.relative_to(root)), path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue  # a few stdlib files are deliberately not UTF-8 (encoding tests)
-
-
-def text_dir_documents(path: str) -> Iterator[tuple[str, str]]:
-    root = Path(os.path.expanduser(path))
-    if not root.is_dir():
-        raise UserError(f"data.path={path!r} is not a folder: give a folder of text files (data=text_dir)")
-    for p in _text_files(root):
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise UserError(f"data file {p} is larger than {MAX_FILE_BYTES >> 20} MiB: split it or remove it")
-        raw = read_bytes(p)
-        if b"\0" in raw[:8192]:
-            raise UserError(f"data file {p} looks binary (NUL bytes): data=text_dir reads text files only")
-        try:
-            yield str(p.relative_to(root)), raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserError(f"data file {p} is not UTF-8 text (byte {e.start}): convert it or remove it") from None
-
-
-def _text_files(root: Path) -> list[Path]:
-    """Every file under root but hidden ones, sorted. A folder that cannot be listed or a link to nothing is an
-    error naming it (never silently less data); FIFOs, sockets and devices are not text files and are skipped."""
-
-    def unreadable(e: OSError):
-        raise UserError(f"data folder {e.filename} cannot be read ({e.strerror}): make it readable or remove it")
-
-    files = []
-    for folder, _, names in os.walk(root, onerror=unreadable):
-        for name in (n for n in names if not n.startswith(".")):
-            p = Path(folder) / name
-            if p.is_symlink() and not p.exists():
-                raise UserError(
-                    f"data file {p} is a dangling symbolic link (to {os.readlink(p)}): fix the link or remove it"
-                )
-            if p.is_file():
-                files.append(p)
-    return sorted(files)
-
-
 def jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
     """(line number, text) of a JSON Lines file of texts in `field` (records.jsonl_rows says what loads)."""
     fields = Fields("text", ("text_field",), (field,))
@@ -197,16 +143,6 @@ def _pieces(tokens: np.ndarray, max_len: int, start: int) -> Iterator[np.ndarray
     body = max_len - 1
     for i in range(0, len(tokens), body):
         yield np.concatenate(([start], tokens[i : i + body])).astype(np.int32)
-
-
-def _documents(data_cfg, fields: Fields) -> Iterator[tuple[str, str, object]]:
-    """(name, where, record) of every document or row; the name decides its side of the train/val split."""
-    if data_cfg.kind in ("jsonl", "parquet"):
-        yield from records(data_cfg, fields)
-        return
-    docs = stdlib_documents() if data_cfg.kind == "stdlib" else text_dir_documents(data_cfg.path)
-    for name, text in docs:
-        yield name, name, text
 
 
 def _prompt_completion(tokenizer, prompt: str, completion: str) -> tuple[np.ndarray, np.ndarray]:
@@ -239,10 +175,14 @@ def _check_chat(tokenizer, data_cfg) -> None:
 def build_corpus(data_cfg, tokenizer) -> Corpus:
     """Read, tokenize with target masks, truncate and split. Raises UserError for a missing path, a bad row (named
     by its line or row), chat data without a chat template, or nothing left to train on."""
-    fields = record_fields(data_cfg)
-    if data_cfg.kind == "synthetic":
-        return synthetic_corpus(data_cfg, tokenizer)
-    if data_cfg.kind != "stdlib" and not data_cfg.path:
+    source = reader(data_cfg.kind)
+    fields = record_fields(data_cfg, source.reads_fields)
+    generated = source.generate(data_cfg, tokenizer)
+    if generated is not None:
+        n_val = max(1, int(len(generated) * data_cfg.val_fraction))
+        train_val = Split.build(generated[n_val:]), Split.build(generated[:n_val])
+        return Corpus(*train_val, len(generated), source.kind, data_cfg.max_len)
+    if source.needs_path and not data_cfg.path:
         raise UserError(f"data.path is required with data={data_cfg.kind}: add data.path=/your/path")
     if fields.format == "chat":
         _check_chat(tokenizer, data_cfg)
@@ -251,7 +191,7 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
     max_len, sides, n_docs = data_cfg.max_len, {False: [], True: []}, 0
     files: list[tuple[str, list]] = []  # plain text: split by file, or by a span of each (split_files)
     n_truncated = n_dropped = n_without_targets = n_empty = 0
-    for name, where, record in _documents(data_cfg, fields):
+    for name, where, record in source.documents(data_cfg, fields):
         if data_cfg.max_documents and n_docs >= data_cfg.max_documents:
             break
         n_docs += 1
@@ -265,7 +205,7 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
                 for p in _pieces(tokenizer.encode(part), max_len, tokenizer.start_id)
             ]
             files.append((name, pieces))
-            n_empty += not pieces and data_cfg.kind != "stdlib"  # the user's rows and files, not __init__.py
+            n_empty += not pieces and source.users_text  # the user's rows and files, not __init__.py
             continue
         tokens, mask = (
             _prompt_completion(tokenizer, *record)
@@ -283,7 +223,7 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
                 continue
         side.append((tokens, mask, n_docs - 1))  # a row is its own cluster
     train, val = split_files(files, data_cfg.val_fraction) if files else (sides[False], sides[True])
-    where = "the standard library" if data_cfg.kind == "stdlib" else data_cfg.path  # only what was read
+    where = source.where(data_cfg)  # only what was read
     if not train and n_dropped:
         raise UserError(
             f"no training sample is left: data.max_len={max_len} cuts every target token out of "
@@ -312,30 +252,13 @@ def build_corpus(data_cfg, tokenizer) -> Corpus:
             (Split.build([t for t, _, _ in s], [m for _, m, _ in s], [k for _, _, k in s]) for s in (train, val)),
         ),
         n_docs,
-        f"{where}{label}" if data_cfg.kind == "stdlib" else f"{data_cfg.kind} {where}{label}",  # the plan's words
+        source.description(where, label),  # the plan's words
         max_len,
         n_truncated,
         n_dropped,
         n_without_targets,
         n_empty,
     )
-
-
-def synthetic_corpus(data_cfg, tokenizer) -> Corpus:
-    rng = np.random.default_rng(12345)
-    n = data_cfg.n_samples
-    if data_cfg.length_dist == "fixed":
-        lengths = np.full(n, data_cfg.mean_len)
-    elif data_cfg.length_dist == "uniform":
-        lengths = rng.integers(data_cfg.min_len, 2 * data_cfg.mean_len - data_cfg.min_len + 1, n)
-    else:
-        mu = np.log(data_cfg.mean_len) - data_cfg.sigma**2 / 2
-        lengths = rng.lognormal(mu, data_cfg.sigma, n).round()
-    lengths = np.clip(lengths, data_cfg.min_len, data_cfg.max_len).astype(np.int64)
-    vocab = min(tokenizer.vocab_size, 256)
-    samples = [np.concatenate(([tokenizer.eot_id], rng.integers(0, vocab, int(L) - 1))) for L in lengths]
-    n_val = max(1, int(n * data_cfg.val_fraction))
-    return Corpus(Split.build(samples[n_val:]), Split.build(samples[:n_val]), n, "synthetic", data_cfg.max_len)
 
 
 class GlobalBatchSampler:

@@ -50,13 +50,14 @@ class Fields:
     names: tuple[str, ...]  # e.g. ("prompt", "completion")
 
 
-def record_fields(data_cfg) -> Fields:
-    """The format the data.* fields choose; a mix or a half pair is an error saying what to set."""
+def record_fields(data_cfg, reads_fields: bool) -> Fields:
+    """The format the data.* fields choose (reads_fields: data.kind's rows have fields, train/sources.py); a mix or
+    a half pair is an error saying what to set."""
     prompt, completion, messages = data_cfg.prompt_field, data_cfg.completion_field, data_cfg.messages_field
     chosen = [
         k for k, v in (("prompt_field", prompt), ("completion_field", completion), ("messages_field", messages)) if v
     ]
-    if chosen and data_cfg.kind not in ("jsonl", "parquet"):
+    if chosen and not reads_fields:
         raise UserError(
             f"data.{chosen[0]} applies to data=jsonl and data=parquet only (data={data_cfg.kind} "
             "reads plain text): remove it, or use data=jsonl / data=parquet"
@@ -82,14 +83,6 @@ def record_fields(data_cfg) -> Fields:
         )
     keys = FORMATS[fmt]
     return Fields(fmt, keys, tuple(str(getattr(data_cfg, k)) for k in keys))
-
-
-def records(data_cfg, fields: Fields) -> Iterator[tuple[str, str, object]]:
-    """(name, where, record) of every row of data=jsonl or data=parquet: record is a str (text), a (prompt,
-    completion) pair, or a list of {role, content} dicts (chat); where names the line or row for the caller's
-    own errors."""
-    rows = jsonl_rows(data_cfg.path, fields) if data_cfg.kind == "jsonl" else parquet_rows(data_cfg.path, fields)
-    return checked_records(rows, fields)
 
 
 def checked_records(rows, fields: Fields) -> Iterator[tuple[str, str, object]]:

@@ -102,19 +102,14 @@ def _tuplify(x):
     return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Only what training changes: the LoRA adapters (frozen base weights come from the base cache again)."""
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
 def capture_around(
     payload: Callable[[], dict], router, next_step: int, world: int, device: torch.device, identity: dict
 ) -> dict | None:
     """Collective (every rank calls it): the checkpoint dict on rank 0, None elsewhere. What every checkpoint
     holds (format, the task's identity, the step, the router, every rank's RNG state, gathered: they are per
     rank) around the worker's own `payload` (called on rank 0: weights and optimizer are identical on every
-    replica). The worker's payload is its member group's: a task alone's one entry at the top level (as capture
-    below writes for one model), a fused task's one entry per member."""
+    replica). The worker's payload is its member group's: a task alone's one entry at the top level, a fused
+    task's one entry per member (worker/members.py)."""
     rngs = [None] * world
     dist.all_gather_object(rngs, _rng_state(device))
     if dist.get_rank() != 0:
@@ -146,44 +141,3 @@ def restore_around(
     # Same world size: every rank continues its own RNG stream; otherwise all start from rank 0's.
     _set_rng_state(rngs[rank] if len(rngs) == dist.get_world_size() else rngs[0], device)
     return int(state["step"])
-
-
-def capture(
-    model,
-    optimizer,
-    router,
-    train_losses: list[float],
-    next_step: int,
-    world: int,
-    device: torch.device,
-    identity: dict,
-) -> dict | None:
-    """One model's checkpoint (collective), in a task alone's layout: its trainable weights, optimizer and losses."""
-
-    def payload() -> dict:
-        return {
-            "model": trainable_state(model),
-            "optimizer": optimizer.state_dict(),
-            "train_losses": list(train_losses),
-        }
-
-    return capture_around(payload, router, next_step, world, device, identity)
-
-
-def restore(
-    state: dict, model, optimizer, router, rank: int, device: torch.device, identity: dict
-) -> tuple[int, list[float]]:
-    """Load a checkpoint into this rank's replica; returns (next step, losses so far)."""
-
-    def load(state: dict) -> None:
-        params = dict(model.named_parameters())
-        missing = [n for n, p in params.items() if p.requires_grad and n not in state["model"]]
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} trainable tensors (e.g. {missing[0]})")
-        with torch.no_grad():
-            for name, value in state["model"].items():
-                params[name].copy_(value.to(device))
-        optimizer.load_state_dict(state["optimizer"])
-
-    step = restore_around(state, load, router, rank, device, identity)
-    return step, list(state["train_losses"])

@@ -27,6 +27,7 @@ class SlurmBackend(Backend):
     failed_states = FAILED_STATES
     never_runs_reasons = (NEVER_SATISFIED,)
     dependency_word = "afterok"
+    packages = ("submitit",)
 
     def job_environment(self) -> JobEnvironment | None:
         if not os.environ.get("SLURM_JOB_ID"):

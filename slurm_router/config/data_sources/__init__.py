@@ -1,6 +1,6 @@
 """Data sources (`data.kind`): each in a module here whose `SOURCE` (or `SOURCES[kind]`) names the data.* keys it reads, and its line in
 SOURCES. The one place the config branches on data.kind; a new source is one module and one line (its reader of
-documents: train/data.py)."""
+documents: train/sources.py)."""
 
 from __future__ import annotations
 

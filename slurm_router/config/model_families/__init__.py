@@ -37,6 +37,11 @@ def family(kind: str) -> ModelFamily:
     return importlib.import_module(FAMILIES[kind]).FAMILY
 
 
+def named(kind: Any) -> ModelFamily | None:
+    """The family of a model.kind read from a plain mapping (a task's model section), None for none of FAMILIES."""
+    return family(kind) if isinstance(kind, str) and kind in FAMILIES else None
+
+
 def of(cfg) -> ModelFamily:
     """The family of a config (its model.kind, checked to be one of FAMILIES)."""
     return family(str(cfg.model.kind))
