@@ -97,16 +97,20 @@ def prune_reach(variants: dict[str, DictConfig], units: int | None = None) -> No
 
 
 def _data_configs(cfg: DictConfig, variants: dict[str, DictConfig]) -> list[tuple[str | None, DictConfig]]:
-    """The configs whose data the run reads, each data setting once: the run's own when every variant reads it,
-    else each variant whose data differs (a -m sweep over data.path: the run's own data is nobody's)."""
+    """The configs whose data the run reads, each data setting (and tokenizer) once: the run's own when every
+    variant reads it, else each variant whose data differs (a -m sweep over data.path: the run's own data is
+    nobody's). Variants that differ in LoRA, learning rate or anything else but the tokenizer share one corpus."""
     from omegaconf import OmegaConf
+
+    def key_of(c: DictConfig) -> str:  # the data settings and what make_tokenizer reads
+        return OmegaConf.to_yaml(c.data) + repr((c.model.get("kind"), c.model.get("name_or_path")))
 
     if not cfg.variants:
         return [(None, cfg)]
-    own = OmegaConf.to_yaml(cfg.data) + repr(cfg.model)
+    own = key_of(cfg)
     seen, out = set(), []
     for name, c in variants.items():
-        key = OmegaConf.to_yaml(c.data) + repr(c.model)
+        key = key_of(c)
         if key not in seen:
             seen.add(key)
             out.append((None if key == own else name, c))
