@@ -26,6 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import REPO, check, header, write  # noqa: E402
 
+from slurm_router.verdict import GRACE  # noqa: E402
+from slurm_router.verdict.schedule import Schedule  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "prune_real"
 VARIANTS = "+variants={a: {train: {lr: 5e-3}}, b: {train: {lr: 5e-3}}, loser: {train: {lr: 1e-6}}}"
 
@@ -125,7 +128,7 @@ def main() -> None:
             print(f"repeat {i}: {runs[-1]['seconds']:.0f} s, pruned {pruned or 'none'}", flush=True)
     load_after = os.getloadavg()
     loser, equal = rates(runs, ("loser",)), rates(runs, ("a", "b"))
-    looks = max(1, (args.steps - 1) // 2)
+    looks = Schedule.of([(args.steps, 2)]).n_looks  # the looks the run may take: from GRACE of training on
     res = {
         "command": command,
         "header": head,
@@ -155,8 +158,8 @@ def main() -> None:
         "",
         f"Each of {args.repeats} runs: variants `a` and `b` (the same config: an A/A pair) and `loser` (train.lr=1e-6), "
         f"{args.seeds} training seeds each, the tiny config-built model on data=stdlib, {args.steps} steps, an "
-        f"evaluation every 2 steps ({looks} in-training look{'s' if looks != 1 else ''}, so the prune level is "
-        f"5% / {looks}), this machine's "
+        f"evaluation every 2 steps ({looks} in-training look{'s' if looks != 1 else ''}: from GRACE={GRACE} of "
+        f"training on, so the prune level is 5% / {looks}), this machine's "
         f"default launcher.cpu_slots. Load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} "
         f"before, {'/'.join(f'{x:.2f}' for x in load_after)} after.",
         "",

@@ -124,6 +124,39 @@ def test_a_packed_row_is_the_padded_batch_on_gpt2(tmp_path, kind):
         _assert_same(model, split, _pick(split), tok.pad_id, chunk)
 
 
+@pytest.mark.parametrize("kind", ["plain", "prompt_completion"])
+def test_held_out_losses_of_a_packed_task_are_the_padded_ones(tmp_path, kind):
+    """The worker's evaluation (held_out_sums): a task that packs rows scores each held-out batch as one packed row
+    under inference_mode; each batch's loss sum and target count are the padded batch's, to 1e-6."""
+    from types import SimpleNamespace
+
+    from slurm_router.worker.evaluation import held_out_sums
+
+    tok = ByteTokenizer()
+    split = _split(tmp_path, kind, tok)
+    model = _lora(_gpt2())
+    enable(model)
+    batches = [_pick(split), list(range(7, 7 + min(9, len(split) - 7)))]
+    cfg = OmegaConf.create({"train": {"precision": "fp32", "loss_chunk_tokens": 0}})
+    member = SimpleNamespace(k=0)
+    sums = {
+        packed: held_out_sums(
+            SimpleNamespace(members=[member], alive=[member], model=model, fused=None, packed=packed),
+            split,
+            batches,
+            tok.pad_id,
+            cfg,
+            CPU,
+            0,
+            1,
+        )  # fmt: skip
+        for packed in (False, True)
+    }
+    assert sums[True][0, 1::2].tolist() == sums[False][0, 1::2].tolist() == [split.count_targets(b) for b in batches]
+    assert torch.allclose(sums[True], sums[False], rtol=1e-6, atol=0), (sums[True], sums[False])
+    assert model.training, "the model is back in training mode"
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("kind", ["plain", "chat"])
 def test_a_packed_row_is_the_padded_batch_on_checkpoints(tmp_path, checkpoints, arch, kind):
