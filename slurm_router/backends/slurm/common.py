@@ -2,7 +2,8 @@
 (print the job ids; with launcher.wait=true wait for every task AND the report job, then print the report
 that job wrote: one writer of report/ at a time).
 
-Every stage is ONE array job (one array task per variant, or per resources.tasks_per_gpu co-located variants);
+Every stage is ONE array job (one array task per variant, or per resources.tasks_per_gpu co-located variants),
+but seeds=auto's reserve rounds, each its own array after the round before (afterany: chains_rounds);
 a later stage waits with --dependency=afterok and --kill-on-invalid-dep=yes (if the stage it waits on fails,
 Slurm cancels it rather than keep it PENDING forever: DependencyNeverSatisfied); a last small job writes the
 report once every stage has ended (afterany), so a failed stage still gets a report saying what happened.
