@@ -31,7 +31,7 @@ def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
     prev = None
     for whole in todo:
         n_arrays = -(-len(manifest.stage_tasks(whole.name)) // per_array_task)
-        parts = reserve_rounds(whole) if per_array_task == 1 else [whole]  # SbatchLauncher.chains_rounds
+        parts = reserve_rounds(whole) if per_array_task == 1 else [whole]  # SlurmLauncher.chains_rounds
         stage_before, prev_round = prev, None
         for stage in parts:
             indices = tuple(t.index for t in stage.tasks) if len(parts) > 1 else None
