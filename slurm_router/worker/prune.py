@@ -6,6 +6,7 @@ look; docs/design/pruning.md)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -142,7 +143,18 @@ def decide_after(spec, step: int, schedule: contest.Schedule | None = None) -> D
 
 def run_schedule(run_dir: str | os.PathLike) -> contest.Schedule:
     """The run's looks as its plan fixed them (contest.Schedule): every variants-stage task.json's train.steps and
-    train.eval_every, whichever task asks."""
+    train.eval_every, whichever task asks. Read once per process and run folder (a worker asks at each
+    evaluation): the plan wrote every task.json before any task started, and nothing changes them; the tasks
+    folder's change time is in the key, so a folder made again under the same path is read again."""
+    try:
+        changed = os.stat(RunLayout(run_dir).tasks).st_mtime_ns
+    except OSError:
+        changed = None
+    return _schedule(os.fspath(run_dir), changed)
+
+
+@functools.lru_cache(maxsize=16)
+def _schedule(run_dir: str, changed: int | None) -> contest.Schedule:
     tasks = [
         (int(spec.steps), int(((spec.config or {}).get("train") or {}).get("eval_every") or 0))
         for spec, _ in variant_specs(run_dir)
