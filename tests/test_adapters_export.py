@@ -128,7 +128,7 @@ def _sha(path: Path) -> str:
 # ---- pure parts ---------------------------------------------------------------------------------------------
 def test_the_transformers_byte_tokenizer_encodes_as_the_byte_tokenizer():
     from slurm_router.train.byte_tokenizer import transformers_byte_tokenizer
-    from slurm_router.train.data import stdlib_documents
+    from slurm_router.train.sources import stdlib_documents
     from slurm_router.train.tokenizer import ByteTokenizer
 
     hf, byte = transformers_byte_tokenizer(), ByteTokenizer()
