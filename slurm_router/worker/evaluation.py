@@ -2,7 +2,8 @@
 batches, each batch's samples spread over the task's ranks and their sums all-reduced; then eval.metrics, each
 member scored alone; each member's eval row in its own events. A task alone takes each batch as one packed row
 (right-padded if it trains padded, train.packing); a fused group one packed row of its members' samples side by
-side through the shared model, in one forward each batch. Loss sums and target counts are kept per eval batch: the verdict's unit (docs/design/pruning.md)."""
+side through the shared model, in one forward each batch. Loss sums and target counts are kept per eval batch:
+the verdict's unit (docs/design/pruning.md)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,13 @@ def held_out_sums(group: Group, split, eval_ids: list[list[int]], pad_id: int, c
             mine = ids[rank::world]
             if not mine:
                 continue
-            if group.fused is None and group.packed:  # one member: its samples as one packed row, no padding
-                *tensors, kwargs = packed_tensors(split, mine, device)
+            if group.fused is None:  # one member: one packed row, or right-padded if it trains padded
+                *tensors, kwargs = (
+                    packed_tensors(split, mine, device)
+                    if group.packed
+                    else (*batch_tensors(split, mine, pad_id, device), None)
+                )
                 loss, n = loss_sum(group.model, *cast("tuple[Any, Any, Any, Any]", tensors), cfg, device, kwargs)
-                sums[0, 2 * b] += loss.double()
-                sums[0, 2 * b + 1] += n
-                continue
-            if group.fused is None:  # one member that trains padded (train.packing): a right-padded batch
-                tensors = batch_tensors(split, mine, pad_id, device)
-                loss, n = loss_sum(group.model, *cast("tuple[Any, Any, Any, Any]", tensors), cfg, device)
                 sums[0, 2 * b] += loss.double()
                 sums[0, 2 * b + 1] += n
                 continue

@@ -18,7 +18,7 @@ def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
     RUN_DIR/submit-all.sh: the exact submit commands in order, each stage after the one before (afterok,
     cancelled if that fails), seeds=auto's reserve rounds each after the round before (afterany), and the report
     after the last (afterany). Returns the commands."""
-    from slurm_router.backends.slurm.common import KILL_ON_INVALID_DEP, REPORT_TIMEOUT_MIN, stage_devices
+    from slurm_router.backends.slurm.common import REPORT_TIMEOUT_MIN, afterok, stage_devices
     from slurm_router.backends.slurm.common import colocated_tasks as colocated_of
     from slurm_router.backends.slurm.sbatch_launcher import report_script, sbatch_spec
     from slurm_router.backends.slurm.sbatch_render import safe_job_name, script_path, write_sbatch
@@ -39,10 +39,8 @@ def slurm_scripts(cfg: DictConfig, manifest, stages: list[Stage]) -> list[str]:
             last = stage.name == manifest.data["stages"][-1]["name"]
             script = write_sbatch(spec, script_path(layout, stage.name, last, 0, stage.round))
             var = f"JOB_{stage.name.upper().replace('-', '_')}" + (f"_ROUND{stage.round}" if stage.round else "")
-            words = [f"afterok:${stage_before}"] * bool(stage_before) + [f"afterany:${prev_round}"] * bool(prev_round)
-            dep = [f"--dependency={','.join(words)}"] * bool(words) + [f"--{KILL_ON_INVALID_DEP}=yes"] * bool(
-                stage_before
-            )
+            waits = afterok(stage_before and f"${stage_before}", prev_round and f"${prev_round}")
+            dep = [f"--{key}={value}" for key, value in waits.items()]
             commands.append(f"{var}=$(sbatch --parsable {' '.join(dep + [shlex.quote(str(script))])})")
             prev = prev_round = var
     logs = str(layout.logs).replace("%", "%%")
